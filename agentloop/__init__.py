@@ -1,0 +1,1 @@
+"""agentloop package."""
