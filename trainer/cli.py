@@ -20,9 +20,7 @@ def models_main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="list the assets that can be prepared")
     prep = sub.add_parser("prepare", help="build an asset once and print its folder")
     prep.add_argument("name", help="asset name (see `agentloop-models list`)")
-    prep.add_argument(
-        "--dir", default=None, help="cache folder (default $AGENTLOOP_HOME/models)"
-    )
+    prep.add_argument("--dir", default=None, help="cache folder (default $AGENTLOOP_HOME/models)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 

@@ -1,0 +1,42 @@
+"""Shared test fixtures: model assets from the project cache, GPU-marker skipping."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# A small fixed KV cache for vLLM CPU engines started by tests (see ENVIRONMENT.md).
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marker gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_path() -> Path:
+    """The tiny-qwen3 asset, built once into the project cache and reused by later runs."""
+    from trainer.models import prepare
+
+    return prepare("tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The smollm2-135m-instruct asset (converted from GGUF once, then cached)."""
+    from trainer.models import prepare
+
+    return prepare("smollm2-135m-instruct")
