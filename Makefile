@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" --ignore=tests/perf $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
