@@ -1,1 +1,21 @@
-"""servers package."""
+"""Inference servers: token-level ``generate`` over vLLM or SGLang, as Ray actors with an
+HTTP front, and the client-side ``AsyncLLMServerManager``. Knows nothing of agents or training.
+"""
+
+from servers.actor import AsyncServer, launch_servers
+from servers.config import ServerConfig
+from servers.core import ServerCore
+from servers.manager import AsyncLLMServerManager, NoHealthyServerError
+from servers.types import EngineDeadError, GenerateInputError, TokenOutput
+
+__all__ = [
+    "AsyncLLMServerManager",
+    "AsyncServer",
+    "EngineDeadError",
+    "GenerateInputError",
+    "NoHealthyServerError",
+    "ServerConfig",
+    "ServerCore",
+    "TokenOutput",
+    "launch_servers",
+]

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-__all__ = ["models_main"]
+__all__ = ["models_main", "serve_main"]
 
 
 def models_main(argv: list[str] | None = None) -> int:
@@ -35,6 +35,84 @@ def models_main(argv: list[str] | None = None) -> int:
         return 2
     sys.stdout.write(f"{path}\n")
     return 0
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A folder path as is; an ``agentloop-models`` asset name to its (prepared) cache folder."""
+    from pathlib import Path
+
+    from trainer.models import MODELS, prepare
+
+    if name_or_path in MODELS:
+        return str(prepare(name_or_path))
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        known = ", ".join(sorted(MODELS))
+        raise SystemExit(
+            f"agentloop-serve: error: --model {name_or_path!r} is neither a model folder nor a "
+            f"known asset name ({known})"
+        )
+    return str(path)
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """``agentloop-serve``: one engine behind the HTTP front, standalone (no Ray)."""
+    import asyncio
+
+    from servers.config import ServerConfig
+
+    parser = argparse.ArgumentParser(
+        prog="agentloop-serve",
+        description="Serve one model: OpenAI /v1/chat/completions, /generate, /health, /metrics.",
+    )
+    parser.add_argument("--model", required=True, help="model folder or asset name")
+    parser.add_argument("--backend", choices=["vllm", "sglang"], default="vllm")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--cpu-kvcache-space-gib", type=int, default=1)
+    parser.add_argument("--served-model-name", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config = ServerConfig(
+            model=resolve_model(args.model),
+            backend=args.backend,
+            host=args.host,
+            port=args.port,
+            max_model_len=args.max_model_len,
+            dtype=args.dtype,
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
+            served_model_name=args.served_model_name,
+        )
+    except ValueError as exc:
+        sys.stderr.write(f"agentloop-serve: error: {exc}\n")
+        return 2
+    asyncio.run(_serve(config))
+    return 0
+
+
+async def _serve(config) -> None:
+    import asyncio
+    import signal
+
+    from servers.actor import AsyncServer
+
+    server = AsyncServer(config)
+    await server.start()
+    sys.stdout.write(f"serving {config.model} on {server.address()}\n")
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.shutdown()
 
 
 if __name__ == "__main__":

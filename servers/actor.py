@@ -1,0 +1,130 @@
+"""``AsyncServer``: the Ray actor that owns one engine and its HTTP front.
+
+Contract (DESIGN.md): ``generate(prompt_ids, sampling_params, request_id) -> TokenOutput``,
+``abort``, ``sleep``/``wake_up``, the weight-update methods, ``health``, ``address``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from servers.config import ServerConfig
+from servers.core import ServerCore
+from servers.http import HttpFront, build_app
+from servers.types import TokenOutput
+from servers.weights import bucketize
+
+__all__ = ["AsyncServer", "launch_servers"]
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncServer:
+    """Plain class; ``launch_servers`` wraps it with ``ray.remote``. Usable in-process too."""
+
+    def __init__(self, config: ServerConfig | dict[str, Any]) -> None:
+        self.config = config if isinstance(config, ServerConfig) else ServerConfig(**config)
+        self.core = ServerCore(self.config)
+        self._http: HttpFront | None = None
+
+    async def start(self) -> dict[str, Any]:
+        """Start the engine (and HTTP front); returns ``health()``."""
+        await self.core.start()
+        if self.config.http:
+            chat = getattr(self.core.engine, "chat_handler", None)
+            app = build_app(self.core, chat() if chat else None)
+            self._http = HttpFront(app, self.config.host, self.config.port)
+            await self._http.start()
+        return await self.health()
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> TokenOutput:
+        return await self.core.generate(prompt_ids, sampling_params, request_id)
+
+    async def abort(self, request_id: str) -> None:
+        await self.core.engine.abort(request_id)
+
+    async def begin_weight_update(self) -> None:
+        await self.core.engine.begin_weight_update()
+
+    async def update_weights_bucket(self, named: list[tuple[str, torch.Tensor]]) -> int:
+        return await self.core.engine.update_weights_bucket(named)
+
+    async def finish_weight_update(self) -> int:
+        return await self.core.engine.finish_weight_update()
+
+    async def update_weights(
+        self, named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 256 << 20
+    ) -> int:
+        """All three steps for a full set of named tensors; returns tensors loaded."""
+        await self.begin_weight_update()
+        for bucket in bucketize(named, bucket_bytes):
+            await self.update_weights_bucket(bucket)
+        return await self.finish_weight_update()
+
+    async def sleep(self) -> None:
+        await self.core.engine.sleep()
+
+    async def wake_up(self) -> None:
+        await self.core.engine.wake_up()
+
+    async def health(self) -> dict[str, Any]:
+        info = await self.core.engine.health()
+        return {**info, "address": self.address()}
+
+    def address(self) -> str | None:
+        """Base URL of the HTTP front (None when it is off)."""
+        return self._http.url if self._http else None
+
+    def metrics_text(self) -> str:
+        return self.core.metrics.text().decode()
+
+    def config_dict(self) -> dict[str, Any]:
+        return asdict(self.config)
+
+    async def shutdown(self) -> None:
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
+        self.core.engine.shutdown()
+
+
+def launch_servers(
+    config: ServerConfig,
+    num_servers: int = 1,
+    *,
+    num_cpus: float = 1,
+    num_gpus: float | None = None,
+    name_prefix: str | None = None,
+) -> list[Any]:
+    """Create and start ``num_servers`` ``AsyncServer`` actors; returns their handles.
+
+    ``num_gpus`` defaults to ``tensor_parallel_size`` when CUDA is visible, else 0.
+    """
+    import ray
+
+    if num_gpus is None:
+        num_gpus = float(config.tensor_parallel_size) if torch.cuda.is_available() else 0.0
+    actor_cls = ray.remote(AsyncServer)
+    handles = []
+    for i in range(num_servers):
+        options: dict[str, Any] = {
+            "num_cpus": num_cpus,
+            "num_gpus": num_gpus,
+            "max_concurrency": 10_000,
+        }
+        if name_prefix:
+            options["name"] = f"{name_prefix}-{i}"
+        handles.append(actor_cls.options(**options).remote(asdict(config)))
+    ray.get([h.start.remote() for h in handles])
+    logger.info("%d %s server(s) ready for %s", num_servers, config.backend, config.model)
+    return handles

@@ -1,0 +1,62 @@
+"""Typed configuration of one inference server (engine options + HTTP front)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["ServerConfig"]
+
+
+@dataclass(kw_only=True, slots=True)
+class ServerConfig:
+    model: str
+    """Path of a Hugging Face model folder (use ``agentloop-models prepare`` for names)."""
+    backend: Literal["vllm", "sglang"] = "vllm"
+    """Inference engine behind the server."""
+    dtype: str = "auto"
+    """Weights/activations dtype; ``auto`` is float32 on CPU (faster there) and the
+    checkpoint's dtype on GPU."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine (1 on CPU)."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory the engine may take (weights + KV cache)."""
+    max_model_len: int | None = None
+    """Prompt + response token limit; None takes the model's."""
+    enforce_eager: bool | None = None
+    """Skip CUDA graphs / torch.compile; None means True on CPU (30 s vs 150 s start)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV cache across turns of one trajectory."""
+    cpu_kvcache_space_gib: int = 1
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE); without it vLLM tries to take ~all RAM."""
+    logprobs_mode: str = "processed_logprobs"
+    """Which log-probs the engine returns: ``processed_logprobs`` are under the sampling
+    distribution (after temperature), what the trainer recomputes; ``raw_logprobs`` are before."""
+    seed: int = 0
+    """Engine seed."""
+    served_model_name: str | None = None
+    """Model name on the OpenAI endpoint; defaults to the folder name."""
+    tool_parser: str = "hermes"
+    """Tool-call parser of the OpenAI chat endpoint (Hermes/Qwen ``<tool_call>`` JSON)."""
+    host: str = "127.0.0.1"
+    """HTTP bind address; loopback unless you mean to expose the server."""
+    port: int = 0
+    """HTTP port; 0 picks a free one."""
+    http: bool = True
+    """Start the HTTP front (OpenAI chat, /generate, /health, /metrics)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("vllm", "sglang"):
+            raise ValueError(f"backend must be 'vllm' or 'sglang', got {self.backend!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2 (or None for the model's)")
+        if self.cpu_kvcache_space_gib < 1:
+            raise ValueError("cpu_kvcache_space_gib must be >= 1 GiB")
+        if self.logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
+            raise ValueError("logprobs_mode must be 'processed_logprobs' or 'raw_logprobs'")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")

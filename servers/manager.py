@@ -1,0 +1,150 @@
+"""``AsyncLLMServerManager``: the client-side load balancer agent loops generate through.
+
+- A trajectory's first turn goes to the healthy server with the fewest requests *in flight*
+  (decremented when a request finishes, so long requests do not skew a cumulative count).
+- Later turns of the same ``request_id`` stick to that server (LRU of 10k ids) so its prefix
+  cache holds the conversation so far.
+- Every call gets a fresh engine request id (one trajectory makes many engine requests).
+- A server that dies (Ray actor error or ``EngineDeadError``) is marked unhealthy and the
+  request is retried on another; bad input (``ValueError``) is the caller's and is raised.
+
+Servers are Ray actor handles (``generate.remote``) or in-process objects with ``async
+generate(prompt_ids, sampling_params, request_id)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from servers.types import EngineDeadError, TokenOutput
+
+__all__ = ["AsyncLLMServerManager", "ServerStats", "NoHealthyServerError"]
+
+logger = logging.getLogger(__name__)
+
+
+class NoHealthyServerError(EngineDeadError):
+    """Every server is marked dead; nothing left to retry on."""
+
+
+@dataclass(slots=True)
+class ServerStats:
+    index: int
+    healthy: bool = True
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    generated_tokens: int = 0
+
+
+def _dead_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [EngineDeadError]
+    try:
+        from ray.exceptions import RayActorError
+
+        errors.append(RayActorError)
+    except ImportError:  # pragma: no cover - ray is a dependency
+        pass
+    return tuple(errors)
+
+
+class AsyncLLMServerManager:
+    def __init__(self, servers: list[Any], *, max_sticky: int = 10_000) -> None:
+        if not servers:
+            raise ValueError("AsyncLLMServerManager needs at least one server")
+        self.servers = list(servers)
+        self.max_sticky = max_sticky
+        self._stats = [ServerStats(i) for i in range(len(servers))]
+        self._sticky: OrderedDict[str, int] = OrderedDict()
+        self._active: dict[str, tuple[int, str]] = {}
+        self._dead = _dead_errors()
+
+    # ---- routing --------------------------------------------------------------------------
+    def _pick(self, request_id: str, exclude: set[int]) -> int:
+        idx = self._sticky.get(request_id)
+        if idx is not None and self._stats[idx].healthy and idx not in exclude:
+            self._sticky.move_to_end(request_id)
+            return idx
+        candidates = [s for s in self._stats if s.healthy and s.index not in exclude]
+        if not candidates:
+            raise NoHealthyServerError(
+                f"no healthy server left for request {request_id} "
+                f"({sum(not s.healthy for s in self._stats)} of {len(self._stats)} dead)"
+            )
+        best = min(candidates, key=lambda s: (s.in_flight, s.requests))
+        self._sticky[request_id] = best.index
+        self._sticky.move_to_end(request_id)
+        while len(self._sticky) > self.max_sticky:
+            self._sticky.popitem(last=False)
+        return best.index
+
+    async def _call(self, idx: int, prompt_ids, sampling_params, engine_rid: str) -> TokenOutput:
+        server = self.servers[idx]
+        method = server.generate
+        if hasattr(method, "remote"):
+            return await method.remote(prompt_ids, sampling_params, engine_rid)
+        return await method(prompt_ids, sampling_params, engine_rid)
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any] | None = None,
+    ) -> TokenOutput:
+        """Generate one turn of trajectory ``request_id``; retried on another server if the
+        chosen one dies."""
+        tried: set[int] = set()
+        while True:
+            idx = self._pick(request_id, tried)
+            stats = self._stats[idx]
+            engine_rid = f"{request_id}-{uuid.uuid4().hex[:12]}"
+            self._active[request_id] = (idx, engine_rid)
+            stats.in_flight += 1
+            stats.requests += 1
+            try:
+                out = await self._call(idx, prompt_ids, sampling_params, engine_rid)
+            except self._dead as exc:
+                stats.failures += 1
+                stats.healthy = False
+                tried.add(idx)
+                logger.warning(
+                    "server %d died (%s); retrying request %s elsewhere",
+                    idx,
+                    type(exc).__name__,
+                    request_id,
+                )
+                continue
+            finally:
+                stats.in_flight -= 1
+                self._active.pop(request_id, None)
+            stats.generated_tokens += len(out.token_ids)
+            return out
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort the engine request currently running for ``request_id`` (False if none)."""
+        active = self._active.get(request_id)
+        if active is None:
+            return False
+        idx, engine_rid = active
+        abort = self.servers[idx].abort
+        if hasattr(abort, "remote"):
+            await abort.remote(engine_rid)
+        else:
+            await abort(engine_rid)
+        return True
+
+    # ---- health and metrics -----------------------------------------------------------------
+    def mark_healthy(self, index: int) -> None:
+        """Put a restarted server back into rotation."""
+        self._stats[index].healthy = True
+
+    def server_for(self, request_id: str) -> int | None:
+        return self._sticky.get(request_id)
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [asdict(s) for s in self._stats]

@@ -1,0 +1,170 @@
+"""SGLang backend: the token-level contract over ``sglang.Engine`` (GPU only here).
+
+Token ids in (``input_ids``, ``skip_tokenizer_init=True``), token ids and log-probs out
+(``return_logprob=True``). SGLang names some sampling keys differently (``max_new_tokens``,
+``min_new_tokens``, ``sampling_seed``); the adapter translates ours. Control calls go through
+the engine's async ``tokenizer_manager`` because the engine's synchronous wrappers drive their
+own event loop and hang inside a running one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from servers.config import ServerConfig
+from servers.types import EngineDeadError, TokenOutput, validate_request
+
+__all__ = ["SGLangEngine", "to_sglang_sampling", "from_sglang_output"]
+
+logger = logging.getLogger(__name__)
+
+_RENAMED = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "seed": "sampling_seed"}
+
+
+def to_sglang_sampling(params: dict[str, Any]) -> dict[str, Any]:
+    """Our sampling dict (already validated) -> SGLang's ``sampling_params``."""
+    out = {_RENAMED.get(k, k): v for k, v in params.items() if k != "logprobs"}
+    if out.get("top_k") == 0:  # "no limit" is -1 in SGLang
+        out["top_k"] = -1
+    return out
+
+
+def from_sglang_output(result: dict[str, Any], want_logprobs: bool = True) -> TokenOutput:
+    """SGLang ``async_generate`` result -> ``TokenOutput``."""
+    meta = result["meta_info"]
+    token_ids = list(result["output_ids"])
+    log_probs = None
+    if want_logprobs:
+        entries = meta.get("output_token_logprobs") or []
+        log_probs = [float(e[0]) for e in entries]
+        if len(log_probs) != len(token_ids):
+            raise EngineDeadError(
+                f"sglang returned {len(log_probs)} log-probs for {len(token_ids)} tokens"
+            )
+    reason = (meta.get("finish_reason") or {}).get("type", "abort")
+    if reason not in ("stop", "length"):
+        reason = "abort"
+    return TokenOutput(token_ids=token_ids, log_probs=log_probs, finish_reason=reason)
+
+
+class SGLangEngine:
+    """Adapter with the same methods as ``VLLMEngine``. ``engine`` may be passed in (an
+    already-built ``sglang.Engine``); otherwise ``start`` builds one from the config."""
+
+    def __init__(self, config: ServerConfig, engine: Any | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.vocab_size = 0
+        self.max_model_len = 0
+        self._sleeping = False
+
+    async def start(self) -> None:
+        cfg = self.config
+        if self.engine is None:
+            import sglang
+
+            self.engine = sglang.Engine(
+                model_path=cfg.model,
+                dtype=cfg.dtype,
+                tp_size=cfg.tensor_parallel_size,
+                mem_fraction_static=cfg.gpu_memory_utilization,
+                context_length=cfg.max_model_len,
+                skip_tokenizer_init=True,
+                enable_memory_saver=True,
+                disable_radix_cache=not cfg.enable_prefix_caching,
+                random_seed=cfg.seed,
+            )
+        tm = self.engine.tokenizer_manager
+        self.vocab_size = int(tm.model_config.vocab_size)
+        self.max_model_len = int(tm.context_len)
+
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: dict[str, Any] | None, request_id: str
+    ) -> TokenOutput:
+        if self.engine is None:
+            raise EngineDeadError("engine is not started")
+        params = validate_request(
+            prompt_ids,
+            sampling_params,
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+        )
+        want_logprobs = params.get("logprobs", True) is not False
+        result = await self.engine.async_generate(
+            input_ids=prompt_ids,
+            sampling_params=to_sglang_sampling(params),
+            return_logprob=want_logprobs,
+            rid=request_id,
+        )
+        return from_sglang_output(result, want_logprobs)
+
+    async def abort(self, request_id: str) -> None:
+        self.engine.tokenizer_manager.abort_request(rid=request_id)
+
+    # ---- weights: tensors go straight to the scheduler (CUDA IPC handles on GPU) -------------
+    async def begin_weight_update(self) -> None:
+        begin = getattr(self.engine.tokenizer_manager, "begin_weight_update", None)
+        if begin is not None:
+            await begin()
+
+    async def update_weights_bucket(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        named = list(named)
+        request = UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=[MultiprocessingSerializer.serialize(named)],
+            load_format=None,
+            flush_cache=False,
+        )
+        result = await self.engine.tokenizer_manager.update_weights_from_tensor(request, None)
+        ok = result[0] if isinstance(result, tuple) else getattr(result, "success", True)
+        if not ok:
+            raise EngineDeadError(f"sglang rejected a weight bucket: {result}")
+        return sum(t.numel() * t.element_size() for _, t in named)
+
+    async def finish_weight_update(self) -> int:
+        tm = self.engine.tokenizer_manager
+        end = getattr(tm, "end_weight_update", None)
+        if end is not None:
+            await end()
+        await tm.flush_cache()
+        return 0
+
+    # ---- memory -----------------------------------------------------------------------------
+    async def sleep(self) -> None:
+        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
+
+        # Releasing memory while requests run kills the scheduler: callers drain first.
+        await self.engine.tokenizer_manager.release_memory_occupation(
+            ReleaseMemoryOccupationReqInput(), None
+        )
+        self._sleeping = True
+
+    async def wake_up(self) -> None:
+        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
+
+        await self.engine.tokenizer_manager.resume_memory_occupation(
+            ResumeMemoryOccupationReqInput(), None
+        )
+        self._sleeping = False
+
+    async def health(self) -> dict[str, Any]:
+        if self.engine is None:
+            raise EngineDeadError("engine is not started")
+        return {
+            "backend": "sglang",
+            "model": Path(self.config.model).name,
+            "sleeping": self._sleeping,
+            "max_model_len": self.max_model_len,
+        }
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

@@ -1,0 +1,142 @@
+"""The token-level generate contract shared by every backend, and input validation.
+
+``generate(prompt_ids, sampling_params, request_id) -> TokenOutput``: token ids in, token ids
+out, the engine's log-prob of every sampled token, and why generation ended. Sampling keys use
+the OpenAI/vLLM names everywhere; each backend adapter translates them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "FinishReason",
+    "TokenOutput",
+    "GenerateInputError",
+    "EngineDeadError",
+    "SAMPLING_KEYS",
+    "validate_request",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(slots=True)
+class TokenOutput:
+    token_ids: list[int]
+    """Sampled token ids, exactly as the engine produced them."""
+    log_probs: list[float] | None
+    """Log-prob of each sampled token under the sampling distribution (one per token)."""
+    finish_reason: FinishReason
+    """``stop`` (EOS/stop token), ``length`` (max_tokens or model length), ``abort``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class GenerateInputError(ValueError):
+    """A bad generate request: the caller must change the named field. The server is fine."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class EngineDeadError(RuntimeError):
+    """The engine behind a server is gone; the request may be retried on another server."""
+
+
+# key -> (type check, constraint description, predicate)
+_NUMBER = (int, float)
+SAMPLING_KEYS: dict[str, tuple[tuple[type, ...], str, Any]] = {
+    "max_tokens": ((int,), "an integer >= 1", lambda v: v >= 1),
+    "min_tokens": ((int,), "an integer >= 0", lambda v: v >= 0),
+    "temperature": (_NUMBER, "a number >= 0", lambda v: v >= 0),
+    "top_p": (_NUMBER, "a number in (0, 1]", lambda v: 0 < v <= 1),
+    "top_k": ((int,), "an integer >= 1, or 0/-1 for no limit", lambda v: v >= -1),
+    "min_p": (_NUMBER, "a number in [0, 1]", lambda v: 0 <= v <= 1),
+    "repetition_penalty": (_NUMBER, "a number > 0", lambda v: v > 0),
+    "presence_penalty": (_NUMBER, "a number in [-2, 2]", lambda v: -2 <= v <= 2),
+    "frequency_penalty": (_NUMBER, "a number in [-2, 2]", lambda v: -2 <= v <= 2),
+    "seed": ((int,), "an integer", lambda v: True),
+    "stop_token_ids": ((list,), "a list of token ids", lambda v: True),
+    "ignore_eos": ((bool,), "a boolean", lambda v: True),
+    "logprobs": ((bool, int), "a boolean or 0", lambda v: True),
+}
+
+
+def _check_number(key: str, value: Any) -> None:
+    types, desc, ok = SAMPLING_KEYS[key]
+    # bool is an int subclass: only accept it where a boolean is meant.
+    is_bool = isinstance(value, bool)
+    if (is_bool and bool not in types) or not isinstance(value, types):
+        raise GenerateInputError(
+            f"sampling_params.{key} must be {desc}, got {type(value).__name__} {value!r}",
+            param=f"sampling_params.{key}",
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise GenerateInputError(
+            f"sampling_params.{key} must be {desc}, got {value!r}", param=f"sampling_params.{key}"
+        )
+    if not ok(value):
+        raise GenerateInputError(
+            f"sampling_params.{key} must be {desc}, got {value!r}", param=f"sampling_params.{key}"
+        )
+
+
+def _check_ids(field: str, ids: Any, vocab_size: int) -> None:
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in ids
+    ):
+        raise GenerateInputError(f"{field} must be a list of integer token ids", param=field)
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise GenerateInputError(
+            f"{field} contains token id {bad[0]} outside the vocabulary [0, {vocab_size})",
+            param=field,
+        )
+
+
+def validate_request(
+    prompt_ids: Any, sampling_params: Any, *, vocab_size: int, max_model_len: int
+) -> dict[str, Any]:
+    """Check a generate request and return sampling params with ``max_tokens`` clamped.
+
+    ``max_tokens`` defaults to, and is clamped to, the room left in the model length after the
+    prompt. Raises ``GenerateInputError`` naming the field to change.
+    """
+    if sampling_params is None:
+        sampling_params = {}
+    if not isinstance(sampling_params, dict):
+        raise GenerateInputError(
+            "sampling_params must be an object of sampling keys", param="sampling_params"
+        )
+    _check_ids("prompt_ids", prompt_ids, vocab_size)
+    if not prompt_ids:
+        raise GenerateInputError(
+            "prompt_ids is empty: send at least one token id", param="prompt_ids"
+        )
+    if len(prompt_ids) >= max_model_len:
+        raise GenerateInputError(
+            f"prompt_ids has {len(prompt_ids)} tokens but the model length is {max_model_len}: "
+            f"shorten the prompt to at most {max_model_len - 1} tokens",
+            param="prompt_ids",
+        )
+    unknown = sorted(set(sampling_params) - set(SAMPLING_KEYS))
+    if unknown:
+        raise GenerateInputError(
+            f"unknown sampling_params key(s) {', '.join(unknown)}; "
+            f"supported: {', '.join(sorted(SAMPLING_KEYS))}",
+            param=f"sampling_params.{unknown[0]}",
+        )
+    for key, value in sampling_params.items():
+        if key == "stop_token_ids":
+            _check_ids("sampling_params.stop_token_ids", value, vocab_size)
+        else:
+            _check_number(key, value)
+    params = dict(sampling_params)
+    room = max_model_len - len(prompt_ids)
+    params["max_tokens"] = min(params.get("max_tokens", room), room)
+    return params

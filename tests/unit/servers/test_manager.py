@@ -1,0 +1,143 @@
+"""AsyncLLMServerManager routing with in-process fake servers (scripted latencies)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from servers import AsyncLLMServerManager, EngineDeadError, NoHealthyServerError, TokenOutput
+
+
+class FakeServer:
+    """Answers after ``delay(prompt_ids)`` seconds; records what it served."""
+
+    def __init__(self, name: str, dead: bool = False) -> None:
+        self.name = name
+        self.dead = dead
+        self.seen: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.aborted: list[str] = []
+
+    async def generate(self, prompt_ids, sampling_params, request_id):
+        if self.dead:
+            raise EngineDeadError(f"{self.name} is dead")
+        self.seen.append(request_id)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(sampling_params.get("delay", 0.01))
+        finally:
+            self.in_flight -= 1
+        return TokenOutput(token_ids=[1, 2, 3], log_probs=[-0.1] * 3, finish_reason="stop")
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+
+
+async def test_first_turns_go_to_the_server_with_fewest_in_flight():
+    a, b = FakeServer("a"), FakeServer("b")
+    manager = AsyncLLMServerManager([a, b])
+    # One very long request lands on a; every later short request must avoid a while it runs.
+    long = asyncio.ensure_future(
+        manager.generate("long", prompt_ids=[1], sampling_params={"delay": 0.5})
+    )
+    await asyncio.sleep(0.01)
+    for i in range(10):
+        await manager.generate(f"short-{i}", prompt_ids=[1], sampling_params={"delay": 0.01})
+    await long
+    assert len(a.seen) == 1 and len(b.seen) == 10
+
+
+async def test_uneven_lengths_balance_in_flight_not_counts():
+    servers = [FakeServer(str(i)) for i in range(3)]
+    manager = AsyncLLMServerManager(servers)
+    delays = [0.2 if i % 4 == 0 else 0.02 for i in range(60)]
+
+    async def one(i):
+        await manager.generate(f"t{i}", prompt_ids=[1], sampling_params={"delay": delays[i]})
+        await asyncio.sleep(0)
+
+    await asyncio.gather(*[one(i) for i in range(60)])
+    assert all(s["in_flight"] == 0 for s in manager.stats())
+    assert sum(s["requests"] for s in manager.stats()) == 60
+    # In-flight balancing keeps concurrent load within one request of each other.
+    assert max(s.max_in_flight for s in servers) - min(s.max_in_flight for s in servers) <= 1
+
+
+async def test_later_turns_of_a_trajectory_stick_to_their_server_with_fresh_engine_ids():
+    a, b = FakeServer("a"), FakeServer("b")
+    manager = AsyncLLMServerManager([a, b])
+    await manager.generate("traj-1", prompt_ids=[1], sampling_params={})
+    first = manager.server_for("traj-1")
+    busy = asyncio.ensure_future(  # make the sticky server the busier one
+        manager.generate("other", prompt_ids=[1], sampling_params={"delay": 0.3})
+    )
+    await asyncio.sleep(0.01)
+    for _ in range(3):
+        await manager.generate("traj-1", prompt_ids=[1, 2], sampling_params={})
+    await busy
+    server = [a, b][first]
+    traj_ids = [rid for rid in server.seen if rid.startswith("traj-1-")]
+    assert len(traj_ids) == 4 and len(set(traj_ids)) == 4
+
+
+async def test_sticky_map_is_an_lru_of_bounded_size():
+    manager = AsyncLLMServerManager([FakeServer("a")], max_sticky=5)
+    for i in range(8):
+        await manager.generate(f"t{i}", prompt_ids=[1], sampling_params={})
+    assert manager.server_for("t0") is None and manager.server_for("t7") == 0
+
+
+async def test_dead_server_is_marked_and_the_request_retried_elsewhere():
+    dead, alive = FakeServer("dead", dead=True), FakeServer("alive")
+    manager = AsyncLLMServerManager([dead, alive])
+    out = await manager.generate("t", prompt_ids=[1], sampling_params={})
+    assert out.token_ids == [1, 2, 3]
+    stats = manager.stats()
+    assert stats[0]["healthy"] is False and stats[0]["failures"] == 1
+    assert stats[1]["requests"] == 1
+    # The dead server is not tried again.
+    await manager.generate("t2", prompt_ids=[1], sampling_params={})
+    assert manager.stats()[0]["requests"] == 1
+
+
+async def test_all_servers_dead_raises_a_clear_error():
+    manager = AsyncLLMServerManager([FakeServer("a", dead=True), FakeServer("b", dead=True)])
+    with pytest.raises(
+        NoHealthyServerError, match=r"no healthy server left for request t \(2 of 2 dead\)"
+    ):
+        await manager.generate("t", prompt_ids=[1], sampling_params={})
+
+
+async def test_bad_input_is_not_retried():
+    class Rejecting(FakeServer):
+        async def generate(self, prompt_ids, sampling_params, request_id):
+            self.seen.append(request_id)
+            raise ValueError("prompt_ids is empty: send at least one token id")
+
+    a, b = Rejecting("a"), Rejecting("b")
+    manager = AsyncLLMServerManager([a, b])
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        await manager.generate("t", prompt_ids=[], sampling_params={})
+    assert len(a.seen) + len(b.seen) == 1
+    assert all(s["healthy"] for s in manager.stats())
+
+
+async def test_abort_reaches_the_running_engine_request():
+    a = FakeServer("a")
+    manager = AsyncLLMServerManager([a])
+    task = asyncio.ensure_future(
+        manager.generate("t", prompt_ids=[1], sampling_params={"delay": 0.2})
+    )
+    await asyncio.sleep(0.02)
+    assert await manager.abort("t") is True
+    await task
+    assert a.aborted == a.seen
+    assert await manager.abort("t") is False
+
+
+def test_manager_needs_a_server():
+    with pytest.raises(ValueError, match="at least one server"):
+        AsyncLLMServerManager([])
