@@ -18,7 +18,7 @@ import torch
 
 from servers.config import ServerConfig
 from servers.types import EngineDeadError, GenerateInputError, TokenOutput, validate_request
-from servers.weights import StagedBucket, stage_bucket
+from servers.weights import StagedBucket, new_staging_file, stage_bucket
 
 __all__ = ["VLLMEngine", "to_vllm_sampling"]
 
@@ -53,6 +53,7 @@ class VLLMEngine:
         self.vocab_size = 0
         self.max_model_len = 0
         self._staged: list[StagedBucket] = []
+        self._staging_files: list[str] = []  # kept across updates: page reuse is faster
         self._sleeping = False
 
     async def start(self) -> None:
@@ -157,11 +158,15 @@ class VLLMEngine:
 
     # ---- weights -------------------------------------------------------------------------
     async def begin_weight_update(self) -> None:
-        self._discard_staged()
+        self._staged = []
 
     async def update_weights_bucket(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Stage one bucket in shared memory (returns its bytes); loaded at ``finish``."""
-        bucket = await asyncio.to_thread(stage_bucket, list(named))
+        index = len(self._staged)
+        if index == len(self._staging_files):
+            self._staging_files.append(new_staging_file())
+        path = self._staging_files[index]
+        bucket = await asyncio.to_thread(stage_bucket, list(named), path)
         self._staged.append(bucket)
         return bucket.nbytes
 
@@ -174,13 +179,13 @@ class VLLMEngine:
             )
             await engine.reset_prefix_cache()
         finally:
-            self._discard_staged()
+            self._staged = []
         return int(counts[0])
 
-    def _discard_staged(self) -> None:
-        for bucket in self._staged:
-            Path(bucket.path).unlink(missing_ok=True)
-        self._staged = []
+    def _discard_staging_files(self) -> None:
+        for path in self._staging_files:
+            Path(path).unlink(missing_ok=True)
+        self._staging_files = []
 
     async def weight_checksum(self, name: str) -> float:
         return float(
@@ -217,7 +222,7 @@ class VLLMEngine:
         }
 
     def shutdown(self) -> None:
-        self._discard_staged()
+        self._discard_staging_files()
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None

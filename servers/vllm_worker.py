@@ -27,11 +27,17 @@ class WeightLoaderExtension:
             nonlocal count
             for name, tensor in iter_buckets(StagedBucket.from_wire(b) for b in buckets):
                 count += 1
-                # Trainer state dicts of tied models carry lm_head.weight too; loading it
-                # unties vLLM's shared embedding, so the embedding alone is the source of truth.
-                if tied and name == "lm_head.weight":
+                if not tied:
+                    yield name, tensor
+                    continue
+                # Tied embeddings: the in-place reload leaves vLLM's lm_head as its own
+                # parameter, so it must receive the embedding too, whether or not the sender
+                # included an lm_head.weight (the embedding is the source of truth).
+                if name == "lm_head.weight":
                     continue
                 yield name, tensor
+                if name.endswith("embed_tokens.weight"):
+                    yield "lm_head.weight", tensor
 
         # In-place reload handles checkpoint-format names (fused qkv/gate_up, CPU repacking).
         self.model_runner.reload_weights(weights_iterator=counted())

@@ -22,6 +22,7 @@ __all__ = [
     "TensorMeta",
     "StagedBucket",
     "bucketize",
+    "new_staging_file",
     "stage_bucket",
     "read_bucket",
     "iter_buckets",
@@ -86,15 +87,24 @@ def shm_dir() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def stage_bucket(
-    named: Iterable[tuple[str, torch.Tensor]], directory: Path | None = None
-) -> StagedBucket:
-    """Write tensors (any device) into one shared-memory file and describe them."""
-    directory = directory or shm_dir()
-    fd, path = tempfile.mkstemp(prefix="agentloop-weights-", suffix=".bin", dir=directory)
+def new_staging_file(directory: Path | None = None) -> str:
+    """Create an empty staging file in shared memory; the caller owns (and unlinks) it."""
+    fd, path = tempfile.mkstemp(
+        prefix="agentloop-weights-", suffix=".bin", dir=directory or shm_dir()
+    )
+    os.close(fd)
+    return path
+
+
+def stage_bucket(named: Iterable[tuple[str, torch.Tensor]], path: str) -> StagedBucket:
+    """Write tensors (any device) into the staging file ``path`` and describe them.
+
+    The file is overwritten in place, not truncated: re-staging into a file that already
+    holds a bucket reuses its memory pages, several times faster on tmpfs than allocating.
+    """
     metas: list[TensorMeta] = []
     offset = 0
-    with os.fdopen(fd, "wb") as fh:
+    with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as fh:
         for name, tensor in named:
             dtype = str(tensor.dtype).removeprefix("torch.")
             if dtype not in _DTYPES:
