@@ -173,6 +173,8 @@ class VLLMEngine:
     async def finish_weight_update(self) -> int:
         """Load every staged bucket into the running engine, then reset the prefix cache."""
         engine = self._require()
+        if not self._staged:
+            return 0
         try:
             counts = await engine.collective_rpc(
                 "agentloop_load_staged", kwargs={"buckets": [b.to_wire() for b in self._staged]}
