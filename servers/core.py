@@ -12,7 +12,7 @@ import torch
 
 from servers.config import ServerConfig
 from servers.metrics import ServerMetrics
-from servers.types import GenerateInputError, TokenOutput
+from servers.types import GenerateInputError, TokenOutput, validate_request
 
 __all__ = ["EngineAdapter", "ServerCore", "make_engine"]
 
@@ -23,8 +23,11 @@ class EngineAdapter(Protocol):
 
     async def start(self) -> None: ...
     async def generate(
-        self, prompt_ids: list[int], sampling_params: dict[str, Any] | None, request_id: str
-    ) -> TokenOutput: ...
+        self, prompt_ids: list[int], params: dict[str, Any], request_id: str
+    ) -> TokenOutput:
+        """``params`` are already validated and normalised by ``validate_request``."""
+        ...
+
     async def abort(self, request_id: str) -> None: ...
     async def begin_weight_update(self) -> None: ...
     async def update_weights_bucket(self, named: Iterable[tuple[str, torch.Tensor]]) -> int: ...
@@ -46,7 +49,7 @@ def make_engine(config: ServerConfig) -> EngineAdapter:
 
 
 class ServerCore:
-    """Counts every request in the metrics and gives each one an engine request id."""
+    """Validates every request, counts it in the metrics and gives it an engine request id."""
 
     def __init__(self, config: ServerConfig, engine: EngineAdapter | None = None) -> None:
         self.config = config
@@ -67,7 +70,13 @@ class ServerCore:
         m.in_flight.inc()
         start = time.perf_counter()
         try:
-            out = await self.engine.generate(prompt_ids, sampling_params, request_id)
+            params = validate_request(
+                prompt_ids,
+                sampling_params,
+                vocab_size=self.engine.vocab_size,
+                max_model_len=self.engine.max_model_len,
+            )
+            out = await self.engine.generate(prompt_ids, params, request_id)
         except GenerateInputError:
             m.errors.labels("bad_request").inc()
             raise

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from servers.config import ServerConfig
-from servers.types import EngineDeadError, TokenOutput, validate_request
+from servers.types import EngineDeadError, TokenOutput
 
 __all__ = ["SGLangEngine", "to_sglang_sampling", "from_sglang_output"]
 
@@ -84,17 +84,12 @@ class SGLangEngine:
         self.max_model_len = int(tm.context_len)
 
     async def generate(
-        self, prompt_ids: list[int], sampling_params: dict[str, Any] | None, request_id: str
+        self, prompt_ids: list[int], params: dict[str, Any], request_id: str
     ) -> TokenOutput:
+        """``params`` come from ``validate_request`` (``ServerCore`` does that)."""
         if self.engine is None:
             raise EngineDeadError("engine is not started")
-        params = validate_request(
-            prompt_ids,
-            sampling_params,
-            vocab_size=self.vocab_size,
-            max_model_len=self.max_model_len,
-        )
-        want_logprobs = params.get("logprobs", True) is not False
+        want_logprobs = params["logprobs"]
         result = await self.engine.async_generate(
             input_ids=prompt_ids,
             sampling_params=to_sglang_sampling(params),

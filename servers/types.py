@@ -102,10 +102,11 @@ def _check_ids(field: str, ids: Any, vocab_size: int) -> None:
 def validate_request(
     prompt_ids: Any, sampling_params: Any, *, vocab_size: int, max_model_len: int
 ) -> dict[str, Any]:
-    """Check a generate request and return sampling params with ``max_tokens`` clamped.
+    """Check a generate request and return normalised sampling params.
 
     ``max_tokens`` defaults to, and is clamped to, the room left in the model length after the
-    prompt. Raises ``GenerateInputError`` naming the field to change.
+    prompt; ``logprobs`` becomes a bool (default True). Raises ``GenerateInputError`` naming
+    the field to change.
     """
     if sampling_params is None:
         sampling_params = {}
@@ -139,4 +140,5 @@ def validate_request(
     params = dict(sampling_params)
     room = max_model_len - len(prompt_ids)
     params["max_tokens"] = min(params.get("max_tokens", room), room)
+    params["logprobs"] = params.get("logprobs", True) is not False
     return params

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from servers.config import ServerConfig
-from servers.types import EngineDeadError, GenerateInputError, TokenOutput, validate_request
+from servers.types import EngineDeadError, GenerateInputError, TokenOutput
 from servers.weights import StagedBucket, new_staging_file, stage_bucket
 
 __all__ = ["VLLMEngine", "to_vllm_sampling"]
@@ -35,7 +35,7 @@ def to_vllm_sampling(params: dict[str, Any]):
     from vllm.sampling_params import RequestOutputKind
 
     kwargs = dict(params)
-    want_logprobs = kwargs.pop("logprobs", True) is not False
+    want_logprobs = kwargs.pop("logprobs", True)
     return SamplingParams(
         **kwargs,
         logprobs=0 if want_logprobs else None,
@@ -103,20 +103,15 @@ class VLLMEngine:
         return self.engine
 
     async def generate(
-        self, prompt_ids: list[int], sampling_params: dict[str, Any] | None, request_id: str
+        self, prompt_ids: list[int], params: dict[str, Any], request_id: str
     ) -> TokenOutput:
+        """``params`` come from ``validate_request`` (``ServerCore`` does that)."""
         from vllm import TokensPrompt
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMDead
 
         engine = self._require()
-        params = validate_request(
-            prompt_ids,
-            sampling_params,
-            vocab_size=self.vocab_size,
-            max_model_len=self.max_model_len,
-        )
-        want_logprobs = params.get("logprobs", True) is not False
+        want_logprobs = params["logprobs"]
         try:
             sampling = to_vllm_sampling(params)
         except (ValueError, VLLMClientError) as exc:  # vLLM's own checks (e.g. temperature > 2)

@@ -74,7 +74,7 @@ async def _raw_throughput(path: Path) -> float:
         final = None
         async for out in llm.generate(
             TokensPrompt(prompt_token_ids=PROMPT),
-            to_vllm_sampling({**PARAMS, "seed": i}),
+            to_vllm_sampling({**PARAMS, "seed": i, "logprobs": True}),
             f"raw-{i}",
         ):
             final = out

@@ -7,15 +7,13 @@ import pytest
 
 from servers import ServerConfig, ServerCore, TokenOutput
 from servers.http import HttpFront, build_app
-from servers.types import validate_request
 
 
 class ScriptedEngine:
     vocab_size = 50
     max_model_len = 32
 
-    async def generate(self, prompt_ids, sampling_params, request_id):
-        params = validate_request(prompt_ids, sampling_params, vocab_size=50, max_model_len=32)
+    async def generate(self, prompt_ids, params, request_id):
         n = params["max_tokens"]
         return TokenOutput(token_ids=list(range(n)), log_probs=[-1.0] * n, finish_reason="length")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servers import ServerConfig
+from servers import ServerConfig, ServerCore
 from servers.sglang import SGLangEngine, from_sglang_output, to_sglang_sampling
 
 
@@ -58,10 +58,16 @@ class StandInEngine:
 
 
 @pytest.fixture
-async def adapter():
-    engine = SGLangEngine(ServerConfig(model="/models/x", backend="sglang"), engine=StandInEngine())
-    await engine.start()
-    return engine
+async def core():
+    config = ServerConfig(model="/models/x", backend="sglang")
+    server = ServerCore(config, engine=SGLangEngine(config, engine=StandInEngine()))
+    await server.start()
+    return server
+
+
+@pytest.fixture
+def adapter(core):
+    return core.engine
 
 
 def test_sampling_keys_are_translated_to_sglang_names():
@@ -85,8 +91,8 @@ def test_sampling_keys_are_translated_to_sglang_names():
     }
 
 
-async def test_generate_returns_tokens_logprobs_and_finish_reason(adapter):
-    out = await adapter.generate([1, 2, 3], {"max_tokens": 4, "temperature": 1.0}, "r1")
+async def test_generate_returns_tokens_logprobs_and_finish_reason(core, adapter):
+    out = await core.generate([1, 2, 3], {"max_tokens": 4, "temperature": 1.0}, "r1")
     assert out.token_ids == [0, 7, 14, 21]
     assert out.log_probs == [-0.5, -1.5, -2.5, -3.5]
     assert out.finish_reason == "length"
@@ -94,15 +100,15 @@ async def test_generate_returns_tokens_logprobs_and_finish_reason(adapter):
     assert call["input_ids"] == [1, 2, 3] and call["rid"] == "r1" and call["return_logprob"]
 
 
-async def test_max_tokens_clamped_to_context_length(adapter):
-    out = await adapter.generate([1] * 60, {"max_tokens": 100}, "r2")
+async def test_max_tokens_clamped_to_context_length(core, adapter):
+    out = await core.generate([1] * 60, {"max_tokens": 100}, "r2")
     assert len(out.token_ids) == 4
     assert adapter.engine.calls[-1]["sampling_params"]["max_new_tokens"] == 4
 
 
-async def test_bad_input_is_rejected_before_reaching_sglang(adapter):
+async def test_bad_input_is_rejected_before_reaching_sglang(core, adapter):
     with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 1000\)"):
-        await adapter.generate([5000], {}, "r3")
+        await core.generate([5000], {}, "r3")
     assert adapter.engine.calls == []
 
 
