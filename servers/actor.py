@@ -88,9 +88,6 @@ class AsyncServer:
     def metrics_text(self) -> str:
         return self.core.metrics.text().decode()
 
-    def config_dict(self) -> dict[str, Any]:
-        return asdict(self.config)
-
     async def shutdown(self) -> None:
         if self._http is not None:
             await self._http.stop()
