@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 __all__ = ["ServerConfig"]
@@ -44,6 +45,11 @@ class ServerConfig:
     """HTTP port; 0 picks a free one."""
     http: bool = True
     """Start the HTTP front (OpenAI chat, /generate, /health, /metrics)."""
+
+    @property
+    def model_name(self) -> str:
+        """Name the server answers to: ``served_model_name`` or the model folder's name."""
+        return self.served_model_name or Path(self.model).name
 
     def __post_init__(self) -> None:
         if self.backend not in ("vllm", "sglang"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -154,7 +153,7 @@ class SGLangEngine:
             raise EngineDeadError("engine is not started")
         return {
             "backend": "sglang",
-            "model": Path(self.config.model).name,
+            "model": self.config.model_name,
             "sleeping": self._sleeping,
             "max_model_len": self.max_model_len,
         }

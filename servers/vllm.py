@@ -68,7 +68,7 @@ class VLLMEngine:
         eager = cpu if cfg.enforce_eager is None else cfg.enforce_eager
         args = AsyncEngineArgs(
             model=cfg.model,
-            served_model_name=cfg.served_model_name or Path(cfg.model).name,
+            served_model_name=cfg.model_name,
             dtype=dtype,
             tensor_parallel_size=cfg.tensor_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -145,8 +145,7 @@ class VLLMEngine:
         from servers.vllm_openai import VLLMChat
 
         cfg = self.config
-        name = cfg.served_model_name or Path(cfg.model).name
-        return VLLMChat(self._require(), cfg.model, name, cfg.tool_parser)
+        return VLLMChat(self._require(), cfg.model, cfg.model_name, cfg.tool_parser)
 
     async def abort(self, request_id: str) -> None:
         await self._require().abort(request_id)
@@ -213,7 +212,7 @@ class VLLMEngine:
         await engine.check_health()
         return {
             "backend": "vllm",
-            "model": self.config.model,
+            "model": self.config.model_name,
             "sleeping": self._sleeping,
             "max_model_len": self.max_model_len,
         }
