@@ -80,7 +80,7 @@ class ServerCore:
         except GenerateInputError:
             m.errors.labels("bad_request").inc()
             raise
-        except BaseException:
+        except Exception:  # a cancelled request (client gone) is not an engine error
             m.errors.labels("engine").inc()
             raise
         finally:
