@@ -1,1 +1,55 @@
-"""agentloop package."""
+"""Agent loops over token-level servers: exact trajectories, tool-call parsing, tools, and
+the workers/manager that turn dataset rows into padded training batches.
+
+Never imports ``trainer``; talks to servers only through ``generate(request_id, *,
+prompt_ids, sampling_params)``.
+"""
+
+from agentloop import single_turn as _single_turn  # noqa: F401  (registers single_turn_agent)
+from agentloop import tool_agent as _tool_agent  # noqa: F401  (registers tool_agent)
+from agentloop.base import (
+    AgentLoopBase,
+    AgentLoopContext,
+    AgentLoopOutput,
+    get_agent_loop,
+    load_agent_loop_config,
+    register,
+    registered_agent_loops,
+)
+from agentloop.batch import RolloutBatch, collate, rollout_metrics
+from agentloop.config import AgentConfig, MultiTurnConfig, RolloutConfig, from_dict
+from agentloop.manager import AgentLoopManager
+from agentloop.parsers import ToolCall, ToolCallError, get_parser, register_parser
+from agentloop.single_turn import SingleTurnAgentLoop
+from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta
+from agentloop.tool_agent import ToolAgentLoop
+from agentloop.worker import AgentLoopWorker, validate_rows
+
+__all__ = [
+    "AgentConfig",
+    "AgentLoopBase",
+    "AgentLoopContext",
+    "AgentLoopManager",
+    "AgentLoopOutput",
+    "AgentLoopWorker",
+    "MultiTurnConfig",
+    "RolloutBatch",
+    "RolloutConfig",
+    "SingleTurnAgentLoop",
+    "TemplateDeltaError",
+    "ToolAgentLoop",
+    "ToolCall",
+    "ToolCallError",
+    "Trajectory",
+    "collate",
+    "encode_delta",
+    "from_dict",
+    "get_agent_loop",
+    "get_parser",
+    "load_agent_loop_config",
+    "register",
+    "register_parser",
+    "registered_agent_loops",
+    "rollout_metrics",
+    "validate_rows",
+]

@@ -1,0 +1,213 @@
+"""Agent loops: the base class, its output, and the registry rows select with ``agent_name``.
+
+A loop instance runs one sample: ``await loop.run(sampling_params, **row_fields)``. It gets
+everything shared through an ``AgentLoopContext`` (the generate client, tokenizer, rollout
+config, tools). Built-in loops register with ``@register(name)``; user loops come from a YAML
+list ``[{name, _target_, ...kwargs}]`` (``agent.agent_loop_config_path``).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from agentloop.config import RolloutConfig
+from agentloop.tokens import Trajectory, encode_delta
+from agentloop.tools.base import BaseTool
+from agentloop.tools.config import import_target
+from servers.types import TokenOutput
+
+__all__ = [
+    "AgentLoopBase",
+    "AgentLoopContext",
+    "AgentLoopOutput",
+    "AgentLoopSpec",
+    "GenerateClient",
+    "get_agent_loop",
+    "load_agent_loop_config",
+    "register",
+    "registered_agent_loops",
+]
+
+
+class GenerateClient(Protocol):
+    """Anything with the token-level generate API (AsyncLLMServerManager, a test script)."""
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any]
+    ) -> TokenOutput: ...
+
+
+@dataclass(slots=True)
+class AgentLoopOutput:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    """1 where the model sampled the token, 0 for tool/user/template tokens."""
+    response_log_probs: list[float]
+    """Engine log-prob of each sampled token; 0 where the mask is 0."""
+    num_turns: int
+    """Conversation turns: the prompt, each model turn and each tool/user turn appended."""
+    reward_score: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Per-turn finish reasons, stop reason, tool-call counts/errors, tool rewards."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """``generate_s``, ``tool_s``, ``total_s`` of this sample."""
+
+
+@dataclass(slots=True)
+class AgentLoopContext:
+    server: GenerateClient
+    tokenizer: Any
+    config: RolloutConfig
+    tools: Mapping[str, BaseTool] = field(default_factory=dict)
+
+
+class AgentLoopBase(abc.ABC):
+    """One instance per sample. Subclasses implement ``run``; helpers keep trajectories exact
+    (``encode_prompt``/``encode_delta`` run in a thread, ``generate`` respects the budget)."""
+
+    def __init__(self, context: AgentLoopContext, **kwargs: Any) -> None:
+        self.context = context
+        self.server = context.server
+        self.tokenizer = context.tokenizer
+        self.config = context.config
+        self.metrics: dict[str, float] = {"generate_s": 0.0, "tool_s": 0.0}
+
+    @abc.abstractmethod
+    async def run(self, sampling_params: dict[str, Any], **row_fields: Any) -> AgentLoopOutput:
+        """Roll out one sample; ``row_fields`` are the dataset row (``raw_prompt``, ...)."""
+
+    async def encode_prompt(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The only full tokenization of a sample: its prompt with the generation prompt."""
+        ids = await asyncio.to_thread(
+            self.tokenizer.apply_chat_template,
+            list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **self.config.chat_template_kwargs,
+        )
+        if len(ids) > self.config.prompt_length:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens > rollout.prompt_length="
+                f"{self.config.prompt_length}: raise it or filter long prompts with "
+                "data.max_prompt_length"
+            )
+        return list(ids)
+
+    async def encode_delta(
+        self,
+        messages: Sequence[dict[str, Any]],
+        new_messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        return await asyncio.to_thread(
+            encode_delta,
+            self.tokenizer,
+            messages,
+            new_messages,
+            tools,
+            chat_template_kwargs=self.config.chat_template_kwargs,
+        )
+
+    async def generate(
+        self, request_id: str, traj: Trajectory, sampling_params: dict[str, Any]
+    ) -> TokenOutput:
+        """One model turn appended to ``traj`` (``max_tokens`` capped by the budget left)."""
+        context = traj.context_ids()
+        room = min(traj.room, self.config.context_length - len(context))
+        params = {
+            **sampling_params,
+            "max_tokens": min(sampling_params.get("max_tokens", room), room),
+        }
+        start = time.perf_counter()
+        out = await self.server.generate(request_id, prompt_ids=context, sampling_params=params)
+        self.metrics["generate_s"] += time.perf_counter() - start
+        if len(out.token_ids) > params["max_tokens"]:  # never trust a backend with the budget
+            n = params["max_tokens"]
+            logp = out.log_probs[:n] if out.log_probs is not None else None
+            out = TokenOutput(out.token_ids[:n], logp, "length")
+        traj.add_sampled(out.token_ids, out.log_probs)
+        return out
+
+    def output(self, traj: Trajectory, num_turns: int, **extra: Any) -> AgentLoopOutput:
+        return AgentLoopOutput(
+            prompt_ids=traj.prompt_ids,
+            response_ids=traj.response_ids,
+            response_mask=traj.response_mask,
+            response_log_probs=traj.response_log_probs,
+            num_turns=num_turns,
+            extra=extra,
+            metrics=dict(self.metrics),
+        )
+
+
+# ---- registry ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AgentLoopSpec:
+    name: str
+    cls: type[AgentLoopBase]
+    kwargs: dict[str, Any]
+
+
+_REGISTRY: dict[str, AgentLoopSpec] = {}
+
+
+def register(name: str):
+    """Class decorator: rows with ``agent_name: name`` run this loop."""
+
+    def wrap(cls: type[AgentLoopBase]) -> type[AgentLoopBase]:
+        _REGISTRY[name] = AgentLoopSpec(name, cls, {})
+        return cls
+
+    return wrap
+
+
+def registered_agent_loops() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_agent_loop(name: str) -> AgentLoopSpec:
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        raise ValueError(
+            f"agent_name {name!r} is not a registered agent loop; registered: "
+            f"{', '.join(registered_agent_loops())} (add yours to "
+            "actor_rollout_ref.rollout.agent.agent_loop_config_path)"
+        )
+    return spec
+
+
+def load_agent_loop_config(path: str | Path) -> list[str]:
+    """Register the loops of a YAML list ``[{name, _target_, ...kwargs}]``; returns names."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"agent.agent_loop_config_path {str(path)!r} does not exist")
+    entries = yaml.safe_load(path.read_text())
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a YAML list of {{name, _target_, ...kwargs}}")
+    names = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "name" not in entry or "_target_" not in entry:
+            raise ValueError(f"{path}: entry {i} needs 'name' and '_target_'")
+        kwargs = {k: v for k, v in entry.items() if k not in ("name", "_target_")}
+        cls = import_target(entry["_target_"], f"{path}: agent loop {entry['name']!r}")
+        if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
+            raise ValueError(
+                f"{path}: agent loop {entry['name']!r}: {entry['_target_']} is not an "
+                "AgentLoopBase subclass"
+            )
+        _REGISTRY[entry["name"]] = AgentLoopSpec(entry["name"], cls, kwargs)
+        names.append(entry["name"])
+    return names

@@ -1,0 +1,139 @@
+"""Padding agent-loop outputs into a training batch, and the rollout metrics.
+
+Prompts are left-padded to ``prompt_length`` and responses right-padded to
+``response_length``, so ``input_ids = [prompt | response]`` has the response at a fixed
+offset (the layout verl trainers expect).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentloop.base import AgentLoopOutput
+
+__all__ = ["RolloutBatch", "collate", "rollout_metrics"]
+
+
+@dataclass(slots=True)
+class RolloutBatch:
+    prompts: torch.Tensor
+    """[batch, prompt_length] left-padded prompt ids."""
+    responses: torch.Tensor
+    """[batch, response_length] right-padded response ids (model and tool tokens)."""
+    input_ids: torch.Tensor
+    """[batch, prompt_length + response_length]"""
+    attention_mask: torch.Tensor
+    """[batch, prompt_length + response_length] 1 on real tokens."""
+    position_ids: torch.Tensor
+    """[batch, prompt_length + response_length] 0.. over real tokens (0 on left padding)."""
+    response_mask: torch.Tensor
+    """[batch, response_length] 1 where the model sampled the token (the loss mask)."""
+    rollout_log_probs: torch.Tensor
+    """[batch, response_length] float32 engine log-probs, 0 where response_mask is 0."""
+    uid: list[str]
+    """Group id: samples of the same prompt share it (GRPO groups)."""
+    rows: list[dict[str, Any]]
+    """The dataset row of each sample (data_source, reward_model, extra_info, ...)."""
+    agent_name: list[str]
+    num_turns: list[int]
+    tool_calls: list[int]
+    tool_errors: list[int]
+    reward_score: list[float | None]
+    extra: list[dict[str, Any]]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def collate(
+    outputs: list[AgentLoopOutput],
+    rows: list[dict[str, Any]],
+    *,
+    prompt_length: int,
+    response_length: int,
+    pad_token_id: int,
+) -> RolloutBatch:
+    if len(outputs) != len(rows):
+        raise ValueError(f"{len(outputs)} outputs for {len(rows)} rows")
+    b, p, r = len(outputs), prompt_length, response_length
+    prompts = np.full((b, p), pad_token_id, dtype=np.int64)
+    responses = np.full((b, r), pad_token_id, dtype=np.int64)
+    prompt_mask = np.zeros((b, p), dtype=np.int64)
+    resp_attn = np.zeros((b, r), dtype=np.int64)
+    resp_mask = np.zeros((b, r), dtype=np.int64)
+    logp = np.zeros((b, r), dtype=np.float32)
+    for i, out in enumerate(outputs):
+        np_, nr = len(out.prompt_ids), len(out.response_ids)
+        if np_ > p or nr > r:
+            raise ValueError(
+                f"sample {i} has {np_} prompt / {nr} response tokens, over the "
+                f"prompt_length={p} / response_length={r} budget"
+            )
+        prompts[i, p - np_ :] = out.prompt_ids
+        prompt_mask[i, p - np_ :] = 1
+        responses[i, :nr] = out.response_ids
+        resp_attn[i, :nr] = 1
+        resp_mask[i, :nr] = out.response_mask
+        logp[i, :nr] = out.response_log_probs
+    attention = np.concatenate([prompt_mask, resp_attn], axis=1)
+    position = np.clip(np.cumsum(attention, axis=1) - 1, 0, None)
+    extras = [o.extra for o in outputs]
+    return RolloutBatch(
+        prompts=torch.from_numpy(prompts),
+        responses=torch.from_numpy(responses),
+        input_ids=torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
+        attention_mask=torch.from_numpy(attention),
+        position_ids=torch.from_numpy(position),
+        response_mask=torch.from_numpy(resp_mask),
+        rollout_log_probs=torch.from_numpy(logp),
+        uid=[str(row["uid"]) for row in rows],
+        rows=rows,
+        agent_name=[str(row["agent_name"]) for row in rows],
+        num_turns=[o.num_turns for o in outputs],
+        tool_calls=[int(e.get("tool_calls", 0)) for e in extras],
+        tool_errors=[int(e.get("tool_errors", 0)) for e in extras],
+        reward_score=[o.reward_score for o in outputs],
+        extra=extras,
+    )
+
+
+def _spread(prefix: str, values: list[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=np.float64)
+    return {
+        f"{prefix}/mean": float(arr.mean()),
+        f"{prefix}/max": float(arr.max()),
+        f"{prefix}/min": float(arr.min()),
+    }
+
+
+def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, float]:
+    """Per-phase timing spread over samples, the slowest sample's breakdown, turn and tool
+    counts. ``timing_s/gen`` is the wall time of the whole rollout."""
+    if not outputs:
+        return {"timing_s/gen": wall_s}
+    metrics = {"timing_s/gen": wall_s}
+    for key in ("generate_s", "tool_s", "total_s"):
+        metrics |= _spread(f"agent_loop/{key}", [o.metrics.get(key, 0.0) for o in outputs])
+    metrics |= _spread("agent_loop/num_turns", [o.num_turns for o in outputs])
+    metrics |= _spread("agent_loop/response_length", [len(o.response_ids) for o in outputs])
+    metrics |= _spread("agent_loop/tool_calls", [o.extra.get("tool_calls", 0) for o in outputs])
+    metrics["agent_loop/tool_errors/mean"] = float(
+        np.mean([o.extra.get("tool_errors", 0) for o in outputs])
+    )
+    slowest = max(range(len(outputs)), key=lambda i: outputs[i].metrics.get("total_s", 0.0))
+    out = outputs[slowest]
+    metrics |= {
+        "agent_loop/slowest/index": float(slowest),
+        "agent_loop/slowest/total_s": out.metrics.get("total_s", 0.0),
+        "agent_loop/slowest/generate_s": out.metrics.get("generate_s", 0.0),
+        "agent_loop/slowest/tool_s": out.metrics.get("tool_s", 0.0),
+        "agent_loop/slowest/num_turns": float(out.num_turns),
+        "agent_loop/slowest/prompt_length": float(len(out.prompt_ids)),
+        "agent_loop/slowest/response_length": float(len(out.response_ids)),
+    }
+    return metrics

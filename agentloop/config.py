@@ -1,0 +1,195 @@
+"""Typed configs of the rollout side (``actor_rollout_ref.rollout``) and a strict builder that
+turns a plain dict (e.g. from Hydra/YAML) into nested dataclasses with clear errors.
+
+Key names follow verl so existing run scripts carry over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["AgentConfig", "MultiTurnConfig", "RolloutConfig", "from_dict"]
+
+
+@dataclass(kw_only=True, slots=True)
+class MultiTurnConfig:
+    enable: bool = True
+    """Multi-turn tool use on (tool_agent); kept for verl run scripts."""
+    max_assistant_turns: int | None = None
+    """Stop after this many model turns (None: only the response budget stops it)."""
+    max_user_turns: int | None = None
+    """Stop after this many tool/user turns appended (None: no limit)."""
+    max_parallel_calls: int = 1
+    """Tool calls run per model turn; extra calls get an error message instead of running."""
+    max_tool_response_length: int = 256
+    """Characters of a tool response kept (the rest is cut on ``tool_response_truncate_side``)."""
+    tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
+    """Which part is cut: ``right`` keeps the start, ``left`` keeps the end, ``middle`` both."""
+    tool_timeout_s: float = 30.0
+    """Wall-clock limit of one tool call; past it the model sees a timeout error."""
+    tool_config_path: str | None = None
+    """verl-layout tool YAML (``tools: [{class_name, config, tool_schema}]``)."""
+    format: str = "hermes"
+    """Tool-call syntax the parser reads (``hermes``: ``<tool_call>{json}</tool_call>``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_assistant_turns", "max_user_turns"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"multi_turn.{name} must be >= 1 or null, got {value}")
+        if self.max_parallel_calls < 1:
+            raise ValueError(
+                f"multi_turn.max_parallel_calls must be >= 1, got {self.max_parallel_calls}"
+            )
+        if self.max_tool_response_length < 1:
+            raise ValueError("multi_turn.max_tool_response_length must be >= 1")
+        if self.tool_timeout_s <= 0:
+            raise ValueError("multi_turn.tool_timeout_s must be > 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class AgentConfig:
+    num_workers: int = 1
+    """AgentLoopWorker Ray actors the batch is split over."""
+    agent_loop_config_path: str | None = None
+    """YAML list of user loops ``[{name, _target_, ...kwargs}]``."""
+    default_agent_loop: str = "single_turn_agent"
+    """Loop for rows without an ``agent_name`` field."""
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"agent.num_workers must be >= 1, got {self.num_workers}")
+
+
+@dataclass(kw_only=True, slots=True)
+class RolloutConfig:
+    name: Literal["vllm", "sglang"] = "vllm"
+    """Inference engine of the rollout servers."""
+    mode: str = "async"
+    """Only ``async`` (server-based agent loops) exists."""
+    n: int = 1
+    """Samples per prompt (GRPO group size)."""
+    temperature: float = 1.0
+    """Sampling temperature of every turn."""
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1: no top-k limit."""
+    prompt_length: int = 1024
+    """Prompt tokens kept per sample (left-padded to this)."""
+    response_length: int = 1024
+    """Response budget over all turns, tool tokens included (right-padded to this)."""
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    num_servers: int = 1
+    """AsyncServer actors (data-parallel engines)."""
+    max_model_len: int | None = None
+    """Engine context length; None: prompt_length + response_length."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __post_init__(self) -> None:
+        if self.mode != "async":
+            raise ValueError(
+                f"actor_rollout_ref.rollout.mode={self.mode!r} is not supported: agent loops run "
+                "against servers; set actor_rollout_ref.rollout.mode=async"
+            )
+        if self.n < 1:
+            raise ValueError(f"rollout.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.prompt_length < 1 or self.response_length < 1:
+            raise ValueError("rollout.prompt_length and rollout.response_length must be >= 1")
+        if self.num_servers < 1:
+            raise ValueError(f"rollout.num_servers must be >= 1, got {self.num_servers}")
+
+    @property
+    def context_length(self) -> int:
+        return self.max_model_len or self.prompt_length + self.response_length
+
+    def sampling_params(self) -> dict[str, Any]:
+        """Sampling keys of every turn (the loop adds ``max_tokens``)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+
+# ---- strict dict -> dataclass ---------------------------------------------------------------
+def _check(path: str, hint: Any, value: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check(path, arg, value)
+            except (TypeError, ValueError) as exc:
+                errors.append(str(exc))
+        raise ValueError(errors[0] if errors else f"{path}: bad value {value!r}")
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ValueError(
+                f"{path} must be one of {', '.join(map(repr, allowed))}, got {value!r}"
+            )
+        return value
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ValueError(f"{path} must be a mapping of keys, got {type(value).__name__}")
+        return from_dict(hint, value, path=path)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{path} must be a list, got {type(value).__name__} {value!r}")
+        return list(value)
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{path} must be a mapping, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool):
+        if isinstance(value, bool) and hint is not bool or not isinstance(value, hint):
+            raise ValueError(
+                f"{path} must be {hint.__name__}, got {type(value).__name__} {value!r}"
+            )
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any] | None, *, path: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ValueError``
+    naming the full key (e.g. ``actor_rollout_ref.rollout.multi_turn.format``)."""
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(data) - set(names))
+    prefix = f"{path}." if path else ""
+    if unknown:
+        raise ValueError(
+            f"unknown config key {prefix}{unknown[0]}; known keys under {path or 'the root'}: "
+            f"{', '.join(names)}"
+        )
+    kwargs = {k: _check(f"{prefix}{k}", hints[k], v) for k, v in data.items()}
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init
+        and f.name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ValueError(
+            f"missing config key {prefix}{missing[0]}: set it (e.g. {prefix}{missing[0]}=...)"
+        )
+    return cls(**kwargs)

@@ -1,0 +1,105 @@
+"""``AgentLoopManager``: splits a batch over ``agent.num_workers`` AgentLoopWorker actors,
+gathers their outputs and pads them into a ``RolloutBatch`` with rollout metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from agentloop.base import load_agent_loop_config
+from agentloop.batch import RolloutBatch, collate, rollout_metrics
+from agentloop.config import RolloutConfig
+from agentloop.worker import AgentLoopWorker, prepare_row, validate_rows
+
+__all__ = ["AgentLoopManager", "AgentLoopWorker", "expand_rows"]
+
+logger = logging.getLogger(__name__)
+
+
+def expand_rows(
+    rows: list[dict[str, Any]], n: int, default_agent_loop: str
+) -> list[dict[str, Any]]:
+    """Each row ``n`` times in a row, sharing one ``uid`` (kept if the row has one), with
+    ``rollout_n`` = 0..n-1."""
+    out = []
+    for row in rows:
+        fields = prepare_row(row, default_agent_loop)
+        uid = str(fields.get("uid") or uuid.uuid4().hex)
+        out.extend({**fields, "uid": uid, "rollout_n": k} for k in range(n))
+    return out
+
+
+class AgentLoopManager:
+    def __init__(
+        self,
+        config: RolloutConfig,
+        servers: list[Any],
+        model_path: str,
+        *,
+        worker_options: dict[str, Any] | None = None,
+    ) -> None:
+        import ray
+        from transformers import AutoTokenizer
+
+        self.config = config
+        # Load user loops here too, so a bad _target_ fails in the driver with its message.
+        if config.agent.agent_loop_config_path:
+            load_agent_loop_config(config.agent.agent_loop_config_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
+        options = {"num_cpus": 0, "max_concurrency": 1000, **(worker_options or {})}
+        actor = ray.remote(AgentLoopWorker).options(**options)
+        self.workers = [
+            actor.remote(asdict(config), servers, model_path)
+            for _ in range(config.agent.num_workers)
+        ]
+        self.tool_names: list[str] = ray.get(self.workers[0].tool_names.remote())
+
+    def validate(self, rows: list[dict[str, Any]]) -> None:
+        """Start-up checks of a whole dataset (see ``validate_rows``)."""
+        validate_rows(rows, self.tool_names, self.config.agent.default_agent_loop)
+
+    def generate_sequences(
+        self,
+        rows: list[dict[str, Any]],
+        *,
+        n: int | None = None,
+        sampling_params: dict[str, Any] | None = None,
+    ) -> RolloutBatch:
+        """Roll out every row ``n`` times (default ``rollout.n``) and pad into a batch."""
+        import ray
+
+        samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
+        validate_rows(samples, self.tool_names, self.config.agent.default_agent_loop)
+        chunks = [c.tolist() for c in np.array_split(np.arange(len(samples)), len(self.workers))]
+        start = time.perf_counter()
+        refs = [
+            w.generate_sequences.remote([samples[i] for i in idx], sampling_params)
+            for w, idx in zip(self.workers, chunks, strict=True)
+            if idx
+        ]
+        outputs = [o for part in ray.get(refs) for o in part]
+        wall = time.perf_counter() - start
+        batch = collate(
+            outputs,
+            samples,
+            prompt_length=self.config.prompt_length,
+            response_length=self.config.response_length,
+            pad_token_id=self.pad_token_id,
+        )
+        batch.metrics = rollout_metrics(outputs, wall)
+        return batch
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []

@@ -1,0 +1,267 @@
+"""Tool-call parsers for training trajectories (registry by ``multi_turn.format``).
+
+A parser turns the decoded text of one model turn into an ordered list of calls and errors.
+Every failure is a structured ``ToolCallError`` that becomes the tool message the model sees,
+so a malformed call costs the model a turn, never the rollout. ``check_calls`` adds the errors
+that need the tool set: unknown tool, arguments failing the tool's JSON schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import jsonschema
+
+__all__ = [
+    "ParsedTurn",
+    "ToolCall",
+    "ToolCallError",
+    "ToolCallParser",
+    "HermesToolParser",
+    "check_calls",
+    "get_parser",
+    "loads_tolerant",
+    "register_parser",
+]
+
+ErrorKind = Literal[
+    "bad_json", "missing_name", "bad_arguments", "unknown_tool", "schema", "too_many_calls"
+]
+CALL_HINT = 'write {"name": <tool name>, "arguments": {...}} inside <tool_call></tool_call>'
+
+
+@dataclass(slots=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    raw: str
+    """The text between the call tags, as sampled."""
+    repaired: bool = False
+    """The JSON only parsed after repair (trailing comma, single quotes, unclosed braces)."""
+
+
+@dataclass(slots=True)
+class ToolCallError:
+    kind: ErrorKind
+    message: str
+    raw: str
+    name: str | None = None
+
+    def to_message(self) -> dict[str, str]:
+        """The tool message the model sees instead of a result."""
+        return {"role": "tool", "content": f"Error: {self.message}"}
+
+
+@dataclass(slots=True)
+class ParsedTurn:
+    content: str
+    """Text of the turn outside the call blocks."""
+    items: list[ToolCall | ToolCallError] = field(default_factory=list)
+    """Calls and errors in the order they appear in the turn."""
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [i for i in self.items if isinstance(i, ToolCall)]
+
+    @property
+    def errors(self) -> list[ToolCallError]:
+        return [i for i in self.items if isinstance(i, ToolCallError)]
+
+
+class ToolCallParser(Protocol):
+    def parse(self, text: str) -> ParsedTurn: ...
+
+
+_PARSERS: dict[str, Callable[[], ToolCallParser]] = {}
+
+
+def register_parser(name: str) -> Callable[[type], type]:
+    """Class decorator: make a parser available as ``multi_turn.format=name``."""
+
+    def wrap(cls: type) -> type:
+        _PARSERS[name] = cls
+        return cls
+
+    return wrap
+
+
+def get_parser(name: str) -> ToolCallParser:
+    if name not in _PARSERS:
+        raise ValueError(
+            f"unknown multi_turn.format {name!r}; registered: {', '.join(sorted(_PARSERS))}"
+        )
+    return _PARSERS[name]()
+
+
+# ---- tolerant JSON ----------------------------------------------------------------------------
+_PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
+
+
+def _repair(text: str) -> str:
+    """Fix the common slips of small models: single-quoted strings, Python literals, trailing
+    commas, and unclosed strings/braces at the end."""
+    out: list[str] = []
+    stack: list[str] = []
+    quote: str | None = None
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if quote:
+            if ch == "\\" and i + 1 < n:
+                nxt = text[i + 1]
+                out.append("'" if quote == "'" and nxt == "'" else ch + nxt)
+                i += 2
+                continue
+            if ch == quote:
+                out.append('"')
+                quote = None
+            elif ch == '"':  # a double quote inside a single-quoted string
+                out.append('\\"')
+            else:
+                out.append(ch)
+        elif ch in "\"'":
+            quote = ch
+            out.append('"')
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+            out.append(ch)
+        elif ch in "}]":
+            _drop_trailing_comma(out)
+            if stack:
+                stack.pop()
+            out.append(ch)
+        elif ch.isalpha():
+            j = i
+            while j < n and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            word = text[i:j]
+            out.append(_PY_LITERALS.get(word, word))
+            i = j
+            continue
+        else:
+            out.append(ch)
+        i += 1
+    if quote:
+        out.append('"')
+    _drop_trailing_comma(out)
+    out.extend(reversed(stack))
+    return "".join(out)
+
+
+def _drop_trailing_comma(out: list[str]) -> None:
+    j = len(out) - 1
+    while j >= 0 and out[j].isspace():
+        j -= 1
+    if j >= 0 and out[j] == ",":
+        del out[j]
+
+
+def loads_tolerant(text: str) -> tuple[Any, bool]:
+    """``json.loads``; on failure retry once on a repaired copy. Returns (value, repaired) or
+    raises the original ``json.JSONDecodeError``."""
+    try:
+        return json.loads(text), False
+    except json.JSONDecodeError as first:
+        try:
+            return json.loads(_repair(text)), True
+        except json.JSONDecodeError:
+            raise first from None
+
+
+# ---- Hermes / Qwen --------------------------------------------------------------------------
+@register_parser("hermes")
+class HermesToolParser:
+    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks (Hermes,
+    Qwen2.5/Qwen3). Several per turn; a final block the model did not close is still read."""
+
+    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+    def parse(self, text: str) -> ParsedTurn:
+        items: list[ToolCall | ToolCallError] = []
+        for index, match in enumerate(self._BLOCK.finditer(text), start=1):
+            items.append(_read_call(match.group(1).strip(), index))
+        content = self._BLOCK.sub("", text).strip()
+        return ParsedTurn(content=content, items=items)
+
+
+def _read_call(raw: str, index: int) -> ToolCall | ToolCallError:
+    try:
+        obj, repaired = loads_tolerant(raw)
+    except json.JSONDecodeError as exc:
+        return ToolCallError(
+            "bad_json",
+            f"tool call {index} is not valid JSON ({exc.msg} at char {exc.pos}); {CALL_HINT}",
+            raw,
+        )
+    if not isinstance(obj, dict):
+        return ToolCallError(
+            "bad_json",
+            f"tool call {index} must be a JSON object, got {_kind(obj)}; {CALL_HINT}",
+            raw,
+        )
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return ToolCallError("missing_name", f'tool call {index} has no "name"; {CALL_HINT}', raw)
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # OpenAI style: arguments as a JSON string
+        try:
+            args, again = loads_tolerant(args) if args.strip() else ({}, False)
+            repaired = repaired or again
+        except json.JSONDecodeError as exc:
+            return ToolCallError(
+                "bad_arguments",
+                f"arguments of tool call {index} ({name}) are not valid JSON ({exc.msg})",
+                raw,
+                name,
+            )
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return ToolCallError(
+            "bad_arguments",
+            f"arguments of tool call {index} ({name}) must be a JSON object, got {_kind(args)}",
+            raw,
+            name,
+        )
+    return ToolCall(name=name, arguments=args, raw=raw, repaired=repaired)
+
+
+def _kind(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+# ---- checks against the tool set ------------------------------------------------------------
+def check_calls(parsed: ParsedTurn, schemas: Mapping[str, dict[str, Any]]) -> ParsedTurn:
+    """Turn calls of unknown tools and calls whose arguments fail the tool's parameter schema
+    into errors (in place, order kept). ``schemas``: tool name -> OpenAI function schema."""
+    for pos, item in enumerate(parsed.items):
+        if not isinstance(item, ToolCall):
+            continue
+        schema = schemas.get(item.name)
+        if schema is None:
+            known = ", ".join(sorted(schemas)) or "none"
+            parsed.items[pos] = ToolCallError(
+                "unknown_tool",
+                f"unknown tool {item.name!r}; available tools: {known}",
+                item.raw,
+                item.name,
+            )
+            continue
+        params = schema.get("function", schema).get("parameters") or {"type": "object"}
+        error = jsonschema.validators.validator_for(params)(params).iter_errors(item.arguments)
+        first = next(iter(sorted(error, key=lambda e: list(e.path))), None)
+        if first is not None:
+            where = "/".join(map(str, first.path)) or "arguments"
+            parsed.items[pos] = ToolCallError(
+                "schema",
+                f"arguments of {item.name!r} do not match its schema at {where}: {first.message}",
+                item.raw,
+                item.name,
+            )
+    return parsed

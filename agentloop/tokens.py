@@ -1,0 +1,166 @@
+"""Exact token trajectories: sampled ids appended as sampled, template text appended as deltas.
+
+``encode_delta`` renders the conversation with and without the new (tool/user) messages and
+tokenizes only the suffix, starting right after the end-of-turn token the model sampled (so
+the template's separator, e.g. Qwen's ``\\n`` after ``<|im_end|>``, is kept) and ending with
+the generation prompt. History is never re-tokenized. ``Trajectory`` keeps ids, loss mask and
+log-probs append-only and enforces the response budget.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["TemplateDeltaError", "Trajectory", "encode_delta", "render_chat"]
+
+_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+
+
+class TemplateDeltaError(ValueError):
+    """The chat template cannot be extended by a delta (it does not close turns with the
+    end-of-turn token, or it rewrites history beyond dropping reasoning blocks)."""
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    add_generation_prompt: bool,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    return tokenizer.apply_chat_template(
+        list(messages),
+        tools=list(tools) if tools else None,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        **(chat_template_kwargs or {}),
+    )
+
+
+def _nth_end(text: str, token: str, n: int) -> int:
+    """Index just past the ``n``-th occurrence of ``token`` in ``text`` (-1 if fewer)."""
+    pos = -1
+    for _ in range(n):
+        pos = text.find(token, pos + 1)
+        if pos < 0:
+            return -1
+    return pos + len(token)
+
+
+def encode_delta(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    new_messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    eot_token: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """Ids the chat template adds for ``new_messages`` after ``messages``, generation prompt
+    included, starting right after the end-of-turn token that closes ``messages``.
+
+    The rendered history before that point must be unchanged by adding the new messages; the
+    one rewrite accepted is dropping ``<think>`` blocks (Qwen3 drops reasoning of earlier
+    turns): the trajectory keeps what was sampled. Anything else raises ``TemplateDeltaError``.
+    """
+    eot = eot_token or tokenizer.eos_token
+    if not eot:
+        raise TemplateDeltaError("the tokenizer has no eos token: pass eot_token= explicitly")
+    kwargs = {"tools": tools, "chat_template_kwargs": chat_template_kwargs}
+    before = render_chat(tokenizer, messages, add_generation_prompt=False, **kwargs)
+    turns = before.count(eot)
+    cut = _nth_end(before, eot, turns) if turns else -1
+    if cut < 0:
+        raise TemplateDeltaError(
+            f"the rendered conversation has no end-of-turn token {eot!r}; pass the template's "
+            "end-of-turn token as eot_token="
+        )
+    if before[cut:].strip():
+        raise TemplateDeltaError(
+            f"the chat template puts {before[cut:]!r} after the last end-of-turn token {eot!r}; "
+            "only whitespace separators can follow a turn the model closed"
+        )
+    after = render_chat(tokenizer, [*messages, *new_messages], add_generation_prompt=True, **kwargs)
+    cut_after = _nth_end(after, eot, turns)
+    if cut_after < 0 or after[:cut_after] != before[:cut]:
+        old, new = before[:cut], after[:cut_after] if cut_after >= 0 else after
+        if _THINK.sub("", old) != _THINK.sub("", new):
+            at = next(
+                (i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b),
+                min(len(old), len(new)),
+            )
+            raise TemplateDeltaError(
+                "the chat template rewrites history when new messages are added (first "
+                f"difference at char {at}: {old[at : at + 40]!r} vs {new[at : at + 40]!r}); "
+                "a delta cannot be appended to the sampled tokens"
+            )
+    return tokenizer.encode(after[cut_after:], add_special_tokens=False)
+
+
+class Trajectory:
+    """Append-only response of one sample: ids, loss mask (1 = sampled) and log-probs.
+
+    ``budget`` is the response length; nothing is appended past it, and a template delta is
+    only appended when at least one sampled token still fits after it (a trailing generation
+    prompt with no answer would teach nothing and could be a cut header).
+    """
+
+    __slots__ = ("prompt_ids", "budget", "_ids", "_mask", "_log_probs")
+
+    def __init__(self, prompt_ids: Sequence[int], budget: int) -> None:
+        if budget < 1:
+            raise ValueError(f"response budget must be >= 1, got {budget}")
+        self.prompt_ids: list[int] = list(prompt_ids)
+        self.budget = budget
+        self._ids: list[int] = []
+        self._mask: list[int] = []
+        self._log_probs: list[float] = []
+
+    @property
+    def room(self) -> int:
+        """Response tokens that can still be appended."""
+        return self.budget - len(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add_sampled(self, token_ids: Sequence[int], log_probs: Sequence[float] | None) -> None:
+        """Append model tokens exactly as sampled (mask 1) with their engine log-probs."""
+        n = len(token_ids)
+        if n > self.room:
+            raise ValueError(f"{n} sampled tokens exceed the {self.room} left in the budget")
+        if log_probs is not None and len(log_probs) != n:
+            raise ValueError(f"{len(log_probs)} log-probs for {n} sampled tokens")
+        self._ids.extend(token_ids)
+        self._mask.extend([1] * n)
+        self._log_probs.extend(log_probs if log_probs is not None else [0.0] * n)
+
+    def add_template(self, token_ids: Sequence[int]) -> bool:
+        """Append non-model tokens (mask 0, log-prob 0) if they leave room to sample; returns
+        False and appends nothing otherwise."""
+        n = len(token_ids)
+        if n >= self.room:
+            return False
+        self._ids.extend(token_ids)
+        self._mask.extend([0] * n)
+        self._log_probs.extend([0.0] * n)
+        return True
+
+    def context_ids(self) -> list[int]:
+        """Prompt + response so far: the next turn's prompt."""
+        return self.prompt_ids + self._ids
+
+    @property
+    def response_ids(self) -> list[int]:
+        return list(self._ids)
+
+    @property
+    def response_mask(self) -> list[int]:
+        return list(self._mask)
+
+    @property
+    def response_log_probs(self) -> list[float]:
+        return list(self._log_probs)

@@ -1,0 +1,16 @@
+"""Tools agent loops call: the interface, the concurrent runner and config loading."""
+
+from agentloop.tools.base import BaseTool, ToolError, ToolResult, normalize_schema
+from agentloop.tools.config import load_tool_config
+from agentloop.tools.runner import CallOutcome, ToolRunner, truncate_text
+
+__all__ = [
+    "BaseTool",
+    "CallOutcome",
+    "ToolError",
+    "ToolResult",
+    "ToolRunner",
+    "load_tool_config",
+    "normalize_schema",
+    "truncate_text",
+]

@@ -1,0 +1,60 @@
+"""Tool config files in the verl layout:
+
+```yaml
+tools:
+  - class_name: my_pkg.tools.CalculatorTool   # a BaseTool subclass
+    config: {type: native}                     # passed to the constructor
+    tool_schema: {type: function, function: {name: calc, description: ..., parameters: {...}}}
+```
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentloop.tools.base import BaseTool
+
+__all__ = ["import_target", "load_tool_config"]
+
+
+def import_target(target: str, what: str) -> Any:
+    """Import ``pkg.module.Name``; raises ``ValueError`` saying what failed to import."""
+    module_name, _, attr = target.rpartition(".")
+    if not module_name:
+        raise ValueError(f"{what}: {target!r} is not a dotted path like pkg.module.Name")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{what}: cannot import {target!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
+    """Instantiate every tool of a verl-layout YAML; returns name -> tool."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"multi_turn.tool_config_path {str(path)!r} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    entries = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a top-level 'tools:' list")
+    tools: dict[str, BaseTool] = {}
+    for i, entry in enumerate(entries):
+        where = f"{path}: tools[{i}]"
+        if not isinstance(entry, dict) or "class_name" not in entry:
+            raise ValueError(f"{where} needs class_name")
+        config = dict(entry.get("config") or {})
+        kind = config.get("type", "native")
+        if kind != "native":
+            raise ValueError(f"{where}: config.type {kind!r} is not supported; use native")
+        cls = import_target(entry["class_name"], where)
+        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+            raise ValueError(f"{where}: {entry['class_name']} is not a BaseTool subclass")
+        tool = cls(config=config, tool_schema=entry.get("tool_schema"))
+        if tool.name in tools:
+            raise ValueError(f"{where}: a tool named {tool.name!r} is already configured")
+        tools[tool.name] = tool
+    return tools

@@ -1,0 +1,75 @@
+"""Run a turn's tool calls concurrently with per-call timeouts; every failure becomes text."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentloop.parsers import ToolCall
+from agentloop.tools.base import BaseTool, ToolError, ToolResult
+
+__all__ = ["CallOutcome", "ToolRunner", "truncate_text"]
+
+logger = logging.getLogger(__name__)
+
+
+def truncate_text(text: str, limit: int, side: Literal["left", "middle", "right"]) -> str:
+    """Keep at most ``limit`` characters; the cut part is marked ``...(truncated)...``."""
+    if len(text) <= limit:
+        return text
+    if side == "right":
+        return text[:limit] + "...(truncated)"
+    if side == "left":
+        return "(truncated)..." + text[-limit:]
+    head = limit // 2
+    return text[:head] + "\n...(truncated)...\n" + text[len(text) - (limit - head) :]
+
+
+@dataclass(slots=True)
+class CallOutcome:
+    name: str
+    text: str
+    """Tool message content (result or error), before truncation."""
+    ok: bool
+    seconds: float
+    reward: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class ToolRunner:
+    """Executes calls against per-trajectory tool instances. ``instances``: name -> id."""
+
+    def __init__(self, tools: Mapping[str, BaseTool], *, timeout_s: float) -> None:
+        self.tools = tools
+        self.timeout_s = timeout_s
+
+    async def run(self, calls: list[ToolCall], instances: Mapping[str, str]) -> list[CallOutcome]:
+        return list(await asyncio.gather(*(self._one(c, instances) for c in calls)))
+
+    async def _one(self, call: ToolCall, instances: Mapping[str, str]) -> CallOutcome:
+        tool = self.tools[call.name]
+        start = time.perf_counter()
+        try:
+            result = await asyncio.wait_for(
+                tool.execute(instances[call.name], call.arguments), self.timeout_s
+            )
+            if not isinstance(result, ToolResult):
+                raise TypeError(f"returned {type(result).__name__}, not ToolResult")
+            if not isinstance(result.text, str):
+                raise TypeError(f"returned text of type {type(result.text).__name__}, not str")
+        except TimeoutError:
+            text = f"Error: tool {call.name!r} timed out after {self.timeout_s:g} s"
+            return CallOutcome(call.name, text, False, time.perf_counter() - start)
+        except ToolError as exc:
+            return CallOutcome(call.name, f"Error: {exc}", False, time.perf_counter() - start)
+        except Exception as exc:  # a tool bug must not end the rollout
+            logger.debug("tool %s raised", call.name, exc_info=True)
+            text = f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}"
+            return CallOutcome(call.name, text, False, time.perf_counter() - start)
+        return CallOutcome(
+            call.name, result.text, True, time.perf_counter() - start, result.reward, result.metrics
+        )

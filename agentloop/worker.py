@@ -1,0 +1,125 @@
+"""``AgentLoopWorker``: runs a chunk of samples, one asyncio task per sample, on one event
+loop, so a sample waiting on a tool never holds up another's generation.
+
+Plain class (usable in-process); ``AgentLoopManager`` wraps it with ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from agentloop.base import (
+    AgentLoopContext,
+    AgentLoopOutput,
+    get_agent_loop,
+    load_agent_loop_config,
+    registered_agent_loops,
+)
+from agentloop.config import RolloutConfig, from_dict
+from agentloop.tools import BaseTool, load_tool_config
+
+__all__ = ["AgentLoopWorker", "prepare_row", "validate_rows"]
+
+logger = logging.getLogger(__name__)
+
+
+def prepare_row(row: Mapping[str, Any], default_agent_loop: str) -> dict[str, Any]:
+    """The fields a loop receives: ``agent_name`` filled in, and verl's
+    ``extra_info.tools_kwargs`` lifted to ``tools_kwargs``."""
+    fields = dict(row)
+    if not fields.get("agent_name"):
+        fields["agent_name"] = default_agent_loop
+    extra = fields.get("extra_info")
+    if "tools_kwargs" not in fields and isinstance(extra, Mapping) and "tools_kwargs" in extra:
+        fields["tools_kwargs"] = extra["tools_kwargs"]
+    return fields
+
+
+def validate_rows(
+    rows: list[Mapping[str, Any]], tool_names: list[str], default_agent_loop: str
+) -> None:
+    """Start-up checks, so a bad row fails before any generation: a chat prompt, a registered
+    ``agent_name``, and only configured tools in ``tools_kwargs``."""
+    for i, row in enumerate(rows):
+        fields = prepare_row(row, default_agent_loop)
+        prompt = fields.get("raw_prompt")
+        if not isinstance(prompt, list) or not prompt:
+            raise ValueError(
+                f"row {i} has no 'raw_prompt' (a list of chat messages): give rows a 'prompt' "
+                "column of messages and set data.return_raw_chat=True"
+            )
+        get_agent_loop(str(fields["agent_name"]))
+        for name in fields.get("tools_kwargs") or {}:
+            if name not in tool_names:
+                raise ValueError(
+                    f"row {i}: tools_kwargs names tool {name!r}, which is not configured; "
+                    f"configured tools: {', '.join(tool_names) or 'none'} "
+                    "(actor_rollout_ref.rollout.multi_turn.tool_config_path)"
+                )
+
+
+class AgentLoopWorker:
+    def __init__(
+        self,
+        config: RolloutConfig | dict[str, Any],
+        servers: Any,
+        tokenizer: Any,
+        *,
+        tools: Mapping[str, BaseTool] | None = None,
+    ) -> None:
+        """``servers``: server handles (wrapped in an ``AsyncLLMServerManager``) or a ready
+        generate client. ``tokenizer``: a tokenizer or a model folder to load it from.
+        ``tools`` default to ``multi_turn.tool_config_path``."""
+        if isinstance(config, dict):
+            config = from_dict(RolloutConfig, config)
+        self.config = config
+        if config.agent.agent_loop_config_path:
+            load_agent_loop_config(config.agent.agent_loop_config_path)
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        if tools is None:
+            path = config.multi_turn.tool_config_path
+            tools = load_tool_config(path) if path else {}
+        if not hasattr(servers, "generate"):
+            from servers.manager import AsyncLLMServerManager
+
+            servers = AsyncLLMServerManager(list(servers))
+        self.context = AgentLoopContext(servers, tokenizer, config, dict(tools))
+
+    def tool_names(self) -> list[str]:
+        return sorted(self.context.tools)
+
+    def agent_loops(self) -> list[str]:
+        return registered_agent_loops()
+
+    async def generate_sequences(
+        self, rows: list[dict[str, Any]], sampling_params: dict[str, Any] | None = None
+    ) -> list[AgentLoopOutput]:
+        """Run every row concurrently; outputs in row order."""
+        params = sampling_params if sampling_params is not None else self.config.sampling_params()
+        return list(
+            await asyncio.gather(*(self._run_one(i, row, params) for i, row in enumerate(rows)))
+        )
+
+    async def _run_one(
+        self, index: int, row: dict[str, Any], params: dict[str, Any]
+    ) -> AgentLoopOutput:
+        fields = prepare_row(row, self.config.agent.default_agent_loop)
+        spec = get_agent_loop(str(fields["agent_name"]))
+        loop = spec.cls(self.context, **spec.kwargs)
+        start = time.perf_counter()
+        try:
+            out = await loop.run(dict(params), **fields)
+        except Exception as exc:
+            raise RuntimeError(
+                f"agent loop {spec.name!r} failed on sample {index} (uid {fields.get('uid')}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        out.metrics["total_s"] = time.perf_counter() - start
+        return out
