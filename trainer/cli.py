@@ -37,8 +37,9 @@ def models_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def resolve_model(name_or_path: str) -> str:
-    """A folder path as is; an ``agentloop-models`` asset name to its (prepared) cache folder."""
+def resolve_model(name_or_path: str, what: str = "--model") -> str:
+    """A folder path as is; an ``agentloop-models`` asset name to its (prepared) cache folder.
+    Raises ``ValueError`` naming ``what`` (the option or config key) otherwise."""
     from pathlib import Path
 
     from trainer.models import MODELS, prepare
@@ -48,9 +49,8 @@ def resolve_model(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         known = ", ".join(sorted(MODELS))
-        raise SystemExit(
-            f"agentloop-serve: error: --model {name_or_path!r} is neither a model folder nor a "
-            f"known asset name ({known})"
+        raise ValueError(
+            f"{what} {name_or_path!r} is neither a model folder nor a known asset name ({known})"
         )
     return str(path)
 
@@ -78,8 +78,12 @@ def serve_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
+        model = resolve_model(args.model)
+    except ValueError as exc:
+        raise SystemExit(f"agentloop-serve: error: {exc}") from None
+    try:
         config = ServerConfig(
-            model=resolve_model(args.model),
+            model=model,
             backend=args.backend,
             host=args.host,
             port=args.port,

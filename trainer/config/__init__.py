@@ -1,0 +1,58 @@
+"""Hydra config: ``ppo_trainer.yaml`` composed with ``key=value`` overrides, then validated
+into typed dataclasses. Keys added with ``+key=value`` at the root are returned as extras
+(e.g. ``+output=out.jsonl`` for ``agentloop-rollout``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.config.schema import ActorRolloutRefConfig, Config, DataConfig, ModelConfig
+
+__all__ = [
+    "ActorRolloutRefConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message says what to set."""
+
+
+def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, Any]]:
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from agentloop.config import from_dict
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("trainer.config", version_base=None):
+            cfg = compose("ppo_trainer", overrides=list(overrides or []))
+        tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        if key and "Missing mandatory value" in str(exc):
+            raise ConfigError(f"missing config key {key}: set it, e.g. {key}=...") from None
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    except HydraException as exc:
+        lines = str(exc).splitlines()
+        if lines[0].startswith("Could not override '"):
+            key = lines[0].split("'")[1]
+            raise ConfigError(
+                f"unknown config key {key}: check its spelling against trainer/config/"
+                "ppo_trainer.yaml (extras for a command take a +, e.g. +output=out.jsonl)"
+            ) from None
+        raise ConfigError("; ".join(lines[:2])) from None
+    assert isinstance(tree, dict)
+    extras = {k: tree.pop(k) for k in list(tree) if k not in ("data", "actor_rollout_ref")}
+    try:
+        return from_dict(Config, tree), extras
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

@@ -1,0 +1,58 @@
+"""Typed config tree (verl key names). Each component gets only its own subtree; the
+rollout subtree is ``agentloop.RolloutConfig``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agentloop.config import RolloutConfig
+
+__all__ = ["ActorRolloutRefConfig", "Config", "DataConfig", "ModelConfig"]
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    train_files: list[str] | str | None = None
+    """Parquet or jsonl file(s) in the verl row layout."""
+    val_files: list[str] | str | None = None
+    prompt_key: str = "prompt"
+    """Column holding the chat messages (a plain string becomes one user message)."""
+    max_prompt_length: int = 1024
+    """Prompt tokens, tool schemas included, above which a row is dropped (and counted)."""
+    filter_overlong_prompts: bool = True
+    return_raw_chat: bool = True
+    """Hand agent loops the chat messages; required unless rows carry ``raw_prompt``."""
+    train_batch_size: int = 8
+    val_batch_size: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_length < 1:
+            raise ValueError("data.max_prompt_length must be >= 1")
+        if self.train_batch_size < 1:
+            raise ValueError("data.train_batch_size must be >= 1")
+
+    @staticmethod
+    def files(value: list[str] | str | None) -> list[str]:
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else list(value)
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    path: str
+    """Model folder or an ``agentloop-models`` asset name."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ActorRolloutRefConfig:
+    model: ModelConfig
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig

@@ -1,0 +1,169 @@
+"""``agentloop-rollout``: run the agent loops over a dataset against freshly started servers
+and write one JSON line per trajectory. Same Hydra config as training, plus extras:
+
+  +output=PATH     where the JSONL goes (required)
+  +split=val       read data.val_files instead of data.train_files
+  +max_samples=N   only the first N rows
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+__all__ = ["main", "trajectory_records"]
+
+logger = logging.getLogger("agentloop.rollout")
+
+EXTRAS = ("output", "split", "max_samples")
+
+
+def trajectory_records(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
+    """Un-padded JSON-ready trajectories of a ``RolloutBatch``."""
+    p = batch.prompts.shape[1]
+    records = []
+    for i in range(len(batch)):
+        attn = batch.attention_mask[i].bool()
+        prompt_ids = batch.prompts[i][attn[:p]].tolist()
+        n = int(attn[p:].sum())
+        response_ids = batch.responses[i, :n].tolist()
+        row, extra = batch.rows[i], batch.extra[i]
+        records.append(
+            {
+                "uid": batch.uid[i],
+                "rollout_n": row.get("rollout_n", 0),
+                "index": row.get("index"),
+                "data_source": row.get("data_source"),
+                "agent_name": batch.agent_name[i],
+                "num_turns": batch.num_turns[i],
+                "stop_reason": extra.get("stop_reason"),
+                "finish_reasons": extra.get("finish_reasons"),
+                "tool_calls": batch.tool_calls[i],
+                "tool_errors": batch.tool_errors[i],
+                "tool_error_kinds": extra.get("tool_error_kinds", []),
+                "calls": extra.get("calls", []),
+                "tool_rewards": extra.get("tool_rewards", {}),
+                "prompt_text": tokenizer.decode(prompt_ids, skip_special_tokens=False),
+                "response_text": tokenizer.decode(response_ids, skip_special_tokens=False),
+                "prompt_ids": prompt_ids,
+                "response_ids": response_ids,
+                "response_mask": batch.response_mask[i, :n].tolist(),
+                "response_log_probs": batch.rollout_log_probs[i, :n].tolist(),
+            }
+        )
+    return records
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"agentloop-rollout: error: {message}\n")
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    from agentloop import get_agent_loop, load_agent_loop_config, validate_rows
+    from agentloop.tools import load_tool_config
+    from trainer.cli import resolve_model
+    from trainer.config import ConfigError, load_config
+    from trainer.data import load_rows
+
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        sys.stdout.write(__doc__ or "")
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # ---- start-up checks: everything that can be wrong fails here, before any server starts
+    try:
+        config, extras = load_config(argv)
+        unknown = sorted(set(extras) - set(EXTRAS))
+        if unknown:
+            raise ConfigError(
+                f"unknown extra +{unknown[0]}; agentloop-rollout takes "
+                "+output, +split, +max_samples"
+            )
+        if not extras.get("output"):
+            raise ConfigError("set +output=PATH for the trajectories JSONL")
+        split = extras.get("split", "train")
+        if split not in ("train", "val"):
+            raise ConfigError(f"+split must be train or val, got {split!r}")
+        rollout = config.actor_rollout_ref.rollout
+        model_path = resolve_model(
+            config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path"
+        )
+        if rollout.agent.agent_loop_config_path:
+            load_agent_loop_config(rollout.agent.agent_loop_config_path)
+        get_agent_loop(rollout.agent.default_agent_loop)
+        path = rollout.multi_turn.tool_config_path
+        tools = load_tool_config(path) if path else {}
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        files = config.data.files(
+            config.data.val_files if split == "val" else config.data.train_files
+        )
+        if not files:
+            raise ConfigError(f"set data.{'val' if split == 'val' else 'train'}_files")
+        rows = load_rows(
+            files,
+            config.data,
+            tokenizer,
+            tools=[t.tool_schema for t in tools.values()],
+            chat_template_kwargs=rollout.chat_template_kwargs,
+        )
+        if extras.get("max_samples"):
+            rows = rows[: int(extras["max_samples"])]
+        validate_rows(rows, sorted(tools), rollout.agent.default_agent_loop)
+    except ValueError as exc:
+        return _fail(str(exc))
+    return _run(config, model_path, rows, tokenizer, Path(extras["output"]))
+
+
+def _run(
+    config: Any, model_path: str, rows: list[dict[str, Any]], tokenizer: Any, output: Path
+) -> int:
+    import ray
+
+    from agentloop import AgentLoopManager
+    from servers import ServerConfig, launch_servers
+
+    rollout = config.actor_rollout_ref.rollout
+    server_config = ServerConfig(
+        model=model_path,
+        backend=rollout.name,
+        tensor_parallel_size=rollout.tensor_model_parallel_size,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        max_model_len=rollout.context_length,
+    )
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    servers = launch_servers(server_config, rollout.num_servers)
+    manager = AgentLoopManager(rollout, servers, model_path)
+    batch_size = config.data.train_batch_size
+    output.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    try:
+        with (
+            output.open("w") as f,
+            tqdm(total=len(rows) * rollout.n, desc="rollout", unit="traj") as bar,
+        ):
+            for start in range(0, len(rows), batch_size):
+                batch = manager.generate_sequences(rows[start : start + batch_size])
+                for record in trajectory_records(batch, tokenizer):
+                    f.write(json.dumps(record) + "\n")
+                    written += 1
+                bar.update(len(batch))
+                bar.set_postfix(turns=f"{batch.metrics['agent_loop/num_turns/mean']:.1f}")
+    finally:
+        manager.shutdown()
+        for server in servers:
+            ray.get(server.shutdown.remote())
+    sys.stdout.write(f"wrote {written} trajectories to {output}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
