@@ -1,0 +1,61 @@
+"""Loops and tools the integration tests load by dotted path into Ray workers (the tests put
+the repo root on the workers' PYTHONPATH)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentloop.parsers import ParsedTurn, ToolCall
+from agentloop.tool_agent import ToolAgentLoop
+from agentloop.tools import BaseTool, ToolResult
+
+ECHO_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "description": "Repeat a text back with its length.",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+        },
+    },
+}
+
+
+class EchoTool(BaseTool):
+    """Answers ``<prefix>echo(<n> chars)``; ``prefix`` comes from the row's create_kwargs."""
+
+    schema = ECHO_SCHEMA
+
+    def __init__(self, config=None, tool_schema=None) -> None:
+        super().__init__(config, tool_schema)
+        self.prefixes: dict[str, str] = {}
+
+    async def create(self, instance_id=None, **create_kwargs):
+        self.prefixes[instance_id] = create_kwargs.get("prefix", "")
+        return instance_id
+
+    async def execute(self, instance_id, arguments):
+        await asyncio.sleep(float(self.config.get("latency_s", 0.05)))
+        return ToolResult(f"{self.prefixes[instance_id]}echo({len(arguments['text'])} chars)")
+
+    async def release(self, instance_id):
+        self.prefixes.pop(instance_id, None)
+
+
+class EveryTurnCallsParser:
+    """Reads every model turn as one ``echo`` call of its text: a small model that never
+    writes tool calls still exercises the multi-turn tool path on a real engine."""
+
+    def parse(self, text: str) -> ParsedTurn:
+        return ParsedTurn(content=text, items=[ToolCall("echo", {"text": text}, raw=text)])
+
+
+class ForcedToolAgentLoop(ToolAgentLoop):
+    """tool_agent whose parser finds an echo call in every turn."""
+
+    def __init__(self, context, **kwargs) -> None:
+        super().__init__(context, **kwargs)
+        self.parser = EveryTurnCallsParser()
+        self.tag = kwargs.get("tag")
