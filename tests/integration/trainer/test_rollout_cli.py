@@ -1,0 +1,186 @@
+"""`agentloop-rollout`: bad input fails at start-up with a message naming what to change (no
+server started), and a real run (tiny-qwen3 on vLLM CPU, Ray workers) writes one JSON line
+per trajectory with ids, mask, log-probs and decoded text that agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import AutoTokenizer
+
+from tests.integration.agentloop.helpers import ECHO_SCHEMA
+from trainer.rollout_cli import main
+
+REPO = Path(__file__).resolve().parents[3]
+USER = [{"role": "user", "content": "Add 2 and 3."}]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture()
+def tool_yaml(tmp_path) -> Path:
+    path = tmp_path / "tools.yaml"
+    spec = {
+        "class_name": "tests.integration.agentloop.helpers.EchoTool",
+        "config": {"type": "native"},
+        "tool_schema": ECHO_SCHEMA,
+    }
+    path.write_text(yaml.safe_dump({"tools": [spec]}))
+    return path
+
+
+def run_main(capsys, *overrides: str) -> tuple[int, str]:
+    code = main(["actor_rollout_ref.model.path=tiny-qwen3", *overrides])
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize(
+    ("rows", "extra", "message"),
+    [
+        (
+            [{"question": "no prompt column"}],
+            [],
+            "row 0 has neither 'raw_prompt' nor 'prompt' (chat messages); set data.prompt_key "
+            "to the column holding them",
+        ),
+        (
+            [{"prompt": USER, "agent_name": "nope"}],
+            [],
+            "agent_name 'nope' is not a registered agent loop; registered: single_turn_agent, "
+            "tool_agent (add yours to actor_rollout_ref.rollout.agent.agent_loop_config_path)",
+        ),
+        (
+            [
+                {
+                    "prompt": USER,
+                    "agent_name": "tool_agent",
+                    "extra_info": {"tools_kwargs": {"web": {}}},
+                }
+            ],
+            ["TOOLS"],
+            "row 0: tools_kwargs names tool 'web', which is not configured; configured tools: "
+            "echo (actor_rollout_ref.rollout.multi_turn.tool_config_path)",
+        ),
+        (
+            [{"prompt": USER}],
+            ["actor_rollout_ref.rollout.mode=sync"],
+            "actor_rollout_ref.rollout.mode='sync' is not supported: agent loops run against "
+            "servers; set actor_rollout_ref.rollout.mode=async",
+        ),
+        (
+            [{"prompt": USER}],
+            ["data.return_raw_chat=false"],
+            "row 0 has no 'raw_prompt' and data.return_raw_chat is False; agent loops need the "
+            "chat messages: set data.return_raw_chat=True",
+        ),
+        (
+            [{"prompt": USER}],
+            ["actor_rollout_ref.rollout.agent.bogus=1"],
+            "unknown config key actor_rollout_ref.rollout.agent.bogus: check its spelling against "
+            "trainer/config/ppo_trainer.yaml (extras for a command take a +, e.g. "
+            "+output=out.jsonl)",
+        ),
+    ],
+    ids=["no_prompt", "unknown_agent", "unconfigured_tool", "sync_mode", "raw_chat_off", "bad_key"],
+)
+def test_bad_input_fails_at_start_up_with_what_to_change(
+    tmp_path, capsys, tool_yaml, rows, extra, message
+):
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    extra = [
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_yaml}" if e == "TOOLS" else e
+        for e in extra
+    ]
+    code, err = run_main(capsys, f"data.train_files={data}", f"+output={tmp_path}/o.jsonl", *extra)
+    assert code == 2
+    assert err.startswith("agentloop-rollout: error: ")
+    assert err.endswith(message)
+
+
+def test_agent_loop_target_that_does_not_import_fails_at_start_up(tmp_path, capsys):
+    loops = tmp_path / "loops.yaml"
+    loops.write_text(yaml.safe_dump([{"name": "mine", "_target_": "no_such_pkg.loops.Mine"}]))
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": USER}])
+    code, err = run_main(
+        capsys,
+        f"data.train_files={data}",
+        f"+output={tmp_path}/o.jsonl",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+    )
+    assert code == 2
+    assert err == (
+        f"agentloop-rollout: error: {loops}: agent loop 'mine': cannot import "
+        "'no_such_pkg.loops.Mine': ModuleNotFoundError: No module named 'no_such_pkg'"
+    )
+
+
+def test_missing_output_and_missing_data_file_are_start_up_errors(tmp_path, capsys):
+    code, err = run_main(capsys, "data.train_files=x.jsonl")
+    assert (code, err) == (
+        2,
+        "agentloop-rollout: error: set +output=PATH for the trajectories JSONL",
+    )
+    code, err = run_main(capsys, f"data.train_files={tmp_path}/none.jsonl", "+output=o.jsonl")
+    assert (code, err) == (
+        2,
+        f"agentloop-rollout: error: data file '{tmp_path}/none.jsonl' does not exist",
+    )
+
+
+@pytest.mark.integration
+def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_path):
+    rows = [
+        {"prompt": USER, "data_source": "toy", "extra_info": {"index": 7}},
+        {"prompt": "Say hi.", "data_source": "toy"},
+        {
+            "prompt": USER,
+            "agent_name": "tool_agent",
+            "extra_info": {"tools_kwargs": {"echo": {"create_kwargs": {"prefix": "p"}}}},
+        },
+    ]
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "traj.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "agentloop-rollout"),
+            f"data.train_files={data}",
+            "actor_rollout_ref.model.path=tiny-qwen3",
+            "actor_rollout_ref.rollout.response_length=24",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.agent.num_workers=2",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_yaml}",
+            f"+output={out}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == f"wrote 6 trajectories to {out}"
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3_path)
+    assert [r["agent_name"] for r in records] == ["single_turn_agent"] * 4 + ["tool_agent"] * 2
+    assert [r["index"] for r in records[:4]] == [7, 7, 1, 1]
+    assert [r["rollout_n"] for r in records] == [0, 1] * 3
+    assert records[0]["uid"] == records[1]["uid"] != records[2]["uid"]
+    for r in records:
+        n = len(r["response_ids"])
+        assert 1 <= n <= 24
+        assert len(r["response_mask"]) == len(r["response_log_probs"]) == n
+        assert r["response_text"] == tok.decode(r["response_ids"], skip_special_tokens=False)
+        assert r["prompt_text"] == tok.decode(r["prompt_ids"], skip_special_tokens=False)
+        assert r["prompt_text"].endswith("<|im_start|>assistant\n")
+        assert r["num_turns"] >= 2 and r["stop_reason"]
+    tool_prompt = records[-1]["prompt_text"]
+    assert '"name": "echo"' in tool_prompt and "<tools>" in tool_prompt
