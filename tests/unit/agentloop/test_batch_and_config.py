@@ -1,0 +1,99 @@
+"""Padding outputs into a batch (left/right padding, masks, positions, budget errors), rollout
+metrics, and strict config building from dicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentloop import AgentLoopOutput, MultiTurnConfig, RolloutConfig, collate, from_dict
+from agentloop.batch import rollout_metrics
+from agentloop.manager import expand_rows
+
+
+def output(prompt, response, mask, total_s=1.0) -> AgentLoopOutput:
+    return AgentLoopOutput(
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=mask,
+        response_log_probs=[-0.5 if m else 0.0 for m in mask],
+        num_turns=2,
+        extra={"tool_calls": sum(1 - m for m in mask), "tool_errors": 0},
+        metrics={"generate_s": total_s / 2, "tool_s": 0.1, "total_s": total_s},
+    )
+
+
+def test_collate_left_pads_prompts_and_right_pads_responses():
+    outs = [output([1, 2, 3], [4, 5], [1, 0]), output([6], [7, 8, 9, 10], [1, 1, 0, 1])]
+    rows = [{"uid": "a", "agent_name": "x"}, {"uid": "b", "agent_name": "y"}]
+    b = collate(outs, rows, prompt_length=4, response_length=5, pad_token_id=0)
+    assert b.prompts.tolist() == [[0, 1, 2, 3], [0, 0, 0, 6]]
+    assert b.responses.tolist() == [[4, 5, 0, 0, 0], [7, 8, 9, 10, 0]]
+    assert b.attention_mask.tolist() == [[0, 1, 1, 1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1, 1, 1, 0]]
+    assert b.position_ids.tolist() == [[0, 0, 1, 2, 3, 4, 4, 4, 4], [0, 0, 0, 0, 1, 2, 3, 4, 4]]
+    assert b.response_mask.tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 1, 0]]
+    assert b.rollout_log_probs.tolist() == [[-0.5, 0, 0, 0, 0], [-0.5, -0.5, 0, -0.5, 0]]
+    assert b.uid == ["a", "b"] and b.agent_name == ["x", "y"] and len(b) == 2
+    assert b.tool_calls == [1, 1]
+
+
+def test_collate_rejects_samples_over_the_budget():
+    with pytest.raises(ValueError, match="sample 0 has 1 prompt / 3 response tokens, over the"):
+        collate(
+            [output([1], [1, 2, 3], [1, 1, 1])],
+            [{"uid": "a", "agent_name": "x"}],
+            prompt_length=4,
+            response_length=2,
+            pad_token_id=0,
+        )
+
+
+def test_rollout_metrics_report_the_slowest_sample():
+    outs = [output([1], [2], [1], total_s=1.0), output([1, 2], [3, 4, 5], [1, 0, 1], total_s=4.0)]
+    m = rollout_metrics(outs, wall_s=4.5)
+    assert m["timing_s/gen"] == 4.5
+    assert m["agent_loop/slowest/index"] == 1 and m["agent_loop/slowest/total_s"] == 4.0
+    assert m["agent_loop/slowest/response_length"] == 3
+    assert m["agent_loop/total_s/mean"] == 2.5 and m["agent_loop/total_s/min"] == 1.0
+
+
+def test_expand_rows_repeats_each_row_n_times_with_one_uid():
+    rows = expand_rows(
+        [{"raw_prompt": [], "uid": "q1"}, {"raw_prompt": []}], 3, "single_turn_agent"
+    )
+    assert [r["uid"] for r in rows[:3]] == ["q1"] * 3
+    assert len({r["uid"] for r in rows[3:]}) == 1 and rows[3]["uid"] != "q1"
+    assert [r["rollout_n"] for r in rows] == [0, 1, 2, 0, 1, 2]
+    assert {r["agent_name"] for r in rows} == {"single_turn_agent"}
+
+
+def test_from_dict_builds_nested_configs():
+    cfg = from_dict(RolloutConfig, {"n": 4, "top_p": 1, "multi_turn": {"max_parallel_calls": 3}})
+    assert cfg.n == 4 and cfg.top_p == 1.0 and isinstance(cfg.top_p, float)
+    assert cfg.multi_turn == MultiTurnConfig(max_parallel_calls=3)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"multi_turn": {"fromat": "hermes"}},
+            "unknown config key rollout.multi_turn.fromat; known keys under rollout.multi_turn: ",
+        ),
+        ({"n": "4"}, "rollout.n must be int, got str '4'"),
+        ({"n": True}, "rollout.n must be int, got bool True"),
+        (
+            {"multi_turn": {"tool_response_truncate_side": "top"}},
+            "rollout.multi_turn.tool_response_truncate_side must be one of 'left', 'middle', "
+            "'right', got 'top'",
+        ),
+        ({"mode": "sync"}, "actor_rollout_ref.rollout.mode='sync' is not supported"),
+        (
+            {"multi_turn": {"max_parallel_calls": 0}},
+            "multi_turn.max_parallel_calls must be >= 1, got 0",
+        ),
+    ],
+)
+def test_from_dict_errors_name_the_key(data, message):
+    with pytest.raises(ValueError) as info:
+        from_dict(RolloutConfig, data, path="rollout")
+    assert str(info.value).startswith(message)
