@@ -127,6 +127,8 @@ class AgentLoopBase(abc.ABC):
         """One model turn appended to ``traj`` (``max_tokens`` capped by the budget left)."""
         context = traj.context_ids()
         room = min(traj.room, self.config.context_length - len(context))
+        if room <= 0:  # the engine's context is full: nothing more can be sampled
+            return TokenOutput([], [], "length")
         params = {
             **sampling_params,
             "max_tokens": min(sampling_params.get("max_tokens", room), room),

@@ -22,15 +22,18 @@ def tokenizer(tiny_qwen3_path):
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def make_loop(tokenizer, turns, *, tools=None, response_length=512, **multi_turn):
+def make_loop(
+    tokenizer, turns, *, tools=None, response_length=512, max_model_len=None, **multi_turn
+):
     server = ScriptedServer(tokenizer, turns)
     tools = tools if tools is not None else {"calc": CalcTool()}
     config = RolloutConfig(
         prompt_length=1024,
         response_length=response_length,
+        max_model_len=max_model_len,
         multi_turn=MultiTurnConfig(**multi_turn),
     )
     return ToolAgentLoop(AgentLoopContext(server, tokenizer, config, tools)), server
@@ -211,9 +214,7 @@ async def test_max_user_turns_stops_after_that_many_tool_turns(tokenizer):
 
 
 @pytest.mark.parametrize("budget", [20, 40, 64, 90, 120])
-async def test_response_never_exceeds_budget_and_never_ends_in_a_template_header(
-    tokenizer, budget
-):
+async def test_response_never_exceeds_budget_and_never_ends_in_a_template_header(tokenizer, budget):
     turns = [f"step {i}\n{call('calc', a=i, b=1)}" for i in range(10)]
     loop, _ = make_loop(tokenizer, turns, response_length=budget)
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
@@ -256,3 +257,21 @@ async def test_turn_cut_by_length_ends_the_rollout_without_a_delta(tokenizer):
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
     assert out.extra["stop_reason"] == "length"
     assert out.response_mask == [1] * 50
+
+
+async def test_engine_context_limit_stops_the_rollout_before_the_response_budget(tokenizer):
+    prompt_len = len(
+        tokenizer.apply_chat_template(
+            PROMPT,
+            tools=[CalcTool.schema],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
+    turns = [call("calc", a=1, b=1)] * 5
+    loop, server = make_loop(tokenizer, turns, response_length=500, max_model_len=prompt_len + 80)
+    out = await loop.run(SAMPLING, raw_prompt=PROMPT)
+    assert len(out.prompt_ids) + len(out.response_ids) <= prompt_len + 80
+    assert out.extra["stop_reason"] == "length"
+    assert all(len(r["prompt_ids"]) + r["max_tokens"] <= prompt_len + 80 for r in server.requests)
