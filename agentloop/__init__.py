@@ -21,7 +21,7 @@ from agentloop.config import AgentConfig, MultiTurnConfig, RolloutConfig, from_d
 from agentloop.manager import AgentLoopManager
 from agentloop.parsers import ToolCall, ToolCallError, get_parser, register_parser
 from agentloop.single_turn import SingleTurnAgentLoop
-from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta
+from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from agentloop.worker import AgentLoopWorker, validate_rows
 
@@ -47,6 +47,7 @@ __all__ = [
     "get_agent_loop",
     "get_parser",
     "load_agent_loop_config",
+    "mask_spans",
     "register",
     "register_parser",
     "registered_agent_loops",

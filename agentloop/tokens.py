@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["TemplateDeltaError", "Trajectory", "encode_delta", "render_chat"]
+__all__ = ["TemplateDeltaError", "Trajectory", "encode_delta", "mask_spans", "render_chat"]
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
@@ -164,3 +164,16 @@ class Trajectory:
     @property
     def response_log_probs(self) -> list[float]:
         return list(self._log_probs)
+
+
+def mask_spans(ids: Sequence[int], mask: Sequence[int], value: int) -> list[list[int]]:
+    """The maximal runs of ``ids`` whose mask equals ``value`` (1: model turns, 0: deltas)."""
+    spans: list[list[int]] = []
+    prev = None
+    for token, m in zip(ids, mask, strict=True):
+        if m == value:
+            if prev != value:
+                spans.append([])
+            spans[-1].append(token)
+        prev = m
+    return spans

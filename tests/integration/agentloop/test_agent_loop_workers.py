@@ -15,6 +15,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutConfig
+from agentloop.tokens import mask_spans
 from servers import ServerConfig, launch_servers
 from tests.integration.agentloop.helpers import ECHO_SCHEMA
 from trainer.config import DataConfig
@@ -165,14 +166,14 @@ def test_tool_rows_take_several_turns_and_their_deltas_are_template_text(batch, 
         multi += extra["user_turns"] >= 2
         n = int(batch.attention_mask[i, PROMPT_LEN:].sum())
         ids, mask = batch.responses[i, :n].tolist(), batch.response_mask[i, :n].tolist()
-        zero_spans = _spans(ids, mask, 0)
+        zero_spans = mask_spans(ids, mask, 0)
         assert len(zero_spans) == extra["user_turns"]
         prefix = f"r{batch.rows[i]['index']}:echo("
         for span in zero_spans:
             text = tokenizer.decode(span, skip_special_tokens=False)
             assert text.startswith("\n<|im_start|>user\n<tool_response>\n" + prefix), text
             assert text.endswith(" chars)\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
-        for span in _spans(ids, mask, 1)[:-1]:  # every model turn before a tool turn closed
+        for span in mask_spans(ids, mask, 1)[:-1]:  # every model turn before a tool turn closed
             assert span[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert multi >= 1, "no tool row reached two tool turns"
 
@@ -223,16 +224,3 @@ def test_manager_rejects_rows_naming_unknown_loops_or_tools_at_start(server, con
             manager.validate([{**row, "tools_kwargs": {"search": {}}}])
     finally:
         manager.shutdown()
-
-
-def _spans(ids: list[int], mask: list[int], value: int) -> list[list[int]]:
-    spans, cur = [], []
-    for t, m in zip(ids, mask, strict=True):
-        if m == value:
-            cur.append(t)
-        elif cur:
-            spans.append(cur)
-            cur = []
-    if cur:
-        spans.append(cur)
-    return spans

@@ -9,6 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig, encode_delta
+from agentloop.tokens import mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from tests.unit.agentloop.scripted import BrokenTool, CalcTool, LongTool, ScriptedServer, SleepTool
 
@@ -47,19 +48,6 @@ def tool_texts(tokenizer, out) -> list[str]:
     return [p.split("\n</tool_response>")[0] for p in parts]
 
 
-def mask_one_spans(out) -> list[list[int]]:
-    spans, cur = [], []
-    for t, m in zip(out.response_ids, out.response_mask, strict=True):
-        if m:
-            cur.append(t)
-        elif cur:
-            spans.append(cur)
-            cur = []
-    if cur:
-        spans.append(cur)
-    return spans
-
-
 async def test_trajectory_is_prompt_plus_sampled_turns_plus_tool_deltas(tokenizer):
     turns = [f"Let me add.\n{call('calc', a=2, b=3)}", "The answer is 5."]
     loop, server = make_loop(tokenizer, turns)
@@ -82,7 +70,10 @@ async def test_trajectory_is_prompt_plus_sampled_turns_plus_tool_deltas(tokenize
     expected_logp += [-0.01 * (i + 1) for i in range(len(server.sampled[1]))]
     assert out.response_log_probs == pytest.approx(expected_logp)
     # decoding the mask-1 spans gives exactly the sampled text
-    decoded = [tokenizer.decode(s, skip_special_tokens=False) for s in mask_one_spans(out)]
+    decoded = [
+        tokenizer.decode(s, skip_special_tokens=False)
+        for s in mask_spans(out.response_ids, out.response_mask, 1)
+    ]
     assert decoded == [t + "<|im_end|>" for t in turns]
     # turn 2 was generated on exactly prompt + the response so far
     assert server.requests[1]["prompt_ids"] == prompt + server.sampled[0] + delta
