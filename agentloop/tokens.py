@@ -15,7 +15,11 @@ from typing import Any
 
 __all__ = ["TemplateDeltaError", "Trajectory", "encode_delta", "mask_spans", "render_chat"]
 
-_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+# A reasoning block and the "\n\n" the template writes after it; only the text right after
+# the block is matched (not \s*, which would eat whitespace the model sampled), and the block
+# starts at the "<think>" nearest its "</think>" (an earlier literal "<think>" in a message is
+# not a block).
+_THINK = re.compile(r"<think>(?:(?!<think>).)*?</think>\n{0,2}", re.DOTALL)
 
 
 class TemplateDeltaError(ValueError):

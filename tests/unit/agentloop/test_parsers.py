@@ -18,20 +18,10 @@ from agentloop.parsers import (
     get_parser,
     register_parser,
 )
+from tests.unit.agentloop.scripted import CALC_SCHEMA
 
 SCHEMAS = {
-    "calc": {
-        "type": "function",
-        "function": {
-            "name": "calc",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    },
+    "calc": CALC_SCHEMA,
     "weather": {
         "type": "function",
         "function": {
@@ -158,7 +148,9 @@ def test_valid_json_is_not_marked_repaired():
             {"say": "True or None"},
             id="literals-inside-strings-untouched",
         ),
-        pytest.param('{"name": "calc", "arguments": {"a": 1, "b": 2', {"a": 1, "b": 2}, id="braces"),
+        pytest.param(
+            '{"name": "calc", "arguments": {"a": 1, "b": 2', {"a": 1, "b": 2}, id="braces"
+        ),
         pytest.param(
             '{"name": "f", "arguments": {"xs": [1, [2, 3', {"xs": [1, [2, 3]]}, id="brackets"
         ),
@@ -368,7 +360,9 @@ def test_get_parser_of_an_unknown_format_lists_the_registered_ones(monkeypatch):
 
 
 def test_get_parser_error_names_hermes_among_the_builtin_formats():
-    with pytest.raises(ValueError, match=r"^unknown multi_turn\.format 'nope'; registered: .*\bhermes\b"):
+    with pytest.raises(
+        ValueError, match=r"^unknown multi_turn\.format 'nope'; registered: .*\bhermes\b"
+    ):
         get_parser("nope")
 
 
