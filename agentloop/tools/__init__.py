@@ -3,17 +3,21 @@
 from agentloop.tools.base import BaseTool, ToolError, ToolResult, normalize_schema
 from agentloop.tools.config import load_tool_config
 from agentloop.tools.function import FunctionTool, function_tool, schema_from_function
+from agentloop.tools.python_exec import PythonExecConfig, PythonExecTool, network_isolation
 from agentloop.tools.runner import CallOutcome, ToolRunner, truncate_text
 
 __all__ = [
     "BaseTool",
     "CallOutcome",
     "FunctionTool",
+    "PythonExecConfig",
+    "PythonExecTool",
     "ToolError",
     "ToolResult",
     "ToolRunner",
     "function_tool",
     "load_tool_config",
+    "network_isolation",
     "normalize_schema",
     "schema_from_function",
     "truncate_text",
