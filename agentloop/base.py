@@ -22,6 +22,7 @@ from agentloop.config import RolloutConfig
 from agentloop.tokens import Trajectory, encode_delta
 from agentloop.tools.base import BaseTool
 from agentloop.tools.config import import_target
+from agentloop.tools.runner import ToolRunner
 from servers.types import TokenOutput
 
 __all__ = [
@@ -68,6 +69,17 @@ class AgentLoopContext:
     tokenizer: Any
     config: RolloutConfig
     tools: Mapping[str, BaseTool] = field(default_factory=dict)
+    tool_runner: ToolRunner | None = None
+    """Shared by every sample of a worker (worker-wide tool concurrency limits)."""
+
+    def __post_init__(self) -> None:
+        if self.tool_runner is None:
+            mt = self.config.multi_turn
+            self.tool_runner = ToolRunner(
+                self.tools,
+                timeout_s=mt.tool_timeout_s,
+                max_concurrency=mt.max_concurrent_tool_calls,
+            )
 
 
 class AgentLoopBase(abc.ABC):

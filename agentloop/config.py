@@ -31,6 +31,9 @@ class MultiTurnConfig:
     """Which part is cut: ``right`` keeps the start, ``left`` keeps the end, ``middle`` both."""
     tool_timeout_s: float = 30.0
     """Wall-clock limit of one tool call; past it the model sees a timeout error."""
+    max_concurrent_tool_calls: int | None = None
+    """Tool calls in flight per AgentLoopWorker over all samples (None: no limit). A tool's
+    own ``config.max_concurrency`` limits that tool."""
     tool_config_path: str | None = None
     """verl-layout tool YAML (``tools: [{class_name, config, tool_schema}]``)."""
     format: str = "hermes"
@@ -47,6 +50,8 @@ class MultiTurnConfig:
             )
         if self.max_tool_response_length < 1:
             raise ValueError("multi_turn.max_tool_response_length must be >= 1")
+        if self.max_concurrent_tool_calls is not None and self.max_concurrent_tool_calls < 1:
+            raise ValueError("multi_turn.max_concurrent_tool_calls must be >= 1 or null")
         if self.tool_timeout_s <= 0:
             raise ValueError("multi_turn.tool_timeout_s must be > 0")
 

@@ -16,7 +16,7 @@ from typing import Any
 from agentloop.base import AgentLoopBase, AgentLoopContext, AgentLoopOutput, register
 from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, check_calls, get_parser
 from agentloop.tokens import Trajectory
-from agentloop.tools.runner import ToolRunner, truncate_text
+from agentloop.tools.runner import truncate_text
 
 __all__ = ["ToolAgentLoop"]
 
@@ -27,7 +27,7 @@ class ToolAgentLoop(AgentLoopBase):
         super().__init__(context, **kwargs)
         self.multi_turn = self.config.multi_turn
         self.parser = get_parser(self.multi_turn.format)
-        self.runner = ToolRunner(context.tools, timeout_s=self.multi_turn.tool_timeout_s)
+        self.runner = context.tool_runner
         self.schemas = {name: tool.tool_schema for name, tool in context.tools.items()}
         self.eot_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
 

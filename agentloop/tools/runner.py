@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -41,16 +42,40 @@ class CallOutcome:
 
 
 class ToolRunner:
-    """Executes calls against per-trajectory tool instances. ``instances``: name -> id."""
+    """Executes calls against per-trajectory tool instances (``instances``: name -> id).
 
-    def __init__(self, tools: Mapping[str, BaseTool], *, timeout_s: float) -> None:
+    One runner is shared by every sample of a worker, so its limits are worker-wide:
+    ``max_concurrency`` calls in flight over all tools, and ``config["max_concurrency"]`` of a
+    tool for that tool. The timeout counts from when a call starts, not while it queues.
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, BaseTool],
+        *,
+        timeout_s: float,
+        max_concurrency: int | None = None,
+    ) -> None:
         self.tools = tools
         self.timeout_s = timeout_s
+        self._all = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self._per_tool = {
+            name: asyncio.Semaphore(int(tool.config["max_concurrency"]))
+            for name, tool in tools.items()
+            if tool.config.get("max_concurrency")
+        }
 
     async def run(self, calls: list[ToolCall], instances: Mapping[str, str]) -> list[CallOutcome]:
         return list(await asyncio.gather(*(self._one(c, instances) for c in calls)))
 
     async def _one(self, call: ToolCall, instances: Mapping[str, str]) -> CallOutcome:
+        async with contextlib.AsyncExitStack() as stack:
+            for sem in (self._all, self._per_tool.get(call.name)):
+                if sem is not None:
+                    await stack.enter_async_context(sem)
+            return await self._execute(call, instances)
+
+    async def _execute(self, call: ToolCall, instances: Mapping[str, str]) -> CallOutcome:
         tool = self.tools[call.name]
         start = time.perf_counter()
         try:
