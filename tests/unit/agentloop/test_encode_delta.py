@@ -14,23 +14,11 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta
+from tests.unit.agentloop.scripted import CALC_SCHEMA
 
 SPECIAL = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
 ASSISTANT = "<|im_start|>assistant\n"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calc",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
+TOOLS = [CALC_SCHEMA]
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 PROPERTY = settings(
     deadline=None,
