@@ -40,3 +40,14 @@ def smollm2_path() -> Path:
     from trainer.models import prepare
 
     return prepare("smollm2-135m-instruct")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_agent_loop_registry():
+    """Loops a test module registers (YAML user loops) do not leak into later modules."""
+    from agentloop import base
+
+    saved = dict(base._REGISTRY)
+    yield
+    base._REGISTRY.clear()
+    base._REGISTRY.update(saved)
