@@ -3,6 +3,7 @@
 from agentloop.tools.base import BaseTool, ToolError, ToolResult, normalize_schema
 from agentloop.tools.config import load_tool_config
 from agentloop.tools.function import FunctionTool, function_tool, schema_from_function
+from agentloop.tools.mcp import MCPTool, load_mcp_servers
 from agentloop.tools.python_exec import PythonExecConfig, PythonExecTool, network_isolation
 from agentloop.tools.runner import CallOutcome, ToolRunner, truncate_text
 
@@ -10,12 +11,14 @@ __all__ = [
     "BaseTool",
     "CallOutcome",
     "FunctionTool",
+    "MCPTool",
     "PythonExecConfig",
     "PythonExecTool",
     "ToolError",
     "ToolResult",
     "ToolRunner",
     "function_tool",
+    "load_mcp_servers",
     "load_tool_config",
     "network_isolation",
     "normalize_schema",

