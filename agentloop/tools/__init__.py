@@ -5,6 +5,7 @@ from agentloop.tools.config import load_tool_config
 from agentloop.tools.function import FunctionTool, function_tool, schema_from_function
 from agentloop.tools.mcp import MCPTool, load_mcp_servers
 from agentloop.tools.python_exec import PythonExecConfig, PythonExecTool, network_isolation
+from agentloop.tools.qwen_tools import QwenAgentTool, qwen_agent_tool
 from agentloop.tools.runner import CallOutcome, ToolRunner, truncate_text
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "MCPTool",
     "PythonExecConfig",
     "PythonExecTool",
+    "QwenAgentTool",
     "ToolError",
     "ToolResult",
     "ToolRunner",
@@ -22,6 +24,7 @@ __all__ = [
     "load_tool_config",
     "network_isolation",
     "normalize_schema",
+    "qwen_agent_tool",
     "schema_from_function",
     "truncate_text",
 ]

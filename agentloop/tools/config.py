@@ -9,6 +9,10 @@ tools:
   - class_name: mcp                            # any name: MCP entries are read by type
     config: {type: mcp}
     mcp: {mcp_servers_config_path: servers.json, tool_selected_list: [search]}
+  - class_name: qwen_agent                     # a qwen-agent tool: built-in by name ...
+    config: {type: qwen_agent, name: storage, cfg: {storage_root_path: /tmp/kv}}
+  - class_name: my_pkg.tools.MyQwenTool        # ... or a qwen_agent BaseTool subclass
+    config: {type: qwen_agent}
 ```
 """
 
@@ -58,6 +62,13 @@ def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
         kind = config.get("type", "native")
         if kind == "mcp":
             new = _mcp_entry(entry, path, where)
+        elif kind == "qwen_agent":
+            from agentloop.tools.qwen_tools import qwen_agent_tool
+
+            name = config.get("name")
+            target = name if name else import_target(entry["class_name"], where)
+            tool = qwen_agent_tool(target, config.get("cfg"))
+            new = {tool.name: tool}
         elif kind == "native":
             cls = import_target(entry["class_name"], where)
             if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
@@ -65,7 +76,9 @@ def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
             tool = cls(config=config, tool_schema=entry.get("tool_schema"))
             new = {tool.name: tool}
         else:
-            raise ValueError(f"{where}: config.type {kind!r} is not supported; use native or mcp")
+            raise ValueError(
+                f"{where}: config.type {kind!r} is not supported; use native, mcp or qwen_agent"
+            )
         for name, tool in new.items():
             if name in tools:
                 raise ValueError(f"{where}: a tool named {name!r} is already configured")
