@@ -1,5 +1,6 @@
-"""An MCP server for the tests (mcp 2.x ``MCPServer``, formerly FastMCP), over stdio:
-``python mcp_server.py``. Tools: add, slow_echo, crash (kills the server), pid."""
+"""An MCP server for the tests (mcp 2.x ``MCPServer``, formerly FastMCP): over stdio with
+``python mcp_server.py``, over HTTP with ``python mcp_server.py sse|streamable-http PORT``.
+Tools: add, slow_echo, crash (kills the server), pid."""
 
 from __future__ import annotations
 
@@ -37,4 +38,9 @@ def pid() -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    import sys
+
+    if len(sys.argv) > 2:  # python mcp_server.py sse|streamable-http PORT
+        server.run(sys.argv[1], host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

@@ -5,6 +5,8 @@ exits mid-rollout restarted once, and bad configs rejected at start-up."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -137,3 +139,38 @@ def test_verl_yaml_mcp_entry_selects_tools(tmp_path):
     }
     yaml_path.write_text(yaml.safe_dump({"tools": [entry]}))
     assert list(load_tool_config(yaml_path)) == ["calc-add"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(("transport", "path"), [("sse", "/sse"), ("streamable-http", "/mcp")])
+async def test_http_transports_list_and_call_tools(tmp_path, transport, path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), transport, str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "MCP HTTP server did not start"
+            time.sleep(0.2)
+        spec = {"url": f"http://127.0.0.1:{port}{path}"}
+        if transport == "streamable-http":
+            spec["type"] = transport
+        config = tmp_path / "mcp.json"
+        config.write_text(json.dumps({"mcpServers": {"web": spec}}))
+        tools = load_mcp_servers(config)
+        assert sorted(tools) == ["web-add", "web-crash", "web-pid", "web-slow_echo"]
+        assert (await tools["web-add"].execute("i", {"a": 4, "b": 5})).text == "9"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
