@@ -134,7 +134,7 @@ class ToolAgentLoop(AgentLoopBase):
             )
             slots[pos] = {"role": "tool", "content": text}
             if not outcome.ok:
-                self._error_kinds.append("tool_failed")
+                self._error_kinds.append(outcome.error_kind or "tool_failed")
             self._calls.append(
                 {
                     "name": call.name,

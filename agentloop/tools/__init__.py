@@ -1,6 +1,13 @@
 """Tools agent loops call: the interface, the concurrent runner and config loading."""
 
-from agentloop.tools.base import BaseTool, ToolError, ToolResult, normalize_schema
+from agentloop.tools.base import (
+    BaseTool,
+    ToolArgumentError,
+    ToolError,
+    ToolInfraError,
+    ToolResult,
+    normalize_schema,
+)
 from agentloop.tools.config import load_tool_config
 from agentloop.tools.function import FunctionTool, function_tool, schema_from_function
 from agentloop.tools.mcp import MCPTool, load_mcp_servers
@@ -16,7 +23,9 @@ __all__ = [
     "PythonExecConfig",
     "PythonExecTool",
     "QwenAgentTool",
+    "ToolArgumentError",
     "ToolError",
+    "ToolInfraError",
     "ToolResult",
     "ToolRunner",
     "function_tool",

@@ -7,7 +7,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BaseTool", "ToolError", "ToolResult", "normalize_schema"]
+__all__ = [
+    "BaseTool",
+    "ToolArgumentError",
+    "ToolError",
+    "ToolInfraError",
+    "ToolResult",
+    "normalize_schema",
+]
 
 
 @dataclass(slots=True)
@@ -21,7 +28,18 @@ class ToolResult:
 
 class ToolError(Exception):
     """A failure the model should read as the tool message (bad argument values, a missing
-    record...). Any other exception is reported the same way, with its type named."""
+    record...). Any other exception is reported the same way, with its type named. (Malformed
+    calls are ``agentloop.parsers.ToolCallError``s, found before a tool runs.)"""
+
+
+class ToolArgumentError(ToolError):
+    """Arguments that pass the schema but that the tool cannot use (a key that does not
+    exist, a value out of range)."""
+
+
+class ToolInfraError(ToolError):
+    """What is behind the tool failed (an MCP server exited, a sandbox could not start); the
+    model still gets a message, and the failure is counted apart from its own mistakes."""
 
 
 def normalize_schema(schema: dict[str, Any]) -> dict[str, Any]:

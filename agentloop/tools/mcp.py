@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from agentloop.tools.base import BaseTool, ToolError, ToolResult
+from agentloop.tools.base import BaseTool, ToolError, ToolInfraError, ToolResult
 
 __all__ = ["MCPServerConnection", "MCPTool", "load_mcp_servers", "read_mcp_config"]
 
@@ -86,7 +86,9 @@ class MCPServerConnection:
 
             command = shutil.which(spec["command"])
             if command is None:
-                raise ToolError(f"MCP server {self.name!r}: command {spec['command']!r} not found")
+                raise ToolInfraError(
+                    f"MCP server {self.name!r}: command {spec['command']!r} not found"
+                )
             params = StdioServerParameters(
                 command=command, args=list(spec.get("args", [])), env=spec.get("env")
             )
@@ -129,13 +131,15 @@ class MCPServerConnection:
     async def _call(self, tool: str, arguments: dict[str, Any]) -> Any:
         if self._session is None or self._task is None or self._task.done():
             if self.restarts >= 1:
-                raise ToolError(f"MCP server {self.name!r} is down (already restarted once)")
+                raise ToolInfraError(f"MCP server {self.name!r} is down (already restarted once)")
             self.restarts += 1
             logger.warning("MCP server %s is down; restarting it", self.name)
             try:
                 await self._start()
             except Exception as exc:
-                raise ToolError(f"MCP server {self.name!r} could not be restarted: {exc}") from exc
+                raise ToolInfraError(
+                    f"MCP server {self.name!r} could not be restarted: {exc}"
+                ) from exc
         try:
             return await self._session.call_tool(tool, arguments)
         except Exception:
@@ -197,7 +201,7 @@ class MCPTool(BaseTool):
         except ToolError:
             raise
         except Exception as exc:
-            raise ToolError(
+            raise ToolInfraError(
                 f"MCP server {self.connection.name!r} failed on {self.mcp_name!r}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc

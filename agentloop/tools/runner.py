@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentloop.parsers import ToolCall
-from agentloop.tools.base import BaseTool, ToolError, ToolResult
+from agentloop.tools.base import BaseTool, ToolError, ToolInfraError, ToolResult
 
 __all__ = ["CallOutcome", "ToolRunner", "truncate_text"]
 
@@ -39,6 +39,9 @@ class CallOutcome:
     seconds: float
     reward: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    error_kind: str | None = None
+    """``tool_failed`` (the tool's error or bug), ``tool_timeout``, ``tool_infra`` (what is
+    behind the tool failed: ``ToolInfraError``); None when ok."""
 
 
 class ToolRunner:
@@ -88,13 +91,18 @@ class ToolRunner:
                 raise TypeError(f"returned text of type {type(result.text).__name__}, not str")
         except TimeoutError:
             text = f"Error: tool {call.name!r} timed out after {self.timeout_s:g} s"
-            return CallOutcome(call.name, text, False, time.perf_counter() - start)
+            return self._failed(call, text, start, "tool_timeout")
         except ToolError as exc:
-            return CallOutcome(call.name, f"Error: {exc}", False, time.perf_counter() - start)
+            kind = "tool_infra" if isinstance(exc, ToolInfraError) else "tool_failed"
+            return self._failed(call, f"Error: {exc}", start, kind)
         except Exception as exc:  # a tool bug must not end the rollout
             logger.debug("tool %s raised", call.name, exc_info=True)
             text = f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}"
-            return CallOutcome(call.name, text, False, time.perf_counter() - start)
+            return self._failed(call, text, start, "tool_failed")
         return CallOutcome(
             call.name, result.text, True, time.perf_counter() - start, result.reward, result.metrics
         )
+
+    @staticmethod
+    def _failed(call: ToolCall, text: str, start: float, kind: str) -> CallOutcome:
+        return CallOutcome(call.name, text, False, time.perf_counter() - start, error_kind=kind)

@@ -99,14 +99,14 @@ async def test_server_exiting_mid_rollout_is_restarted_once(tmp_path, tokenizer)
         "Error: MCP server 'calc' is down (already restarted once)",
     ]
     assert out.extra["stop_reason"] == "no_tool_call"
-    assert out.extra["tool_error_kinds"] == ["tool_failed"] * 3
+    assert out.extra["tool_error_kinds"] == ["tool_infra"] * 3
 
 
 def test_missing_server_command_fails_at_start_up(tmp_path):
     with pytest.raises(ValueError) as info:
         load_mcp_servers(write_config(tmp_path, command="no-such-mcp-server"))
     assert str(info.value) == (
-        "MCP server 'calc' failed to start: ToolError: MCP server 'calc': command "
+        "MCP server 'calc' failed to start: ToolInfraError: MCP server 'calc': command "
         "'no-such-mcp-server' not found"
     )
 
