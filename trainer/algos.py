@@ -1,0 +1,252 @@
+"""RL algorithms on padded response tensors: advantages, the PPO clipped policy loss, loss
+aggregation, KL penalties and entropy. All tensors are ``[batch, response_length]`` unless
+noted; ``mask`` is the response loss mask (1 on sampled tokens, 0 on tool/template/padding).
+
+Advantage estimators (outcome rewards: one score per sample):
+- ``grpo``: A_i = (s_i - mean_g) / (std_g + eps) within the sample's group g (same uid), std
+  unbiased as ``torch.std``; ``norm_by_std=False`` gives A_i = s_i - mean_g (Dr. GRPO). A group
+  of one sample has nothing to compare with: A = 0.
+- ``rloo``: A_i = s_i - mean_{j != i} s_j = n/(n-1) (s_i - mean_g); groups of one: 0.
+- ``reinforce_plus_plus``: returns G_t = r_t + gamma G_{t+1} over the response (the score is
+  the reward of the last sampled token), then whitened over all masked tokens of the batch.
+Deviation from verl: verl gives a size-1 GRPO group A = s_i (mean 0, std 1); here it is 0,
+since a lone sample carries no relative signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "LOSS_AGG_MODES",
+    "ADV_ESTIMATORS",
+    "agg_loss",
+    "apply_kl_in_reward",
+    "compute_advantages",
+    "entropy_from_logits",
+    "grpo_advantages",
+    "kl_penalty",
+    "policy_loss",
+    "reinforce_plus_plus_advantages",
+    "rloo_advantages",
+    "scores_to_token_rewards",
+]
+
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+
+
+def _group_index(group_ids: Sequence[str] | torch.Tensor) -> torch.Tensor:
+    """Dense group index per sample: [batch] int64."""
+    if isinstance(group_ids, torch.Tensor):
+        return torch.unique(group_ids, return_inverse=True)[1]
+    first: dict[str, int] = {}
+    return torch.tensor([first.setdefault(g, len(first)) for g in group_ids], dtype=torch.long)
+
+
+def _group_stats(
+    scores: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample group size, mean and unbiased std (std 0 for groups of one)."""
+    n_groups = int(index.max()) + 1 if index.numel() else 0
+    count = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, torch.ones_like(scores))
+    total = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, scores)
+    mean = total / count
+    sq = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, (scores - mean[index]) ** 2)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    return count[index], mean[index], std[index]
+
+
+def grpo_advantages(
+    scores: torch.Tensor,
+    group_ids: Sequence[str] | torch.Tensor,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO outcome advantages, one per sample: ``(s - mean_g) / (std_g + eps)`` with the
+    unbiased std of the sample's group (``s - mean_g`` when ``norm_by_std`` is False); 0 for
+    a group of one. ``scores``: [batch] -> [batch]."""
+    scores = scores.to(torch.float32)
+    count, mean, std = _group_stats(scores, _group_index(group_ids))
+    adv = scores - mean
+    if norm_by_std:
+        adv = adv / (std + eps)
+    return torch.where(count > 1, adv, torch.zeros_like(adv))
+
+
+def rloo_advantages(scores: torch.Tensor, group_ids: Sequence[str] | torch.Tensor) -> torch.Tensor:
+    """Leave-one-out baseline: ``s_i - mean_{j != i} s_j``; 0 for a group of one. [batch]."""
+    scores = scores.to(torch.float32)
+    count, mean, _ = _group_stats(scores, _group_index(group_ids))
+    adv = (scores - mean) * count / (count - 1).clamp(min=1)
+    return torch.where(count > 1, adv, torch.zeros_like(adv))
+
+
+def scores_to_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Place each sample's score on its last sampled token: [batch] -> [batch, response]."""
+    rewards = torch.zeros(mask.shape, dtype=torch.float32)
+    positions = torch.arange(mask.shape[1]).expand_as(mask)
+    last = torch.where(mask.bool(), positions, torch.full_like(positions, -1)).max(dim=1).values
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    rewards[rows, last[rows]] = scores.to(torch.float32)[rows]
+    return rewards
+
+
+def _masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    m = mask.to(values.dtype)
+    n = m.sum()
+    mean = (values * m).sum() / n
+    var = (((values - mean) ** 2) * m).sum() / (n - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + eps) * m
+
+
+def reinforce_plus_plus_advantages(
+    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
+) -> torch.Tensor:
+    """Discounted returns over sampled tokens (tool tokens carry nothing and are skipped),
+    whitened over every masked token of the batch. [batch, response] -> same."""
+    returns = torch.zeros_like(token_rewards, dtype=torch.float32)
+    running = torch.zeros(token_rewards.shape[0], dtype=torch.float32)
+    m = mask.to(torch.float32)
+    for t in reversed(range(token_rewards.shape[1])):  # over positions, vectorised over batch
+        running = token_rewards[:, t] + gamma * running * m[:, t] + running * (1 - m[:, t])
+        returns[:, t] = running * m[:, t]
+    return _masked_whiten(returns, mask)
+
+
+def compute_advantages(
+    estimator: str,
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Sequence[str],
+    *,
+    norm_by_std: bool = True,
+    gamma: float = 1.0,
+) -> torch.Tensor:
+    """Token-level advantages [batch, response] (0 where ``mask`` is 0)."""
+    if estimator == "grpo":
+        per_sample = grpo_advantages(scores, group_ids, norm_by_std)
+    elif estimator == "rloo":
+        per_sample = rloo_advantages(scores, group_ids)
+    elif estimator == "reinforce_plus_plus":
+        return reinforce_plus_plus_advantages(scores_to_token_rewards(scores, mask), mask, gamma)
+    else:
+        known = ", ".join(ADV_ESTIMATORS)
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator!r} is not supported; use one of {known}"
+        )
+    return per_sample.unsqueeze(1) * mask.to(torch.float32)
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Reduce a per-token loss [batch, response] under ``mask`` to a scalar:
+
+    - ``token-mean``: sum(L * m) / sum(m)  (every sampled token weighs the same);
+    - ``seq-mean-token-sum``: mean_i sum_t L_it m_it;
+    - ``seq-mean-token-mean``: mean over sequences with tokens of (sum_t L_it m_it / sum_t m_it);
+    - ``seq-mean-token-sum-norm``: sum_i sum_t L_it m_it / response_length (Dr. GRPO: a
+      constant normaliser, no length bias).
+    """
+    m = mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        return (loss_mat * m).sum() / m.sum().clamp(min=1)
+    seq_sum = (loss_mat * m).sum(dim=-1)
+    if mode == "seq-mean-token-sum":
+        return seq_sum.mean()
+    if mode == "seq-mean-token-mean":
+        tokens = m.sum(dim=-1)
+        has = tokens > 0
+        return (seq_sum[has] / tokens[has]).sum() / has.sum().clamp(min=1)
+    if mode == "seq-mean-token-sum-norm":
+        return seq_sum.sum() / loss_mat.shape[-1]
+    raise ValueError(
+        f"loss_agg_mode={mode!r} is not supported; use one of {', '.join(LOSS_AGG_MODES)}"
+    )
+
+
+def policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip:
+
+    r = exp(logp - logp_old); L = max(-A r, -A clip(r, 1 - low, 1 + high)); for A < 0 the loss
+    is further capped at -A * clip_ratio_c (dual clip). Returns (aggregated loss, metrics:
+    ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``)."""
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+    log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    clipped = torch.maximum(loss1, loss2)
+    dual = torch.minimum(-advantages * clip_ratio_c, clipped)
+    losses = torch.where(advantages < 0, dual, clipped)
+    m = mask.to(log_prob.dtype)
+    n = m.sum().clamp(min=1)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": float(((loss2 > loss1).to(m.dtype) * m).sum() / n),
+            "pg_clipfrac_lower": float(
+                ((clipped > dual).to(m.dtype) * (advantages < 0) * m).sum() / n
+            ),
+            "ppo_kl": float((-log_ratio * m).sum() / n),
+        }
+    return agg_loss(losses, mask, loss_agg_mode), metrics
+
+
+def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL estimate of the policy from the reference:
+    ``kl`` (k1): logp - logp_ref; ``abs``: |logp - logp_ref|; ``mse`` (k2): 0.5 (logp - logp_ref)^2;
+    ``low_var_kl`` (k3): exp(logp_ref - logp) - (logp_ref - logp) - 1, clamped to [-10, 10]."""
+    diff = log_prob - ref_log_prob
+    if kind == "kl":
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind == "mse":
+        return 0.5 * diff.square()
+    if kind == "low_var_kl":
+        k = -diff
+        return torch.clamp(torch.exp(k) - k - 1, -10.0, 10.0)
+    raise ValueError(f"KL type {kind!r} is not supported; use kl, abs, mse or low_var_kl")
+
+
+def apply_kl_in_reward(
+    token_rewards: torch.Tensor,
+    log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    beta: float,
+    kind: str = "kl",
+) -> tuple[torch.Tensor, float]:
+    """Token rewards minus ``beta`` times the per-token KL (on sampled tokens only); returns
+    (rewards, mean KL per sequence)."""
+    kl = kl_penalty(log_prob, ref_log_prob, kind) * mask.to(log_prob.dtype)
+    seq_kl = kl.sum(-1) / mask.sum(-1).clamp(min=1)
+    return token_rewards - beta * kl, float(seq_kl.mean())
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax over the last dim: logsumexp(z) - sum softmax(z) z."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
