@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import yaml
 
 from agentloop.config import RolloutConfig
-from agentloop.tokens import Trajectory, encode_delta
+from agentloop.tokens import Trajectory, encode_delta, encode_prompt
 from agentloop.tools.base import BaseTool
 from agentloop.tools.config import import_target
 from agentloop.tools.runner import ToolRunner
@@ -102,13 +102,11 @@ class AgentLoopBase(abc.ABC):
     ) -> list[int]:
         """The only full tokenization of a sample: its prompt with the generation prompt."""
         ids = await asyncio.to_thread(
-            self.tokenizer.apply_chat_template,
-            list(messages),
-            tools=list(tools) if tools else None,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            **self.config.chat_template_kwargs,
+            encode_prompt,
+            self.tokenizer,
+            messages,
+            tools=tools,
+            chat_template_kwargs=self.config.chat_template_kwargs,
         )
         if len(ids) > self.config.prompt_length:
             raise ValueError(
@@ -116,7 +114,7 @@ class AgentLoopBase(abc.ABC):
                 f"{self.config.prompt_length}: raise it or filter long prompts with "
                 "data.max_prompt_length"
             )
-        return list(ids)
+        return ids
 
     async def encode_delta(
         self,

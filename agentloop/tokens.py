@@ -13,7 +13,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["TemplateDeltaError", "Trajectory", "encode_delta", "mask_spans", "render_chat"]
+__all__ = [
+    "TemplateDeltaError",
+    "Trajectory",
+    "encode_delta",
+    "encode_prompt",
+    "mask_spans",
+    "render_chat",
+]
 
 # A reasoning block and the "\n\n" the template writes after it; only the text right after
 # the block is matched (not \s*, which would eat whitespace the model sampled), and the block
@@ -42,6 +49,26 @@ def render_chat(
         tokenize=False,
         **(chat_template_kwargs or {}),
     )
+
+
+def encode_prompt(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """Token ids of a prompt with the generation prompt: the one full tokenization a sample
+    gets (everything after it is appended as sampled ids or deltas)."""
+    ids = tokenizer.apply_chat_template(
+        list(messages),
+        tools=list(tools) if tools else None,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        **(chat_template_kwargs or {}),
+    )
+    return list(ids)
 
 
 def _nth_end(text: str, token: str, n: int) -> int:
@@ -76,12 +103,12 @@ def encode_delta(
     kwargs = {"tools": tools, "chat_template_kwargs": chat_template_kwargs}
     before = render_chat(tokenizer, messages, add_generation_prompt=False, **kwargs)
     turns = before.count(eot)
-    cut = _nth_end(before, eot, turns) if turns else -1
-    if cut < 0:
+    if not turns:
         raise TemplateDeltaError(
             f"the rendered conversation has no end-of-turn token {eot!r}; pass the template's "
             "end-of-turn token as eot_token="
         )
+    cut = before.rfind(eot) + len(eot)
     if before[cut:].strip():
         raise TemplateDeltaError(
             f"the chat template puts {before[cut:]!r} after the last end-of-turn token {eot!r}; "

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentloop.tokens import encode_prompt
 from trainer.config.schema import DataConfig
 
 __all__ = ["filter_overlong", "load_rows", "read_rows", "to_agent_rows"]
@@ -87,13 +88,8 @@ def filter_overlong(
     returns (kept rows, dropped count)."""
     kept = []
     for row in rows:
-        ids = tokenizer.apply_chat_template(
-            row["raw_prompt"],
-            tools=list(tools) if tools else None,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            **(chat_template_kwargs or {}),
+        ids = encode_prompt(
+            tokenizer, row["raw_prompt"], tools=tools, chat_template_kwargs=chat_template_kwargs
         )
         if len(ids) <= max_prompt_length:
             kept.append(row)

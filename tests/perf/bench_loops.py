@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from agentloop import AgentLoopBase, AgentLoopOutput
-from agentloop.tokens import Trajectory, encode_delta
+from agentloop.tokens import Trajectory, encode_delta, encode_prompt
 
 TOOL_TEXT = "result: 42"
 ASSISTANT_TEXT = '<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>'
@@ -68,12 +68,7 @@ async def turn_locked(server: Any, tokenizer: Any, rows: list[dict[str, Any]]) -
     """Every trajectory finishes turn k before any tool runs; the turn's tools run together;
     then turn k+1. Returns sampled tokens."""
     messages = [list(r["raw_prompt"]) for r in rows]
-    contexts = [
-        tokenizer.apply_chat_template(
-            m, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        for m in messages
-    ]
+    contexts = [encode_prompt(tokenizer, m) for m in messages]
     rids = [uuid.uuid4().hex for _ in rows]
     sampled = 0
     for k in range(max(len(r["plan"]["tokens"]) for r in rows)):
