@@ -98,7 +98,8 @@ class PythonExecTool(BaseTool):
         self, config: dict[str, Any] | None = None, tool_schema: dict[str, Any] | None = None
     ):
         super().__init__(config, tool_schema or SCHEMA)
-        options = {k: v for k, v in self.config.items() if k != "type"}
+        # "type" and "max_concurrency" belong to the config loader and the ToolRunner.
+        options = {k: v for k, v in self.config.items() if k not in ("type", "max_concurrency")}
         self.options = PythonExecConfig(**options)
         mode = self.options.network
         self.isolation = network_isolation() if mode == "auto" else mode

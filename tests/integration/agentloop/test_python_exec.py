@@ -74,3 +74,8 @@ async def test_long_output_is_truncated_in_the_middle():
     text = await run("print('a' * 5000 + 'b' * 5000)", max_output_chars=100)
     assert text.startswith("a" * 50) and "...(truncated)..." in text
     assert text.rstrip("\n").endswith("b" * 49)
+
+
+async def test_runner_and_loader_keys_in_the_tool_config_are_accepted():
+    text = await run("print(1)", type="native", max_concurrency=2, timeout_s=5)
+    assert text == "1\n"
