@@ -23,13 +23,17 @@ import torch
 __all__ = [
     "LOSS_AGG_MODES",
     "ADV_ESTIMATORS",
+    "KL_TYPES",
+    "agg_denominator",
     "agg_loss",
+    "agg_numerator",
     "apply_kl_in_reward",
     "compute_advantages",
     "entropy_from_logits",
     "grpo_advantages",
     "kl_penalty",
     "policy_loss",
+    "policy_loss_tokens",
     "reinforce_plus_plus_advantages",
     "rloo_advantages",
     "scores_to_token_rewards",
@@ -45,6 +49,7 @@ LOSS_AGG_MODES = (
     "seq-mean-token-sum-norm",
 )
 ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+KL_TYPES = ("kl", "abs", "mse", "low_var_kl")
 
 
 def _group_index(group_ids: Sequence[str] | torch.Tensor) -> torch.Tensor:
@@ -158,18 +163,35 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Ten
     - ``seq-mean-token-sum-norm``: sum_i sum_t L_it m_it / response_length (Dr. GRPO: a
       constant normaliser, no length bias).
     """
+    denominator = agg_denominator(mask, mode, loss_mat.shape[-1])
+    return agg_numerator(loss_mat, mask, mode) / max(denominator, 1.0)
+
+
+def agg_numerator(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """The part of ``agg_loss`` that adds up over micro-batches and ranks: ``agg_loss`` is
+    sum(numerators) / ``agg_denominator`` of the whole mini-batch."""
     m = mask.to(loss_mat.dtype)
-    if mode == "token-mean":
-        return (loss_mat * m).sum() / m.sum().clamp(min=1)
-    seq_sum = (loss_mat * m).sum(dim=-1)
-    if mode == "seq-mean-token-sum":
-        return seq_sum.mean()
     if mode == "seq-mean-token-mean":
         tokens = m.sum(dim=-1)
-        has = tokens > 0
-        return (seq_sum[has] / tokens[has]).sum() / has.sum().clamp(min=1)
+        return ((loss_mat * m).sum(dim=-1) / tokens.clamp(min=1)).sum()
+    if mode in LOSS_AGG_MODES:
+        return (loss_mat * m).sum()
+    raise ValueError(
+        f"loss_agg_mode={mode!r} is not supported; use one of {', '.join(LOSS_AGG_MODES)}"
+    )
+
+
+def agg_denominator(mask: torch.Tensor, mode: str, response_length: int) -> float:
+    """Normaliser of ``agg_loss`` for ``mask`` (sum it over micro-batches and ranks, except the
+    constant ``response_length`` of ``seq-mean-token-sum-norm``)."""
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode == "seq-mean-token-sum":
+        return float(mask.shape[0])
+    if mode == "seq-mean-token-mean":
+        return float((mask.sum(dim=-1) > 0).sum())
     if mode == "seq-mean-token-sum-norm":
-        return seq_sum.sum() / loss_mat.shape[-1]
+        return float(response_length)
     raise ValueError(
         f"loss_agg_mode={mode!r} is not supported; use one of {', '.join(LOSS_AGG_MODES)}"
     )
@@ -191,6 +213,31 @@ def policy_loss(
     r = exp(logp - logp_old); L = max(-A r, -A clip(r, 1 - low, 1 + high)); for A < 0 the loss
     is further capped at -A * clip_ratio_c (dual clip). Returns (aggregated loss, metrics:
     ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``)."""
+    losses, counts = policy_loss_tokens(
+        log_prob,
+        old_log_prob,
+        advantages,
+        mask,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+    )
+    n = max(float(mask.sum()), 1.0)
+    return agg_loss(losses, mask, loss_agg_mode), {k: v / n for k, v in counts.items()}
+
+
+def policy_loss_tokens(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token PPO losses [batch, response] (see ``policy_loss``) and, summed over masked
+    tokens, the clip counts and the approximate KL (divide by the token count for fractions)."""
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
     log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)
@@ -200,17 +247,14 @@ def policy_loss(
     clipped = torch.maximum(loss1, loss2)
     dual = torch.minimum(-advantages * clip_ratio_c, clipped)
     losses = torch.where(advantages < 0, dual, clipped)
-    m = mask.to(log_prob.dtype)
-    n = m.sum().clamp(min=1)
     with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": float(((loss2 > loss1).to(m.dtype) * m).sum() / n),
-            "pg_clipfrac_lower": float(
-                ((clipped > dual).to(m.dtype) * (advantages < 0) * m).sum() / n
-            ),
-            "ppo_kl": float((-log_ratio * m).sum() / n),
+        m = mask.to(log_prob.dtype)
+        counts = {
+            "pg_clipfrac": float(((loss2 > loss1).to(m.dtype) * m).sum()),
+            "pg_clipfrac_lower": float(((clipped > dual).to(m.dtype) * (advantages < 0) * m).sum()),
+            "ppo_kl": float((-log_ratio * m).sum()),
         }
-    return agg_loss(losses, mask, loss_agg_mode), metrics
+    return losses, counts
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
@@ -227,7 +271,7 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
     if kind == "low_var_kl":
         k = -diff
         return torch.clamp(torch.exp(k) - k - 1, -10.0, 10.0)
-    raise ValueError(f"KL type {kind!r} is not supported; use kl, abs, mse or low_var_kl")
+    raise ValueError(f"KL type {kind!r} is not supported; use one of {', '.join(KL_TYPES)}")
 
 
 def apply_kl_in_reward(

@@ -51,7 +51,8 @@ def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, A
             ) from None
         raise ConfigError("; ".join(lines[:2])) from None
     assert isinstance(tree, dict)
-    extras = {k: tree.pop(k) for k in list(tree) if k not in ("data", "actor_rollout_ref")}
+    sections = ("data", "actor_rollout_ref", "algorithm", "custom_reward_function", "trainer")
+    extras = {k: tree.pop(k) for k in list(tree) if k not in sections}
     try:
         return from_dict(Config, tree), extras
     except ValueError as exc:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agentloop.config import RolloutConfig
+from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
+from trainer.config.run import AlgorithmConfig, RewardFunctionConfig, TrainerConfig
 
 __all__ = ["ActorRolloutRefConfig", "Config", "DataConfig", "ModelConfig"]
 
@@ -41,14 +43,13 @@ class DataConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class ModelConfig:
-    path: str
-    """Model folder or an ``agentloop-models`` asset name."""
-
-
-@dataclass(kw_only=True, slots=True)
 class ActorRolloutRefConfig:
     model: ModelConfig
+    hybrid_engine: bool = True
+    """GPU: servers sleep during the update and wake for the next rollout (colocated); False:
+    servers keep their own GPUs (standalone). No effect on CPU."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
 
@@ -56,3 +57,6 @@ class ActorRolloutRefConfig:
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    custom_reward_function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,0 +1,146 @@
+"""``actor_rollout_ref.actor`` / ``.ref`` / ``.model``: the FSDP2 policy's own config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainer.algos import KL_TYPES, LOSS_AGG_MODES
+
+__all__ = [
+    "ActorConfig",
+    "CheckpointConfig",
+    "FSDPConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RefConfig",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    path: str
+    """Model folder or an ``agentloop-models`` asset name."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+    use_remove_padding: bool = False
+    """Padding-free packed sequences (GPU with flash-attn only; ignored on CPU)."""
+    attn_implementation: str = "sdpa"
+    """transformers attention kernel of the trainer's model."""
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    lr_warmup_steps: int = 0
+    """Linear warm-up from 0 over this many optimizer steps, then constant."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"actor.optim.lr must be > 0, got {self.lr}")
+        if len(self.betas) != 2:
+            raise ValueError(f"actor.optim.betas must be two numbers, got {self.betas}")
+
+
+@dataclass(kw_only=True, slots=True)
+class FSDPConfig:
+    param_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2
+    ``CPUOffloadPolicy``; GPU only, a no-op on CPU)."""
+    reshard_after_forward: bool = True
+    """Free gathered parameters after forward (ZeRO-3); False keeps them (ZeRO-2-like)."""
+    mixed_precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    """Compute dtype on GPU (master weights and gradient reduction stay fp32). CPU: fp32."""
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    save_contents: list[str] = field(
+        default_factory=lambda: ["model", "optimizer", "extra", "hf_model"]
+    )
+    """``model``/``optimizer`` (sharded, for resume), ``extra`` (step, data position),
+    ``hf_model`` (a full transformers folder of the actor)."""
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.save_contents) - {"model", "optimizer", "extra", "hf_model"})
+        if bad:
+            raise ValueError(
+                f"actor.checkpoint.save_contents has unknown item {bad[0]!r}; "
+                "use model, optimizer, extra, hf_model"
+            )
+
+
+@dataclass(kw_only=True, slots=True)
+class ActorConfig:
+    strategy: Literal["fsdp2", "fsdp"] = "fsdp2"
+    """Both names mean FSDP2 (``fully_shard``)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 8
+    """Prompts per optimizer step (times rollout.n samples), as in verl."""
+    ppo_micro_batch_size_per_gpu: int = 2
+    """Samples per forward/backward on one rank (ignored with use_dynamic_bsz)."""
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Samples per forward when computing old/ref log-probs (None: ppo_micro_batch_size)."""
+    use_dynamic_bsz: bool = False
+    """Pack micro-batches by token count (``ppo_max_token_len_per_gpu``) instead of count."""
+    ppo_max_token_len_per_gpu: int = 16384
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    """Shuffle samples before splitting into mini-batches (seeded by the step)."""
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    """Lower PPO clip (None: clip_ratio)."""
+    clip_ratio_high: float | None = None
+    """Upper PPO clip (None: clip_ratio); DAPO's clip-higher uses e.g. 0.28."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (> 1)."""
+    loss_agg_mode: str = "token-mean"
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    entropy_coeff: float = 0.0
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 or less: no clipping)."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"actor_rollout_ref.actor.loss_agg_mode={self.loss_agg_mode!r} is not "
+                f"supported; use one of {', '.join(LOSS_AGG_MODES)}"
+            )
+        if self.kl_loss_type not in KL_TYPES:
+            raise ValueError(
+                f"actor_rollout_ref.actor.kl_loss_type={self.kl_loss_type!r} is not supported; "
+                f"use one of {', '.join(KL_TYPES)}"
+            )
+        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"actor_rollout_ref.actor.{name} must be >= 1")
+        if self.clip_ratio_c <= 1:
+            raise ValueError("actor_rollout_ref.actor.clip_ratio_c must be > 1")
+        if self.ppo_max_token_len_per_gpu < 1:
+            raise ValueError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu must be >= 1")
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+    @property
+    def log_prob_micro_batch_size(self) -> int:
+        return self.log_prob_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu
+
+
+@dataclass(kw_only=True, slots=True)
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Samples per forward of the reference policy (None: the actor's)."""
+    param_offload: bool = False

@@ -1,0 +1,95 @@
+"""``algorithm``, ``custom_reward_function`` and ``trainer``: the RL loop's own config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainer.algos import ADV_ESTIMATORS, KL_TYPES
+from trainer.tracking import BACKENDS as LOGGERS
+
+__all__ = ["AlgorithmConfig", "KLControlConfig", "RewardFunctionConfig", "TrainerConfig"]
+
+
+
+@dataclass(kw_only=True, slots=True)
+class KLControlConfig:
+    kl_coef: float = 0.001
+    """Beta of the KL-in-reward penalty (fixed controller)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    """False: GRPO advantages are (s - mean) only (Dr. GRPO)."""
+    gamma: float = 1.0
+    lam: float = 1.0
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+    def __post_init__(self) -> None:
+        if self.adv_estimator not in ADV_ESTIMATORS:
+            raise ValueError(
+                f"algorithm.adv_estimator={self.adv_estimator!r} is not supported; use one of "
+                f"{', '.join(ADV_ESTIMATORS)}"
+            )
+        if self.kl_penalty not in KL_TYPES:
+            raise ValueError(
+                f"algorithm.kl_penalty={self.kl_penalty!r} is not supported; "
+                f"use one of {', '.join(KL_TYPES)}"
+            )
+
+
+@dataclass(kw_only=True, slots=True)
+class RewardFunctionConfig:
+    path: str | None = None
+    """Python file defining the reward function (None: the built-in scorers by data_source)."""
+    name: str = "compute_score"
+    """``compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict``."""
+    timeout_s: float = 30.0
+    num_workers: int = 4
+    """Threads scoring samples in parallel."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    project_name: str = "agentloop"
+    experiment_name: str = "run"
+    total_epochs: int = 1
+    total_training_steps: int | None = None
+    """None: total_epochs x (rows // data.train_batch_size)."""
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    """Trainer ranks per node (FSDP2 processes; on CPU each is a gloo process)."""
+    save_freq: int = -1
+    """Checkpoint every N steps (and at the last step); -1: never."""
+    test_freq: int = -1
+    """Validate every N steps (and at the last step); -1: never."""
+    val_before_train: bool = False
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    resume_from_path: str | None = None
+    max_actor_ckpt_to_keep: int | None = None
+    weight_sync_bucket_mb: int = 256
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.logger) - set(LOGGERS))
+        if bad:
+            raise ValueError(
+                f"trainer.logger has unknown backend {bad[0]!r}; use {', '.join(LOGGERS)}"
+            )
+        if self.nnodes < 1 or self.n_gpus_per_node < 1:
+            raise ValueError("trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            raise ValueError(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.n_gpus_per_node

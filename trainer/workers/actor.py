@@ -1,0 +1,269 @@
+"""The policy's math on one rank: log-probs/entropy of given tokens and the PPO update over
+micro-batches. Plain functions of a ``torch.nn.Module``, so the same code runs on an FSDP2
+shard (inside ``FSDPWorker``) and on a whole model in one process (tests compare the two).
+
+Loss normalisation across micro-batches and ranks: each micro-batch contributes
+``agg_numerator / agg_denominator(whole mini-batch)``, so the sum over micro-batches and ranks
+is exactly the mini-batch ``agg_loss``. FSDP averages gradients over ranks, hence the factor
+``world_size`` on each rank's loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from trainer.algos import (
+    agg_denominator,
+    agg_numerator,
+    entropy_from_logits,
+    kl_penalty,
+    policy_loss_tokens,
+)
+from trainer.config.actor import ActorConfig
+from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
+
+__all__ = ["LossSpec", "forward_log_probs", "log_probs_in_micro_batches", "update_policy"]
+
+logger = logging.getLogger(__name__)
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Sum (or max) of a few numbers over ranks; identity without a process group."""
+    if _world() == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.cpu().tolist()
+
+
+def forward_log_probs(
+    model: torch.nn.Module,
+    mb: TrainBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [mb, r] (and entropy) of the response tokens of a trimmed micro-batch."""
+    r = mb.response_length
+    device = next(model.parameters()).device
+    out = model(
+        input_ids=mb.input_ids.to(device),
+        attention_mask=mb.attention_mask.to(device),
+        position_ids=mb.position_ids.to(device),
+        use_cache=False,
+        logits_to_keep=r + 1,  # positions P-1 .. P+R-1; the first R predict the response
+    )
+    logits = out.logits[:, :-1].float()  # [mb, r, vocab]
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = mb.responses.to(device)
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
+        logits, dim=-1
+    )
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+def _micro_batches(
+    batch: TrainBatch, size: int, dynamic: bool, max_tokens: int
+) -> list[torch.Tensor]:
+    """Index groups; with dynamic batching every rank runs the same number (the max)."""
+    if not dynamic:
+        return fixed_micro_batches(len(batch), size)
+    prompt_len, resp_len = batch.lengths()
+    tokens = prompt_len + resp_len
+    count = len(balanced_micro_batches(tokens, max_tokens))
+    count = int(_all_reduce([float(count)], op="max")[0])
+    return balanced_micro_batches(tokens, max_tokens, min_count=count)
+
+
+@torch.no_grad()
+def log_probs_in_micro_batches(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    *,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    use_dynamic_bsz: bool = False,
+    max_token_len: int = 16384,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [batch, R] (0 on padding) and entropy of the whole (rank-local) batch."""
+    r = batch.response_length
+    log_probs = torch.zeros(len(batch), r, dtype=torch.float32)
+    entropy = torch.zeros(len(batch), r, dtype=torch.float32) if with_entropy else None
+    for idx in _micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len):
+        mb = batch.select(idx).trimmed()
+        lp, ent = forward_log_probs(model, mb, temperature=temperature, with_entropy=with_entropy)
+        width = lp.shape[1]
+        log_probs[idx, :width] = lp.cpu() * mb.response_mask.to(lp.dtype)
+        if entropy is not None and ent is not None:
+            entropy[idx, :width] = ent.cpu() * mb.response_mask.to(ent.dtype)
+    return log_probs, entropy
+
+
+@dataclass(frozen=True, slots=True)
+class LossSpec:
+    """What the update minimises (from ``ActorConfig`` and the rollout temperature)."""
+
+    clip_low: float
+    clip_high: float
+    clip_ratio_c: float
+    loss_agg_mode: str
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    temperature: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg: ActorConfig, temperature: float = 1.0) -> LossSpec:
+        return cls(
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            loss_agg_mode=cfg.loss_agg_mode,
+            entropy_coeff=cfg.entropy_coeff,
+            use_kl_loss=cfg.use_kl_loss,
+            kl_loss_coef=cfg.kl_loss_coef,
+            kl_loss_type=cfg.kl_loss_type,
+            temperature=temperature,
+        )
+
+
+def _micro_loss(
+    model: torch.nn.Module, mb: TrainBatch, spec: LossSpec, denominator: float, scale: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Backward-ready loss of one trimmed micro-batch and its summed statistics."""
+    assert mb.old_log_probs is not None and mb.advantages is not None
+    log_probs, entropy = forward_log_probs(
+        model, mb, temperature=spec.temperature, with_entropy=spec.entropy_coeff != 0
+    )
+    device = log_probs.device
+    mask = mb.response_mask.to(device)
+    mode = spec.loss_agg_mode
+    token_losses, counts = policy_loss_tokens(
+        log_probs,
+        mb.old_log_probs.to(device),
+        mb.advantages.to(device),
+        mask,
+        clip_ratio_low=spec.clip_low,
+        clip_ratio_high=spec.clip_high,
+        clip_ratio_c=spec.clip_ratio_c,
+    )
+    pg = agg_numerator(token_losses, mask, mode)
+    loss = pg
+    stats = {"pg_loss": float(pg.detach()), **counts, "tokens": float(mask.sum())}
+    if entropy is not None:
+        ent = agg_numerator(entropy, mask, mode)
+        loss = loss - spec.entropy_coeff * ent
+        stats["entropy"] = float(ent.detach())
+    if spec.use_kl_loss:
+        assert mb.ref_log_probs is not None, "use_kl_loss needs ref_log_probs"
+        kl = agg_numerator(
+            kl_penalty(log_probs, mb.ref_log_probs.to(device), spec.kl_loss_type), mask, mode
+        )
+        loss = loss + spec.kl_loss_coef * kl
+        stats["kl_loss"] = float(kl.detach())
+    return loss * (scale / denominator), stats
+
+
+def update_policy(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    batch: TrainBatch,
+    cfg: ActorConfig,
+    *,
+    samples_per_mini_batch: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict[str, float]:
+    """PPO epochs over mini-batches of this rank's ``batch`` (``samples_per_mini_batch`` rows
+    each, per rank); one optimizer step per mini-batch. Returns mean metrics over steps."""
+    spec = LossSpec.from_config(cfg, temperature)
+    world = _world()
+    totals: dict[str, float] = {}
+    steps = 0
+    order = torch.arange(len(batch))
+    for epoch in range(cfg.ppo_epochs):
+        if cfg.shuffle:
+            order = torch.randperm(
+                len(batch), generator=torch.Generator().manual_seed(seed + epoch)
+            )
+        for start in range(0, len(batch), samples_per_mini_batch):
+            mini = batch.select(order[start : start + samples_per_mini_batch])
+            mode = spec.loss_agg_mode
+            denominator = agg_denominator(mini.response_mask, mode, batch.response_length)
+            if mode != "seq-mean-token-sum-norm":  # that one is a constant, not a count
+                denominator = _all_reduce([denominator])[0]
+            groups = _micro_batches(
+                mini,
+                cfg.ppo_micro_batch_size_per_gpu,
+                cfg.use_dynamic_bsz,
+                cfg.ppo_max_token_len_per_gpu,
+            )
+            sums: dict[str, float] = {}
+            for k, idx in enumerate(groups):
+                if hasattr(model, "set_requires_gradient_sync"):
+                    model.set_requires_gradient_sync(k == len(groups) - 1)
+                loss, stats = _micro_loss(
+                    model, mini.select(idx).trimmed(), spec, max(denominator, 1.0), world
+                )
+                loss.backward()
+                for key, value in stats.items():
+                    sums[key] = sums.get(key, 0.0) + value
+            grad_norm = _clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
+            reduced = dict(zip(sums, _all_reduce(list(sums.values())), strict=True))
+            tokens = max(reduced.pop("tokens"), 1.0)
+            metrics = {
+                "actor/pg_loss": reduced["pg_loss"] / max(denominator, 1.0),
+                "actor/pg_clipfrac": reduced["pg_clipfrac"] / tokens,
+                "actor/pg_clipfrac_lower": reduced["pg_clipfrac_lower"] / tokens,
+                "actor/ppo_kl": reduced["ppo_kl"] / tokens,
+                "actor/grad_norm": grad_norm,
+                "actor/lr": optimizer.param_groups[0]["lr"],
+            }
+            if "entropy" in reduced:
+                metrics["actor/entropy_loss"] = reduced["entropy"] / max(denominator, 1.0)
+            if "kl_loss" in reduced:
+                metrics["actor/kl_loss"] = reduced["kl_loss"] / max(denominator, 1.0)
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value
+            steps += 1
+    out = {key: value / max(steps, 1) for key, value in totals.items()}
+    out["actor/optimizer_steps"] = float(steps)
+    return out
+
+
+def _clip_and_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    max_norm: float,
+) -> float:
+    """Clip the global gradient norm, step (skipped on a non-finite norm), zero the grads."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    value = float(norm)
+    if math.isfinite(value):
+        optimizer.step()
+    else:
+        logger.warning("gradient norm is %s: optimizer step skipped", value)
+    optimizer.zero_grad(set_to_none=True)
+    if scheduler is not None:
+        scheduler.step()
+    return value

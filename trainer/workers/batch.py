@@ -1,0 +1,140 @@
+"""``TrainBatch``: the named tensors the FSDP2 workers train on, and how a rank's share is cut
+into micro-batches.
+
+Layout (from ``agentloop.RolloutBatch``): prompts left-padded to P, responses right-padded to
+R, so ``input_ids[:, P:]`` is the response and ``logits[:, P-1:P+R-1]`` predict it. A
+micro-batch is trimmed to the longest prompt and response it holds, which keeps the layout
+and drops columns that are padding in every row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["TrainBatch", "balanced_micro_batches", "fixed_micro_batches"]
+
+
+@dataclass(slots=True)
+class TrainBatch:
+    input_ids: torch.Tensor
+    """[batch, P + R] prompt (left-padded) then response (right-padded)."""
+    attention_mask: torch.Tensor
+    """[batch, P + R] 1 on real tokens."""
+    position_ids: torch.Tensor
+    """[batch, P + R]"""
+    response_mask: torch.Tensor
+    """[batch, R] 1 on tokens the model sampled (the loss mask)."""
+    old_log_probs: torch.Tensor | None = None
+    """[batch, R] log-probs of the policy that sampled (computed by the trainer)."""
+    ref_log_probs: torch.Tensor | None = None
+    """[batch, R] reference policy log-probs (only with a KL term)."""
+    advantages: torch.Tensor | None = None
+    """[batch, R]"""
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def response_length(self) -> int:
+        return self.response_mask.shape[1]
+
+    @property
+    def prompt_length(self) -> int:
+        return self.input_ids.shape[1] - self.response_length
+
+    @property
+    def responses(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_length :]
+
+    def _map(self, fn) -> TrainBatch:
+        return TrainBatch(
+            **{
+                f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
+                for f in dataclasses.fields(self)
+            }
+        )
+
+    def select(self, index: torch.Tensor | slice) -> TrainBatch:
+        """Rows ``index`` of every field."""
+        return self._map(lambda t: t[index])
+
+    def chunk(self, n: int) -> list[TrainBatch]:
+        """``n`` contiguous equal parts (the batch size must divide)."""
+        if len(self) % n:
+            raise ValueError(f"batch of {len(self)} samples does not split into {n} equal parts")
+        size = len(self) // n
+        return [self.select(slice(i * size, (i + 1) * size)) for i in range(n)]
+
+    @staticmethod
+    def cat(parts: list[TrainBatch]) -> TrainBatch:
+        first = parts[0]
+        return TrainBatch(
+            **{
+                f.name: None
+                if getattr(first, f.name) is None
+                else torch.cat([getattr(p, f.name) for p in parts])
+                for f in dataclasses.fields(first)
+            }
+        )
+
+    def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Real (prompt, response) token counts per row."""
+        p = self.prompt_length
+        return self.attention_mask[:, :p].sum(-1), self.attention_mask[:, p:].sum(-1)
+
+    def trimmed(self) -> TrainBatch:
+        """The same rows without the columns that are padding in all of them."""
+        prompt_len, resp_len = self.lengths()
+        p, r = self.prompt_length, self.response_length
+        keep_p, keep_r = max(int(prompt_len.max()), 1), max(int(resp_len.max()), 1)
+        seq = slice(p - keep_p, p + keep_r)
+
+        def cut(t: torch.Tensor) -> torch.Tensor:
+            return t[:, seq] if t.shape[1] == p + r else t[:, :keep_r]
+
+        return self._map(cut)
+
+
+def fixed_micro_batches(n: int, size: int) -> list[torch.Tensor]:
+    """Index groups of ``size`` consecutive rows."""
+    return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def balanced_micro_batches(
+    tokens: torch.Tensor, max_tokens: int, min_count: int = 1
+) -> list[torch.Tensor]:
+    """Split rows into as few micro-batches as fit ``max_tokens`` padded tokens each (rows x
+    the longest row), at least ``min_count`` (ranks must run the same number of forwards),
+    balancing token counts: longest rows first, each into the lightest group.
+
+    Returns index tensors, each sorted; groups never empty when ``min_count <= len(tokens)``.
+    """
+    n = len(tokens)
+    order = torch.argsort(tokens, descending=True, stable=True).tolist()
+    longest = int(tokens.max()) if n else 0
+    if longest > max_tokens:
+        raise ValueError(
+            f"a sample has {longest} tokens, over actor.ppo_max_token_len_per_gpu={max_tokens}: "
+            "raise it to at least prompt_length + response_length"
+        )
+    count = max(min_count, 1)
+    while True:
+        groups: list[list[int]] = [[] for _ in range(min(count, n))]
+        load = [0] * len(groups)
+        peak = [0] * len(groups)
+        for i in order:
+            g = min(range(len(groups)), key=lambda k: (load[k], len(groups[k])))
+            groups[g].append(i)
+            load[g] += int(tokens[i])
+            peak[g] = max(peak[g], int(tokens[i]))
+        if all(len(g) * peak[k] <= max_tokens for k, g in enumerate(groups)) or count >= n:
+            return [torch.tensor(sorted(g)) for g in groups if g]
+        count += 1
+
+
+def micro_batch_count(tokens: torch.Tensor, max_tokens: int) -> int:
+    """Micro-batches this rank needs under ``max_tokens`` (before agreeing on a maximum)."""
+    return len(balanced_micro_batches(tokens, max_tokens))

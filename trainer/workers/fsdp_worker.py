@@ -1,0 +1,262 @@
+"""``FSDPWorker``: one rank of the trainer (a Ray actor). Holds an FSDP2 shard of the actor
+(and of the frozen reference policy when a KL term needs one), computes log-probs, runs the
+PPO update, streams weights to the rollout servers, saves and loads checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
+from trainer.workers.actor import log_probs_in_micro_batches, update_policy
+from trainer.workers.batch import TrainBatch
+from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
+
+__all__ = ["FSDPWorker", "WorkerSpec"]
+
+logger = logging.getLogger(__name__)
+
+_NOT_WEIGHTS = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkerSpec:
+    """Everything one rank needs (the worker never sees the rest of the config)."""
+
+    model_path: str
+    model: ModelConfig
+    actor: ActorConfig
+    ref: RefConfig
+    need_ref: bool
+    device: str
+    temperature: float = 1.0
+    threads: int = 1
+
+
+class FSDPWorker:
+    def __init__(self, spec: WorkerSpec, rank: int, world_size: int, master: str) -> None:
+        self.spec, self.rank, self.world_size, self.master = spec, rank, world_size, master
+        self.model: torch.nn.Module | None = None
+        self.ref_model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.updates = 0
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def init_model(self) -> dict[str, Any]:
+        spec = self.spec
+        if spec.device == "cpu":
+            torch.set_num_threads(max(1, spec.threads))
+        init_distributed(self.rank, self.world_size, self.master, spec.device)
+        torch.manual_seed(0)
+        self.model = apply_fsdp(
+            load_model(spec.model_path, spec.model, spec.device),
+            spec.actor.fsdp_config,
+            spec.device,
+        )
+        optim = spec.actor.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=optim.lr,
+            betas=(optim.betas[0], optim.betas[1]),
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+        warmup = optim.lr_warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        )
+        if spec.need_ref:
+            ref = load_model(spec.model_path, spec.model, spec.device)
+            ref.requires_grad_(False)
+            self.ref_model = apply_fsdp(ref, spec.actor.fsdp_config, spec.device)
+        params = sum(p.numel() for p in self.model.parameters())
+        return {"rank": self.rank, "local_params": params, "device": spec.device}
+
+    # ---- compute --------------------------------------------------------------------------
+    def _log_probs(self, model: torch.nn.Module, batch: TrainBatch, micro: int, entropy: bool):
+        actor = self.spec.actor
+        model.eval()
+        try:
+            return log_probs_in_micro_batches(
+                model,
+                batch,
+                micro_batch_size=micro,
+                temperature=self.spec.temperature,
+                with_entropy=entropy,
+                use_dynamic_bsz=actor.use_dynamic_bsz,
+                max_token_len=actor.ppo_max_token_len_per_gpu,
+            )
+        finally:
+            model.train()
+
+    def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Actor log-probs and entropy [batch, R] of this rank's share."""
+        assert self.model is not None
+        return self._log_probs(
+            self.model, batch, self.spec.actor.log_prob_micro_batch_size, entropy=True
+        )
+
+    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        if self.ref_model is None:
+            raise RuntimeError("no reference policy: it is only built when a KL term is used")
+        micro = self.spec.ref.log_prob_micro_batch_size_per_gpu or (
+            self.spec.actor.log_prob_micro_batch_size
+        )
+        return self._log_probs(self.ref_model, batch, micro, entropy=False)[0]
+
+    def update_actor(self, batch: TrainBatch, samples_per_mini_batch: int, seed: int) -> dict:
+        assert self.model is not None and self.optimizer is not None
+        self.model.train()
+        metrics = update_policy(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            batch,
+            self.spec.actor,
+            samples_per_mini_batch=samples_per_mini_batch,
+            temperature=self.spec.temperature,
+            seed=seed,
+        )
+        self.updates += int(metrics["actor/optimizer_steps"])
+        return metrics
+
+    # ---- weights out ----------------------------------------------------------------------
+    def push_weights(self, servers: list[Any], bucket_bytes: int) -> dict[str, float]:
+        """Stream the full weights to every server in buckets (rank 0 sends; all ranks
+        gather). Returns tensors and bytes sent."""
+        import ray
+
+        assert self.model is not None
+        if self.rank == 0:
+            ray.get([s.begin_weight_update.remote() for s in servers])
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = sent = 0
+        tensors = 0
+
+        def flush() -> None:
+            nonlocal bucket, size, sent
+            if self.rank == 0 and bucket:
+                ref = ray.put(bucket)
+                ray.get([s.update_weights_bucket.remote(ref) for s in servers])
+                sent += size
+            bucket, size = [], 0
+
+        for name, tensor in full_tensors(self.model):
+            tensors += 1
+            if self.rank == 0:
+                bucket.append((name, tensor))
+                size += tensor.numel() * tensor.element_size()
+                if size >= bucket_bytes:
+                    flush()
+        flush()
+        if self.rank == 0:
+            ray.get([s.finish_weight_update.remote() for s in servers])
+        return {"tensors": float(tensors), "bytes": float(sent)}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model on rank 0 (None elsewhere); collective."""
+        assert self.model is not None
+        state = {name: t for name, t in full_tensors(self.model)}
+        return state if self.rank == 0 else None
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(self, directory: str, contents: list[str]) -> None:
+        """Sharded model/optimizer (torch.distributed.checkpoint) and, with ``hf_model``, a
+        transformers folder under ``directory/huggingface``."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        assert self.model is not None and self.optimizer is not None
+        path = Path(directory)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {}
+        if "model" in contents:
+            state["model"] = model_sd
+        if "optimizer" in contents:
+            state["optimizer"] = optim_sd
+        if state:
+            dcp.save(state, checkpoint_id=str(path / "dcp"))
+        if self.rank == 0 and "optimizer" in contents:
+            assert self.scheduler is not None
+            torch.save(
+                {"scheduler": self.scheduler.state_dict(), "updates": self.updates},
+                path / "optim_extra.pt",
+            )
+        if "hf_model" in contents:
+            self.export_hf(str(path / "huggingface"))
+        dist.barrier()
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_state_dict,
+            set_model_state_dict,
+            set_state_dict,
+        )
+
+        assert self.model is not None and self.optimizer is not None
+        path = Path(directory)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd}
+        has_optim = (path / "optim_extra.pt").is_file()
+        if has_optim:
+            state["optimizer"] = optim_sd
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        if has_optim:
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optimizer"],
+            )
+        else:
+            set_model_state_dict(self.model, state["model"])
+        if has_optim:
+            extra = torch.load(path / "optim_extra.pt", weights_only=False)
+            assert self.scheduler is not None
+            self.scheduler.load_state_dict(extra["scheduler"])
+            self.updates = int(extra["updates"])
+        return {"optimizer": has_optim, "updates": self.updates}
+
+    def export_hf(self, directory: str) -> None:
+        """A transformers folder: config, tokenizer files from the source, model.safetensors."""
+        from safetensors.torch import save_file
+
+        assert self.model is not None
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return
+        assert state is not None
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        config = self.model.config
+        if getattr(config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(
+            {k: v.contiguous() for k, v in state.items()},
+            out / "model.safetensors",
+            metadata={"format": "pt"},
+        )
+        config.save_pretrained(out)
+        source = Path(self.spec.model_path)
+        for item in source.iterdir():
+            if (
+                item.is_file()
+                and not item.name.endswith(_NOT_WEIGHTS)
+                and item.name not in ("config.json", "model.safetensors.index.json")
+            ):
+                shutil.copy2(item, out / item.name)
+        (out / "agentloop_export.json").write_text(json.dumps({"source": str(source)}))
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,93 @@
+"""``WorkerGroup``: the driver's handle on the trainer ranks. Starts one ``FSDPWorker`` Ray
+actor per rank, splits each batch into equal contiguous shares (rank order), and joins the
+results back in order."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import torch
+
+from trainer.workers.batch import TrainBatch
+from trainer.workers.fsdp_worker import FSDPWorker, WorkerSpec
+
+__all__ = ["WorkerGroup"]
+
+logger = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class WorkerGroup:
+    def __init__(self, spec: WorkerSpec, world_size: int) -> None:
+        import ray
+
+        self.world_size = world_size
+        master = f"{ray.util.get_node_ip_address()}:{_free_port()}"
+        options: dict[str, Any] = {"num_cpus": 0}  # CPU: share the node with the servers
+        if spec.device == "cuda":
+            options = {"num_cpus": 1, "num_gpus": 1}
+        actor = ray.remote(FSDPWorker).options(**options)
+        self.workers = [actor.remote(spec, rank, world_size, master) for rank in range(world_size)]
+        info = ray.get([w.init_model.remote() for w in self.workers])
+        logger.info(
+            "%d FSDP2 rank(s) on %s, %d parameters per rank",
+            world_size,
+            spec.device,
+            info[0]["local_params"],
+        )
+
+    def _each(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    def _scatter(self, method: str, batch: TrainBatch, *args: Any) -> list[Any]:
+        import ray
+
+        shares = batch.chunk(self.world_size)
+        return ray.get(
+            [getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shares, strict=True)]
+        )
+
+    def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = self._scatter("compute_log_prob", batch)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        return torch.cat(self._scatter("compute_ref_log_prob", batch))
+
+    def update_actor(self, batch: TrainBatch, samples_per_mini_batch: int, seed: int) -> dict:
+        """``samples_per_mini_batch`` is global; each rank takes its share of it."""
+        per_rank = samples_per_mini_batch // self.world_size
+        return self._scatter("update_actor", batch, per_rank, seed)[0]
+
+    def push_weights(self, servers: list[Any], bucket_bytes: int) -> dict[str, float]:
+        return self._each("push_weights", servers, bucket_bytes)[0]
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._each("full_state_dict")[0]
+
+    def save_checkpoint(self, directory: str, contents: list[str]) -> None:
+        self._each("save_checkpoint", directory, contents)
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        return self._each("load_checkpoint", directory)[0]
+
+    def export_hf(self, directory: str) -> None:
+        self._each("export_hf", directory)
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            self._each("shutdown")
+        finally:
+            for w in self.workers:
+                ray.kill(w)
