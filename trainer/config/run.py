@@ -11,7 +11,6 @@ from trainer.tracking import BACKENDS as LOGGERS
 __all__ = ["AlgorithmConfig", "KLControlConfig", "RewardFunctionConfig", "TrainerConfig"]
 
 
-
 @dataclass(kw_only=True, slots=True)
 class KLControlConfig:
     kl_coef: float = 0.001
