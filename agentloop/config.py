@@ -38,6 +38,8 @@ class MultiTurnConfig:
     """verl-layout tool YAML (``tools: [{class_name, config, tool_schema}]``)."""
     format: str = "hermes"
     """Tool-call syntax the parser reads (``hermes``: ``<tool_call>{json}</tool_call>``)."""
+    max_tokens_per_turn: int | None = None
+    """Tokens one model turn may sample (None: whatever is left of response_length)."""
 
     def __post_init__(self) -> None:
         for name in ("max_assistant_turns", "max_user_turns"):
@@ -54,6 +56,8 @@ class MultiTurnConfig:
             raise ValueError("multi_turn.max_concurrent_tool_calls must be >= 1 or null")
         if self.tool_timeout_s <= 0:
             raise ValueError("multi_turn.tool_timeout_s must be > 0")
+        if self.max_tokens_per_turn is not None and self.max_tokens_per_turn < 1:
+            raise ValueError("multi_turn.max_tokens_per_turn must be >= 1 or null")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -120,8 +124,15 @@ class RolloutConfig:
         return self.max_model_len or self.prompt_length + self.response_length
 
     def sampling_params(self) -> dict[str, Any]:
-        """Sampling keys of every turn (the loop adds ``max_tokens``)."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        """Sampling keys of every turn (the loop caps ``max_tokens`` by the budget left)."""
+        params: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+        }
+        if self.multi_turn.max_tokens_per_turn:
+            params["max_tokens"] = self.multi_turn.max_tokens_per_turn
+        return params
 
 
 # ---- strict dict -> dataclass ---------------------------------------------------------------

@@ -64,7 +64,31 @@ SAMPLING_KEYS: dict[str, tuple[tuple[type, ...], str, Any]] = {
     "stop_token_ids": ((list,), "a list of token ids", lambda v: True),
     "ignore_eos": ((bool,), "a boolean", lambda v: True),
     "logprobs": ((bool, int), "a boolean or 0", lambda v: True),
+    "logit_bias": ((dict,), "an object of token id -> bias in [-100, 100]", lambda v: True),
 }
+
+
+def _logit_bias(value: dict, vocab_size: int) -> dict[int, float]:
+    """``{token id (int or numeric string, as JSON sends it): bias}`` with int keys."""
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            token = -1
+        if not 0 <= token < vocab_size:
+            raise GenerateInputError(
+                f"sampling_params.logit_bias has key {key!r}, not a token id in [0, {vocab_size})",
+                param="sampling_params.logit_bias",
+            )
+        if isinstance(bias, bool) or not isinstance(bias, _NUMBER) or not -100 <= bias <= 100:
+            raise GenerateInputError(
+                f"sampling_params.logit_bias[{key!r}] must be a number in [-100, 100], got "
+                f"{bias!r}",
+                param="sampling_params.logit_bias",
+            )
+        out[token] = float(bias)
+    return out
 
 
 def _check_number(key: str, value: Any) -> None:
@@ -138,6 +162,8 @@ def validate_request(
         else:
             _check_number(key, value)
     params = dict(sampling_params)
+    if "logit_bias" in params:
+        params["logit_bias"] = _logit_bias(params["logit_bias"], vocab_size)
     room = max_model_len - len(prompt_ids)
     params["max_tokens"] = min(params.get("max_tokens", room), room)
     params["logprobs"] = params.get("logprobs", True) is not False

@@ -138,14 +138,22 @@ def compute_advantages(
     *,
     norm_by_std: bool = True,
     gamma: float = 1.0,
+    token_rewards: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Token-level advantages [batch, response] (0 where ``mask`` is 0)."""
+    """Token-level advantages [batch, response] (0 where ``mask`` is 0).
+
+    ``token_rewards`` (e.g. scores with a per-token KL penalty) replace the scores when given:
+    ``reinforce_plus_plus`` uses them per token, ``grpo``/``rloo`` their per-sample sum."""
+    if token_rewards is not None and estimator != "reinforce_plus_plus":
+        scores = (token_rewards * mask.to(token_rewards.dtype)).sum(-1)
     if estimator == "grpo":
         per_sample = grpo_advantages(scores, group_ids, norm_by_std)
     elif estimator == "rloo":
         per_sample = rloo_advantages(scores, group_ids)
     elif estimator == "reinforce_plus_plus":
-        return reinforce_plus_plus_advantages(scores_to_token_rewards(scores, mask), mask, gamma)
+        if token_rewards is None:
+            token_rewards = scores_to_token_rewards(scores, mask)
+        return reinforce_plus_plus_advantages(token_rewards, mask, gamma)
     else:
         known = ", ".join(ADV_ESTIMATORS)
         raise ValueError(

@@ -65,11 +65,8 @@ def _fail(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agentloop import get_agent_loop, load_agent_loop_config, validate_rows
-    from agentloop.tools import load_tool_config
-    from trainer.cli import resolve_model
     from trainer.config import ConfigError, load_config
-    from trainer.data import load_rows
+    from trainer.launch import load_split, prepare_rollout
 
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
@@ -90,58 +87,22 @@ def main(argv: list[str] | None = None) -> int:
         split = extras.get("split", "train")
         if split not in ("train", "val"):
             raise ConfigError(f"+split must be train or val, got {split!r}")
-        rollout = config.actor_rollout_ref.rollout
-        model_path = resolve_model(
-            config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path"
-        )
-        if rollout.agent.agent_loop_config_path:
-            load_agent_loop_config(rollout.agent.agent_loop_config_path)
-        get_agent_loop(rollout.agent.default_agent_loop)
-        path = rollout.multi_turn.tool_config_path
-        tools = load_tool_config(path) if path else {}
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        files = config.data.files(
-            config.data.val_files if split == "val" else config.data.train_files
-        )
-        if not files:
-            raise ConfigError(f"set data.{'val' if split == 'val' else 'train'}_files")
-        rows = load_rows(
-            files,
-            config.data,
-            tokenizer,
-            tools=[t.tool_schema for t in tools.values()],
-            chat_template_kwargs=rollout.chat_template_kwargs,
-        )
+        setup = prepare_rollout(config)
+        rows = load_split(config, setup, split)
         if extras.get("max_samples"):
             rows = rows[: int(extras["max_samples"])]
-        validate_rows(rows, sorted(tools), rollout.agent.default_agent_loop)
     except ValueError as exc:
         return _fail(str(exc))
-    return _run(config, model_path, rows, tokenizer, Path(extras["output"]))
+    return _run(config, setup.model_path, rows, setup.tokenizer, Path(extras["output"]))
 
 
 def _run(
     config: Any, model_path: str, rows: list[dict[str, Any]], tokenizer: Any, output: Path
 ) -> int:
-    import ray
-
-    from agentloop import AgentLoopManager
-    from servers import ServerConfig, launch_servers
+    from trainer.launch import start_rollout, stop_rollout
 
     rollout = config.actor_rollout_ref.rollout
-    server_config = ServerConfig(
-        model=model_path,
-        backend=rollout.name,
-        tensor_parallel_size=rollout.tensor_model_parallel_size,
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
-        max_model_len=rollout.context_length,
-    )
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
-    servers = launch_servers(server_config, rollout.num_servers)
-    manager = AgentLoopManager(rollout, servers, model_path)
+    servers, manager = start_rollout(config, model_path)
     batch_size = config.data.train_batch_size
     output.parent.mkdir(parents=True, exist_ok=True)
     written = 0
@@ -158,9 +119,7 @@ def _run(
                 bar.update(len(batch))
                 bar.set_postfix(turns=f"{batch.metrics['agent_loop/num_turns/mean']:.1f}")
     finally:
-        manager.shutdown()
-        for server in servers:
-            ray.get(server.shutdown.remote())
+        stop_rollout(servers, manager)
     sys.stdout.write(f"wrote {written} trajectories to {output}\n")
     return 0
 

@@ -8,6 +8,7 @@ import asyncio
 from agentloop.parsers import ParsedTurn, ToolCall
 from agentloop.tool_agent import ToolAgentLoop
 from agentloop.tools import BaseTool, ToolResult
+from servers.types import TokenOutput
 
 ECHO_SCHEMA = {
     "type": "function",
@@ -59,3 +60,16 @@ class ForcedToolAgentLoop(ToolAgentLoop):
         super().__init__(context, **kwargs)
         self.parser = EveryTurnCallsParser()
         self.tag = kwargs.get("tag")
+
+
+class CappedTurnsToolAgentLoop(ForcedToolAgentLoop):
+    """ForcedToolAgentLoop for a random tiny model, which almost never samples the end-of-turn
+    token: a turn cut by ``multi_turn.max_tokens_per_turn`` is closed with an end-of-turn
+    token appended as template text (mask 0, never trained on), so rollouts are multi-turn
+    while every sampled token keeps the engine's own log-prob."""
+
+    async def generate(self, request_id, traj, sampling_params):
+        out = await super().generate(request_id, traj, sampling_params)
+        if out.finish_reason == "length" and out.token_ids and traj.add_template([self.eot_id]):
+            return TokenOutput([*out.token_ids, self.eot_id], None, "stop")
+        return out

@@ -76,6 +76,18 @@ def check(prompt_ids, params, *, vocab=100, max_len=16):
         ([1], {"n": 2}, "unknown sampling_params key(s) n; supported:", "sampling_params.n"),
         (
             [1],
+            {"logit_bias": {"7x": 1.0}},
+            "sampling_params.logit_bias has key '7x', not a token id in [0, 100)",
+            "sampling_params.logit_bias",
+        ),
+        (
+            [1],
+            {"logit_bias": {"7": 101}},
+            "sampling_params.logit_bias['7'] must be a number in [-100, 100], got 101",
+            "sampling_params.logit_bias",
+        ),
+        (
+            [1],
             [("max_tokens", 1)],
             "sampling_params must be an object of sampling keys",
             "sampling_params",
@@ -94,3 +106,7 @@ def test_max_tokens_defaults_to_and_is_clamped_to_the_room_left():
     assert check([1, 2, 3], {})["max_tokens"] == 13
     assert check([1, 2, 3], {"max_tokens": 100})["max_tokens"] == 13
     assert check([1, 2, 3], {"max_tokens": 4, "temperature": 0})["max_tokens"] == 4
+
+
+def test_logit_bias_keys_become_token_ids():
+    assert check([1], {"logit_bias": {"7": 2, 9: -1.5}})["logit_bias"] == {7: 2.0, 9: -1.5}

@@ -1,0 +1,192 @@
+"""A real GRPO run: tiny-qwen3 on one vLLM CPU server, 2 FSDP2 gloo ranks, Ray local,
+multi-turn tool_agent rows. The run is killed after its step-2 checkpoint and resumed with
+``trainer.resume_mode=auto``; together the two runs log steps 1, 2, 3 exactly once, and after
+every weight sync the server's log-probs match the trainer's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import yaml
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+GAP_LIMIT = 1e-3  # float32 engine vs float32 trainer
+PER_STEP = (
+    "reward/mean",
+    "reward/errors",
+    "agent_loop/num_turns/mean",
+    "agent_loop/tool_calls/mean",
+    "agent_loop/response_length/mean",
+    "timing_s/gen",
+    "timing_s/tools",
+    "timing_s/reward",
+    "timing_s/old_log_prob",
+    "timing_s/update_actor",
+    "timing_s/weight_sync",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/entropy",
+    "rollout/logprob_gap_max",
+    "perf/trainer_tokens_per_s",
+)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("task")
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Echo the word number {i}."}],
+            "agent_name": "forced_tool_agent",
+            "data_source": "echo",
+            "reward_model": {"ground_truth": str(i)},
+            "extra_info": {
+                "index": i,
+                "tools_kwargs": {"echo": {"create_kwargs": {"prefix": f"#{i} "}}},
+            },
+        }
+        for i in range(8)
+    ]
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    from tests.integration.agentloop.helpers import ECHO_SCHEMA
+
+    tool = {
+        "class_name": "tests.integration.agentloop.helpers.EchoTool",
+        "config": {"type": "native", "latency_s": 0.02},
+        "tool_schema": ECHO_SCHEMA,
+    }
+    (d / "tools.yaml").write_text(yaml.safe_dump({"tools": [tool]}))
+    loop = {
+        "name": "forced_tool_agent",
+        "_target_": "tests.integration.agentloop.helpers.CappedTurnsToolAgentLoop",
+    }
+    (d / "loops.yaml").write_text(yaml.safe_dump([loop]))
+    # A reward with spread (a random model never solves a task): GRPO gets non-zero advantages.
+    (d / "reward.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    return {'score': (len(solution_str) % 7) / 6.0, 'turns': extra_info['num_turns']}\n"
+    )
+    return d
+
+
+def command(task: Path, run_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "trainer.main",
+        "actor_rollout_ref.model.path=tiny-qwen3",
+        f"data.train_files={task / 'train.jsonl'}",
+        f"data.val_files={task / 'val.jsonl'}",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=256",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.response_length=96",
+        "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=16",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={task / 'tools.yaml'}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={task / 'loops.yaml'}",
+        "+actor_rollout_ref.rollout.chat_template_kwargs.enable_thinking=false",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        f"custom_reward_function.path={task / 'reward.py'}",
+        "trainer.n_gpus_per_node=2",
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=1",
+        "trainer.test_freq=2",
+        "trainer.logger=[console,jsonl]",
+        f"trainer.default_local_dir={run_dir}",
+    ]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def steps_logged(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the run and everything it started (Ray, vLLM engine, trainer ranks)."""
+    try:
+        parent = psutil.Process(proc.pid)
+        victims = [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in victims:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=30)
+
+
+def test_grpo_three_steps_killed_and_resumed(task, tmp_path, tiny_qwen3_path):
+    run_dir = tmp_path / "run"
+    log1 = (tmp_path / "run1.log").open("w")
+    proc = subprocess.Popen(command(task, run_dir), cwd=REPO, env=env(), stdout=log1, stderr=log1)
+    deadline = time.monotonic() + 600
+    try:
+        while not (
+            (run_dir / "global_step_2").is_dir()
+            and any(s["step"] == 2 for s in steps_logged(run_dir))
+        ):
+            assert proc.poll() is None, (tmp_path / "run1.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "run 1 did not reach step 2 in time"
+            time.sleep(0.5)
+    finally:
+        kill_tree(proc)
+        log1.close()
+    first = [s["step"] for s in steps_logged(run_dir)]
+    assert first[:2] == [1, 2] and len(first) <= 3
+
+    # ---- resume: continues at step 3, repeats nothing
+    run2 = subprocess.run(
+        command(task, run_dir), cwd=REPO, env=env(), capture_output=True, text=True, timeout=600
+    )
+    assert run2.returncode == 0, run2.stderr[-3000:]
+    assert "resumed from" in run2.stderr and "at step 2" in run2.stderr
+    logged = steps_logged(run_dir)
+    steps = [s["step"] for s in logged]
+    if len(first) == 3:  # killed after logging step 3 but before its checkpoint: step 3 re-runs
+        steps.remove(3)
+    assert steps == [1, 2, 3]
+    for record in logged:
+        missing = [k for k in PER_STEP if k not in record]
+        assert not missing, f"step {record['step']} lacks {missing}"
+        # engine (after the previous step's weight sync) vs trainer, on every sampled token
+        assert record["rollout/logprob_gap_max"] < GAP_LIMIT, record["rollout/logprob_gap_max"]
+        assert record["reward/errors"] == 0
+    assert max(r["agent_loop/tool_calls/mean"] for r in logged) > 0  # multi-turn with tools
+    assert any(r["actor/grad_norm"] > 0 for r in logged)
+    assert "val/reward/mean" in logged[-1]
+    # ---- checkpoints: the data position continues (8 rows / batch 4 = 2 batches an epoch)
+    state = json.loads((run_dir / "global_step_3" / "trainer_state.json").read_text())
+    assert state["step"] == 3 and state["sampler"] == {"epoch": 1, "position": 1}
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "3"
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(
+        run_dir / "global_step_3" / "actor" / "huggingface"
+    )
+    initial = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path)
+    change = max(
+        (a - b).abs().max().item()
+        for a, b in zip(trained.state_dict().values(), initial.state_dict().values(), strict=True)
+    )
+    assert change > 1e-4
+    assert torch.isfinite(torch.tensor(change))

@@ -1,0 +1,61 @@
+"""Cross-key checks of a training config, run before anything starts. Each message says which
+key to change."""
+
+from __future__ import annotations
+
+from trainer.config.schema import Config
+
+__all__ = ["check_train_config", "resolve_device"]
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "trainer.device=cuda but no CUDA device is visible: set trainer.device=cpu"
+        )
+    return device
+
+
+def check_train_config(config: Config) -> None:
+    actor = config.actor_rollout_ref.actor
+    rollout = config.actor_rollout_ref.rollout
+    algo = config.algorithm
+    world = config.trainer.world_size
+    batch = config.data.train_batch_size
+    if algo.adv_estimator in ("grpo", "rloo") and rollout.n < 2:
+        raise ValueError(
+            f"algorithm.adv_estimator={algo.adv_estimator} with actor_rollout_ref.rollout.n="
+            f"{rollout.n}: every group has one sample, so every advantage is 0; set "
+            "actor_rollout_ref.rollout.n=2 or more (or algorithm.adv_estimator=reinforce_plus_plus)"
+        )
+    if batch % actor.ppo_mini_batch_size:
+        raise ValueError(
+            f"data.train_batch_size={batch} is not divisible by actor_rollout_ref.actor."
+            f"ppo_mini_batch_size={actor.ppo_mini_batch_size}: make it a multiple"
+        )
+    mini_samples = actor.ppo_mini_batch_size * rollout.n
+    if mini_samples % world:
+        raise ValueError(
+            f"a mini-batch of {mini_samples} samples (ppo_mini_batch_size="
+            f"{actor.ppo_mini_batch_size} x rollout.n={rollout.n}) does not split over {world} "
+            "trainer ranks (trainer.nnodes x trainer.n_gpus_per_node): make it a multiple"
+        )
+    per_rank = mini_samples // world
+    if not actor.use_dynamic_bsz and per_rank % actor.ppo_micro_batch_size_per_gpu:
+        raise ValueError(
+            f"{per_rank} samples per rank per mini-batch is not divisible by actor_rollout_ref."
+            f"actor.ppo_micro_batch_size_per_gpu={actor.ppo_micro_batch_size_per_gpu}: make it "
+            "a divisor (or set actor_rollout_ref.actor.use_dynamic_bsz=True)"
+        )
+    context = rollout.prompt_length + rollout.response_length
+    if actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu < context:
+        raise ValueError(
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu}"
+            f" is below one full sample ({context} = prompt_length + response_length): raise it"
+        )
+    if config.trainer.total_training_steps is not None and config.trainer.total_training_steps < 1:
+        raise ValueError("trainer.total_training_steps must be >= 1 (or null)")

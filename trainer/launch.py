@@ -1,0 +1,95 @@
+"""Shared start-up of the commands that roll out (``agentloop-rollout``, ``agentloop-train``):
+the checks that need no server (model, agent loops, tools, tokenizer, dataset), then the
+rollout servers and the AgentLoopManager."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RolloutSetup", "load_split", "prepare_rollout", "start_rollout", "stop_rollout"]
+
+
+@dataclass(slots=True)
+class RolloutSetup:
+    model_path: str
+    tokenizer: Any
+    tool_names: list[str]
+    tool_schemas: list[dict[str, Any]]
+
+
+def prepare_rollout(config: Any) -> RolloutSetup:
+    """Everything that can be wrong about the model, agent loops and tools; raises ValueError."""
+    from transformers import AutoTokenizer
+
+    from agentloop import get_agent_loop, load_agent_loop_config
+    from agentloop.tools import load_tool_config
+    from trainer.cli import resolve_model
+
+    rollout = config.actor_rollout_ref.rollout
+    model_path = resolve_model(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
+    if rollout.agent.agent_loop_config_path:
+        load_agent_loop_config(rollout.agent.agent_loop_config_path)
+    get_agent_loop(rollout.agent.default_agent_loop)
+    path = rollout.multi_turn.tool_config_path
+    tools = load_tool_config(path) if path else {}
+    return RolloutSetup(
+        model_path=model_path,
+        tokenizer=AutoTokenizer.from_pretrained(model_path),
+        tool_names=sorted(tools),
+        tool_schemas=[t.tool_schema for t in tools.values()],
+    )
+
+
+def load_split(config: Any, setup: RolloutSetup, split: str) -> list[dict[str, Any]]:
+    """Rows of ``data.train_files`` or ``data.val_files``, length-filtered and checked."""
+    from agentloop import validate_rows
+    from trainer.data import load_rows
+
+    files = config.data.files(config.data.val_files if split == "val" else config.data.train_files)
+    if not files:
+        raise ValueError(f"set data.{'val' if split == 'val' else 'train'}_files")
+    rollout = config.actor_rollout_ref.rollout
+    rows = load_rows(
+        files,
+        config.data,
+        setup.tokenizer,
+        tools=setup.tool_schemas,
+        chat_template_kwargs=rollout.chat_template_kwargs,
+    )
+    validate_rows(rows, setup.tool_names, rollout.agent.default_agent_loop)
+    return rows
+
+
+def start_rollout(config: Any, model_path: str) -> tuple[list[Any], Any]:
+    """Ray (local unless already connected), the AsyncServers and the AgentLoopManager."""
+    import ray
+
+    from agentloop import AgentLoopManager
+    from servers import ServerConfig, launch_servers
+
+    rollout = config.actor_rollout_ref.rollout
+    server_config = ServerConfig(
+        model=model_path,
+        backend=rollout.name,
+        tensor_parallel_size=rollout.tensor_model_parallel_size,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        max_model_len=rollout.context_length,
+    )
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    servers = launch_servers(server_config, rollout.num_servers)
+    return servers, AgentLoopManager(rollout, servers, model_path)
+
+
+def stop_rollout(servers: list[Any], manager: Any) -> None:
+    import ray
+
+    try:
+        manager.shutdown()
+    finally:
+        for server in servers:
+            try:
+                ray.get(server.shutdown.remote())
+            finally:
+                ray.kill(server)

@@ -1,0 +1,57 @@
+"""``agentloop-train`` / ``python -m trainer.main``: GRPO/PPO on agent-loop trajectories.
+
+    agentloop-train data.train_files=train.parquet actor_rollout_ref.model.path=tiny-qwen3 \\
+        actor_rollout_ref.rollout.n=4 trainer.total_training_steps=10
+
+Every ``key=value`` of ``trainer/config/ppo_trainer.yaml`` can be overridden. All start-up
+checks (config, model, agent loops, tools, data, reward function, loggers, checkpoint folder)
+run before any server or trainer rank starts; a failure prints one line saying what to set.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+__all__ = ["main"]
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"agentloop-train: error: {message}\n")
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainer.config import ConfigError, load_config
+    from trainer.config.validate import check_train_config, resolve_device
+    from trainer.launch import load_split, prepare_rollout
+    from trainer.ray_trainer import RayPPOTrainer
+
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        sys.stdout.write(__doc__ or "")
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config, extras = load_config(argv)
+        if extras:
+            raise ConfigError(f"unknown extra +{sorted(extras)[0]}: agentloop-train takes none")
+        check_train_config(config)
+        device = resolve_device(config.trainer.device)
+        setup = prepare_rollout(config)
+        train_rows = load_split(config, setup, "train")
+        val_rows = load_split(config, setup, "val") if config.data.val_files else None
+        trainer = RayPPOTrainer(config, setup, train_rows, val_rows, device)
+    except ValueError as exc:
+        return _fail(str(exc))
+    metrics = trainer.fit()
+    if metrics:
+        sys.stdout.write(
+            f"done: {trainer.total_steps} steps, last reward/mean {metrics['reward/mean']:.4f}; "
+            f"run folder {trainer.checkpoints.root}\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,267 @@
+"""The RL loop. One step, top to bottom:
+
+    rows ─> rollout (AgentLoopManager: async agent loops on the servers)
+         ─> reward (rule function, thread pool)
+         ─> old log-probs (+ reference log-probs when a KL term is used)
+         ─> advantages (grpo | rloo | reinforce_plus_plus; optional KL-in-reward)
+         ─> PPO mini-batch updates on the FSDP2 ranks
+         ─> weight sync to every server
+         ─> metrics; validation every ``test_freq``; checkpoint every ``save_freq``
+
+Old log-probs are recomputed by the trainer (not taken from the engine), so the PPO ratio
+is exact; the gap between the two is logged (``rollout/logprob_gap_*``) as a health check.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
+from trainer.checkpoint import CheckpointManager
+from trainer.config.schema import Config
+from trainer.dataloader import PromptSampler
+from trainer.launch import RolloutSetup, start_rollout, stop_rollout
+from trainer.reward import RewardScorer
+from trainer.tracking import Tracking
+from trainer.weight_sync import WeightSync
+from trainer.workers import TrainBatch, WorkerGroup, WorkerSpec
+
+__all__ = ["RayPPOTrainer"]
+
+logger = logging.getLogger("agentloop.train")
+
+
+@contextmanager
+def _timer(metrics: dict[str, float], name: str):
+    start = time.perf_counter()
+    yield
+    metrics[f"timing_s/{name}"] = time.perf_counter() - start
+
+
+def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    picked = values[mask.bool()]
+    if picked.numel() == 0:
+        return {}
+    return {
+        f"{prefix}/mean": float(picked.mean()),
+        f"{prefix}/max": float(picked.max()),
+        f"{prefix}/min": float(picked.min()),
+    }
+
+
+class RayPPOTrainer:
+    def __init__(
+        self,
+        config: Config,
+        setup: RolloutSetup,
+        train_rows: list[dict[str, Any]],
+        val_rows: list[dict[str, Any]] | None,
+        device: str,
+    ) -> None:
+        self.config, self.setup, self.device = config, setup, device
+        self.val_rows = val_rows or []
+        data, run = config.data, config.trainer
+        self.sampler = PromptSampler(
+            train_rows, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
+        )
+        self.total_steps = run.total_training_steps or run.total_epochs * len(self.sampler)
+        self.checkpoints = CheckpointManager(run.default_local_dir, run.max_actor_ckpt_to_keep)
+        self.checkpoints.check_writable()
+        self.scorer = RewardScorer(config.custom_reward_function, setup.tokenizer)
+        self.tracking = Tracking(
+            run.logger,
+            project=run.project_name,
+            experiment=run.experiment_name,
+            run_dir=self.checkpoints.root,
+            config=asdict(config),
+        )
+        self.need_ref = (
+            config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+        )
+        self.servers: list[Any] = []
+        self.manager: Any = None
+        self.workers: WorkerGroup | None = None
+        self.sync: WeightSync | None = None
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def start(self) -> None:
+        ref = self.config.actor_rollout_ref
+        self.servers, self.manager = start_rollout(self.config, self.setup.model_path)
+        world = self.config.trainer.world_size
+        spec = WorkerSpec(
+            model_path=self.setup.model_path,
+            model=ref.model,
+            actor=ref.actor,
+            ref=ref.ref,
+            need_ref=self.need_ref,
+            device=self.device,
+            temperature=ref.rollout.temperature or 1.0,
+            threads=max(1, (os.cpu_count() or 1) // world),
+        )
+        self.workers = WorkerGroup(spec, world)
+        self.sync = WeightSync(
+            self.workers,
+            self.servers,
+            bucket_mb=self.config.trainer.weight_sync_bucket_mb,
+            colocated=ref.hybrid_engine and self.device == "cuda",
+        )
+
+    def _resume(self) -> int:
+        """Load the checkpoint to continue from (per ``trainer.resume_mode``); returns its step."""
+        run = self.config.trainer
+        if run.resume_mode == "disable":
+            return 0
+        path = self.checkpoints.latest() if run.resume_mode == "auto" else run.resume_from_path
+        if path is None:
+            return 0
+        state = CheckpointManager.load_state(path)
+        assert self.workers is not None and self.sync is not None
+        self.workers.load_checkpoint(os.path.join(path, "actor"))
+        self.sampler.load_state_dict(state["sampler"])
+        self.sync.push()  # the servers started from the base model
+        logger.info("resumed from %s at step %d", path, state["step"])
+        return int(state["step"])
+
+    # ---- the loop -------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        self.start()
+        metrics: dict[str, float] = {}
+        try:
+            step = self._resume()
+            if step == 0 and self.config.trainer.val_before_train and self.val_rows:
+                self.tracking.log(self._validate(), step=0)
+            bar = tqdm(total=self.total_steps, initial=step, desc="train", unit="step")
+            while step < self.total_steps:
+                step += 1
+                metrics = self.train_step(step)
+                if self._due(self.config.trainer.test_freq, step) and self.val_rows:
+                    metrics |= self._validate()
+                if self._due(self.config.trainer.save_freq, step):
+                    with _timer(metrics, "save_checkpoint"):
+                        self._save(step)
+                self.tracking.log(metrics, step=step)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+            bar.close()
+        finally:
+            self.close()
+        return metrics
+
+    def _due(self, freq: int, step: int) -> bool:
+        return freq > 0 and (step % freq == 0 or step == self.total_steps)
+
+    def train_step(self, step: int) -> dict[str, float]:
+        assert self.workers is not None and self.sync is not None
+        cfg = self.config
+        metrics: dict[str, float] = {"training/step": float(step)}
+        start = time.perf_counter()
+        rows = self.sampler.next_batch()
+        rollout = self.manager.generate_sequences(rows)  # timing_s/gen inside its metrics
+        metrics |= rollout.metrics
+        metrics["timing_s/tools"] = rollout.metrics.get("agent_loop/tool_s/mean", 0.0)
+        self.sync.release_servers()
+        with _timer(metrics, "reward"):
+            scores, reward_metrics = self.scorer.score(rollout)
+        metrics |= reward_metrics
+        batch = TrainBatch(
+            input_ids=rollout.input_ids,
+            attention_mask=rollout.attention_mask,
+            position_ids=rollout.position_ids,
+            response_mask=rollout.response_mask,
+        )
+        mask = batch.response_mask
+        with _timer(metrics, "old_log_prob"):
+            batch.old_log_probs, entropy = self.workers.compute_log_prob(batch)
+        metrics |= self._gap_metrics(batch.old_log_probs, rollout.rollout_log_probs, mask)
+        metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        if self.need_ref:
+            with _timer(metrics, "ref"):
+                batch.ref_log_probs = self.workers.compute_ref_log_prob(batch)
+        with _timer(metrics, "adv"):
+            token_rewards = None
+            if cfg.algorithm.use_kl_in_reward:
+                assert batch.ref_log_probs is not None
+                token_rewards, kl = apply_kl_in_reward(
+                    scores_to_token_rewards(scores, mask),
+                    batch.old_log_probs,
+                    batch.ref_log_probs,
+                    mask,
+                    beta=cfg.algorithm.kl_ctrl.kl_coef,
+                    kind=cfg.algorithm.kl_penalty,
+                )
+                metrics["actor/reward_kl_penalty"] = kl
+            batch.advantages = compute_advantages(
+                cfg.algorithm.adv_estimator,
+                scores,
+                mask,
+                rollout.uid,
+                norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
+                gamma=cfg.algorithm.gamma,
+                token_rewards=token_rewards,
+            )
+        metrics |= _masked_stats("critic/advantages", batch.advantages, mask)
+        mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
+        with _timer(metrics, "update_actor"):
+            metrics |= self.workers.update_actor(batch, mini, seed=cfg.trainer.seed + step)
+        metrics |= self.sync.push()
+        tokens = float(batch.attention_mask.sum())
+        metrics["perf/total_tokens"] = tokens
+        metrics["perf/trainer_tokens_per_s"] = tokens / max(
+            metrics["timing_s/old_log_prob"] + metrics["timing_s/update_actor"], 1e-9
+        )
+        metrics["timing_s/step"] = time.perf_counter() - start
+        return metrics
+
+    @staticmethod
+    def _gap_metrics(
+        trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor
+    ) -> dict[str, float]:
+        """How far the engine's log-probs are from the trainer's on the sampled tokens."""
+        gap = (trainer_lp - rollout_lp).abs()[mask.bool()]
+        if gap.numel() == 0:
+            return {}
+        return {
+            "rollout/logprob_gap_mean": float(gap.mean()),
+            "rollout/logprob_gap_max": float(gap.max()),
+        }
+
+    def _validate(self) -> dict[str, float]:
+        """One sample per validation prompt; mean reward overall and per data_source."""
+        start = time.perf_counter()
+        batch = self.manager.generate_sequences(self.val_rows, n=1)
+        scores, _ = self.scorer.score(batch)
+        out = {
+            "val/reward/mean": float(scores.mean()),
+            "val/num_turns/mean": float(sum(batch.num_turns) / len(batch)),
+            "val/tool_calls/mean": float(sum(batch.tool_calls) / len(batch)),
+        }
+        by_source: dict[str, list[float]] = {}
+        for row, score in zip(batch.rows, scores.tolist(), strict=True):
+            by_source.setdefault(str(row.get("data_source", "unknown")), []).append(score)
+        for source, values in by_source.items():
+            out[f"val/{source}/reward/mean"] = sum(values) / len(values)
+        out["timing_s/validate"] = time.perf_counter() - start
+        return out
+
+    def _save(self, step: int) -> None:
+        assert self.workers is not None
+        contents = self.config.actor_rollout_ref.actor.checkpoint.save_contents
+        self.checkpoints.save(step, self.workers, contents, {"sampler": self.sampler.state_dict()})
+
+    def close(self) -> None:
+        self.tracking.finish()
+        self.scorer.close()
+        if self.workers is not None:
+            self.workers.shutdown()
+            self.workers = None
+        if self.manager is not None:
+            stop_rollout(self.servers, self.manager)
+            self.manager = None

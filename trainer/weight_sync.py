@@ -1,0 +1,60 @@
+"""``WeightSync``: after each update, the actor's weights go to every rollout server.
+
+The trainer ranks all-gather one tensor at a time; rank 0 groups them into buckets of
+``bucket_bytes`` and hands each bucket (one Ray object, shared by all servers) to every
+``AsyncServer``, which stages it in shared memory and loads it into its engine in place
+(``begin_weight_update`` / ``update_weights_bucket`` / ``finish_weight_update``). Peak extra
+memory is one bucket, never a full copy of the model.
+
+On GPU with colocated servers (``hybrid_engine``) the servers sleep during the update and are
+woken before the push; on CPU sleep/wake are no-ops.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+__all__ = ["WeightSync"]
+
+logger = logging.getLogger(__name__)
+
+
+class WeightSync:
+    def __init__(self, workers: Any, servers: list[Any], *, bucket_mb: int, colocated: bool):
+        self.workers, self.servers = workers, servers
+        self.bucket_bytes = bucket_mb << 20
+        self.colocated = colocated
+        self.version = 0
+
+    def release_servers(self) -> None:
+        """Colocated GPU: free the engines' memory for the update."""
+        import ray
+
+        if self.colocated:
+            ray.get([s.sleep.remote() for s in self.servers])
+
+    def push(self) -> dict[str, float]:
+        """Send the current actor weights to every server; returns timing metrics."""
+        import ray
+
+        start = time.perf_counter()
+        if self.colocated:
+            ray.get([s.wake_up.remote() for s in self.servers])
+        sent = self.workers.push_weights(self.servers, self.bucket_bytes)
+        seconds = time.perf_counter() - start
+        self.version += 1
+        logger.info(
+            "weights v%d: %d tensors, %.1f MB to %d server(s) in %.2f s",
+            self.version,
+            sent["tensors"],
+            sent["bytes"] / 1e6,
+            len(self.servers),
+            seconds,
+        )
+        return {
+            "timing_s/weight_sync": seconds,
+            "weight_sync/mb": sent["bytes"] / 1e6,
+            "weight_sync/version": float(self.version),
+        }
