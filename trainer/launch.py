@@ -61,8 +61,13 @@ def load_split(config: Any, setup: RolloutSetup, split: str) -> list[dict[str, A
     return rows
 
 
-def start_rollout(config: Any, model_path: str) -> tuple[list[Any], Any]:
-    """Ray (local unless already connected), the AsyncServers and the AgentLoopManager."""
+def start_rollout(
+    config: Any, model_path: str, gpu_share: float | None = None
+) -> tuple[list[Any], Any]:
+    """Ray (local unless already connected), the AsyncServers and the AgentLoopManager.
+
+    ``gpu_share``: GPUs per tensor-parallel rank a server asks Ray for (None: whole GPUs;
+    a fraction lets colocated trainer ranks share them)."""
     import ray
 
     from agentloop import AgentLoopManager
@@ -78,7 +83,8 @@ def start_rollout(config: Any, model_path: str) -> tuple[list[Any], Any]:
     )
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    servers = launch_servers(server_config, rollout.num_servers)
+    num_gpus = None if gpu_share is None else gpu_share * rollout.tensor_model_parallel_size
+    servers = launch_servers(server_config, rollout.num_servers, num_gpus=num_gpus)
     return servers, AgentLoopManager(rollout, servers, model_path)
 
 

@@ -94,7 +94,11 @@ class RayPPOTrainer:
     # ---- set-up ---------------------------------------------------------------------------
     def start(self) -> None:
         ref = self.config.actor_rollout_ref
-        self.servers, self.manager = start_rollout(self.config, self.setup.model_path)
+        colocated = ref.hybrid_engine and self.device == "cuda"
+        # Colocated: a server and a trainer rank each take half of the same GPU in Ray's
+        # accounting; the server sleeps while the trainer computes.
+        share = 0.5 if colocated else None
+        self.servers, self.manager = start_rollout(self.config, self.setup.model_path, share)
         world = self.config.trainer.world_size
         spec = WorkerSpec(
             model_path=self.setup.model_path,
@@ -105,13 +109,14 @@ class RayPPOTrainer:
             device=self.device,
             temperature=ref.rollout.temperature or 1.0,
             threads=max(1, (os.cpu_count() or 1) // world),
+            gpu_share=share or 1.0,
         )
         self.workers = WorkerGroup(spec, world)
         self.sync = WeightSync(
             self.workers,
             self.servers,
             bucket_mb=self.config.trainer.weight_sync_bucket_mb,
-            colocated=ref.hybrid_engine and self.device == "cuda",
+            colocated=colocated,
         )
 
     def _resume(self) -> int:

@@ -14,12 +14,14 @@ import asyncio
 import importlib.util
 import logging
 import math
+import numbers
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from trainer.config.run import RewardFunctionConfig
@@ -91,16 +93,19 @@ class RewardScorer:
 
     async def _score_all(self, jobs: list[tuple[dict, str, dict]]) -> list[Any]:
         loop = asyncio.get_running_loop()
+        # The timeout counts a call from when a thread takes it, not the wait for a thread.
+        slots = asyncio.Semaphore(self.config.num_workers)
 
         async def run(job: tuple[dict, str, dict]) -> Any:
-            try:
-                return await asyncio.wait_for(
-                    loop.run_in_executor(self.pool, self._one, *job), self.config.timeout_s
-                )
-            except TimeoutError:
-                return TimeoutError(f"timed out after {self.config.timeout_s:g} s")
-            except Exception as exc:  # noqa: BLE001 - one bad sample must not end the step
-                return exc
+            async with slots:
+                try:
+                    return await asyncio.wait_for(
+                        loop.run_in_executor(self.pool, self._one, *job), self.config.timeout_s
+                    )
+                except TimeoutError:
+                    return TimeoutError(f"timed out after {self.config.timeout_s:g} s")
+                except Exception as exc:  # noqa: BLE001 - one bad sample must not end the step
+                    return exc
 
         return await asyncio.gather(*(run(j) for j in jobs))
 
@@ -130,10 +135,11 @@ class RewardScorer:
                 result = 0.0
             if isinstance(result, dict):
                 for key, value in result.items():
-                    if key != "score" and isinstance(value, (int, float)):
+                    if key != "score" and isinstance(value, numbers.Real):
                         extra_keys.setdefault(key, []).append(float(value))
                 result = result.get("score", 0.0)
-            value = float(result) if isinstance(result, (int, float)) else math.nan
+            is_number = isinstance(result, (numbers.Real, np.bool_))
+            value = float(result) if is_number else math.nan
             if not math.isfinite(value):
                 errors += 1
                 logger.warning("reward function returned %r for sample %d: scored 0", result, i)

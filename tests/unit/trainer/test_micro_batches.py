@@ -1,0 +1,112 @@
+"""``TrainBatch`` slicing and trimming keep the prompt|response layout; balanced micro-batches
+cover every sample once and fit the token budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
+
+
+def make_batch(prompt_lens: list[int], resp_lens: list[int], p: int = 8, r: int = 10):
+    """Left-padded prompts, right-padded responses, pad id 0, real ids >= 1."""
+    n = len(prompt_lens)
+    g = torch.Generator().manual_seed(0)
+    attn = torch.zeros(n, p + r, dtype=torch.long)
+    for i, (lp, lr) in enumerate(zip(prompt_lens, resp_lens, strict=True)):
+        attn[i, p - lp : p + lr] = 1
+    ids = torch.randint(1, 100, (n, p + r), generator=g) * attn
+    mask = attn[:, p:].clone()
+    mask[:, 1] = 0  # a tool token
+    return TrainBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(1) - 1).clamp(min=0),
+        response_mask=mask,
+        old_log_probs=torch.randn(n, r, generator=g) * mask,
+        advantages=torch.randn(n, r, generator=g) * mask,
+    )
+
+
+def test_trimmed_drops_only_all_padding_columns_and_keeps_the_layout():
+    batch = make_batch([3, 5, 2], [4, 2, 6])  # P=8, R=10: keep 5 prompt, 6 response columns
+    t = batch.trimmed()
+    assert t.input_ids.shape == (3, 11) and t.prompt_length == 5 and t.response_length == 6
+    for name in ("input_ids", "attention_mask", "position_ids"):
+        assert torch.equal(getattr(t, name), getattr(batch, name)[:, 3:14])
+    for name in ("response_mask", "old_log_probs", "advantages"):
+        assert torch.equal(getattr(t, name), getattr(batch, name)[:, :6])
+    assert t.ref_log_probs is None
+    assert torch.equal(t.responses, batch.responses[:, :6])
+    # nothing real was dropped
+    assert t.attention_mask.sum() == batch.attention_mask.sum()
+    assert torch.equal(torch.stack(t.lengths()), torch.stack(batch.lengths()))
+
+
+def test_trimmed_of_a_full_batch_is_the_same_batch():
+    batch = make_batch([8, 8], [10, 10])
+    t = batch.trimmed()
+    for name in ("input_ids", "response_mask", "advantages"):
+        assert torch.equal(getattr(t, name), getattr(batch, name))
+
+
+def test_trimmed_keeps_one_column_when_responses_are_empty():
+    t = make_batch([2, 3], [0, 0]).trimmed()
+    assert t.prompt_length == 3 and t.response_length == 1
+
+
+def test_chunk_select_and_cat_round_trip():
+    batch = make_batch([1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1])
+    parts = batch.chunk(3)
+    assert [len(p) for p in parts] == [2, 2, 2]
+    assert torch.equal(parts[1].input_ids, batch.input_ids[2:4])
+    joined = TrainBatch.cat(parts)
+    perm = torch.tensor([4, 0, 5, 2, 1, 3])
+    back = batch.select(perm).select(torch.argsort(perm))
+    for other in (joined, back):
+        for name in ("input_ids", "attention_mask", "position_ids", "response_mask", "advantages"):
+            assert torch.equal(getattr(other, name), getattr(batch, name))
+        assert other.ref_log_probs is None
+
+
+def test_chunk_into_unequal_parts_is_an_error():
+    with pytest.raises(ValueError) as err:
+        make_batch([1] * 5, [1] * 5).chunk(2)
+    assert str(err.value) == "batch of 5 samples does not split into 2 equal parts"
+
+
+def test_fixed_micro_batches_are_consecutive_with_a_short_last_one():
+    groups = fixed_micro_batches(7, 3)
+    assert [g.tolist() for g in groups] == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_balanced_groups_cover_every_sample_once_within_the_budget(seed):
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 40, (1,), generator=g))
+    tokens = torch.randint(1, 200, (n,), generator=g)
+    max_tokens = int(tokens.max()) + int(torch.randint(0, 400, (1,), generator=g))
+    min_count = int(torch.randint(1, n + 1, (1,), generator=g))
+    groups = balanced_micro_batches(tokens, max_tokens, min_count=min_count)
+    flat = torch.cat(groups).tolist()
+    assert sorted(flat) == list(range(n))
+    assert len(groups) >= min_count
+    for group in groups:
+        assert len(group) > 0
+        assert group.tolist() == sorted(group.tolist())
+        assert len(group) * int(tokens[group].max()) <= max_tokens
+
+
+def test_balanced_groups_use_one_group_when_everything_fits():
+    groups = balanced_micro_batches(torch.tensor([5, 3, 4]), max_tokens=15)
+    assert [g.tolist() for g in groups] == [[0, 1, 2]]
+
+
+def test_a_sample_over_the_budget_is_a_clear_error():
+    with pytest.raises(ValueError) as err:
+        balanced_micro_batches(torch.tensor([10, 30, 20]), max_tokens=25)
+    assert str(err.value) == (
+        "a sample has 30 tokens, over actor.ppo_max_token_len_per_gpu=25: "
+        "raise it to at least prompt_length + response_length"
+    )

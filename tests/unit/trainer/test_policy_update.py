@@ -1,0 +1,237 @@
+"""The PPO update on one rank (``trainer.workers.actor``) with a tiny random Qwen3: masked
+(tool/padding) tokens contribute no gradient, micro-batching does not change the update, the
+reported loss is the policy loss of the batch, and padded log-probs equal unpadded ones."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers
+
+from trainer.algos import (
+    LOSS_AGG_MODES,
+    agg_denominator,
+    agg_loss,
+    entropy_from_logits,
+    kl_penalty,
+    policy_loss,
+)
+from trainer.config.actor import ActorConfig
+from trainer.workers.actor import (
+    LossSpec,
+    _micro_loss,
+    log_probs_in_micro_batches,
+    update_policy,
+)
+from trainer.workers.batch import TrainBatch, balanced_micro_batches
+
+N, P, R = 6, 6, 10
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    return transformers.Qwen3ForCausalLM(config).float().eval()
+
+
+def full_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0):
+    """Log-probs and entropy [batch, R] from one forward of the whole padded batch."""
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+        ).logits.float()[:, P - 1 : -1]
+    logits = logits / temperature
+    log_probs = torch.log_softmax(logits, -1).gather(-1, batch.responses.unsqueeze(-1))
+    return log_probs.squeeze(-1), entropy_from_logits(logits)
+
+
+@pytest.fixture(scope="module")
+def batch(model) -> TrainBatch:
+    """Left-padded prompts, right-padded responses with a tool span inside, pad id 0;
+    old/ref log-probs near the model's own, mixed-sign advantages."""
+    g = torch.Generator().manual_seed(1)
+    prompt_lens, resp_lens = [6, 3, 1, 4, 2, 5], [10, 4, 7, 2, 9, 6]
+    attn = torch.zeros(N, P + R, dtype=torch.long)
+    for i, (lp, lr) in enumerate(zip(prompt_lens, resp_lens, strict=True)):
+        attn[i, P - lp : P + lr] = 1
+    ids = torch.randint(1, 256, (N, P + R), generator=g) * attn
+    mask = attn[:, P:].clone()
+    mask[[0, 2, 4], 2:4] = 0  # tool tokens inside the longer responses
+    base = TrainBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(1) - 1).clamp(min=0),
+        response_mask=mask,
+    )
+    log_probs, _ = full_log_probs(model, base)
+    m = mask.float()
+    base.old_log_probs = (log_probs + 0.3 * torch.randn(N, R, generator=g)) * m
+    base.ref_log_probs = (log_probs + 0.2 * torch.randn(N, R, generator=g)) * m
+    base.advantages = torch.tensor([1.0, -1.0, 0.5, -0.7, 1.3, -0.2]).unsqueeze(1) * m
+    return base
+
+
+def actor_config(**kwargs) -> ActorConfig:
+    return ActorConfig(**{"ppo_micro_batch_size_per_gpu": N, **kwargs})
+
+
+def gradients(model: torch.nn.Module, batch: TrainBatch, spec: LossSpec) -> dict:
+    model.zero_grad(set_to_none=True)
+    mode = spec.loss_agg_mode
+    denominator = agg_denominator(batch.response_mask, mode, batch.response_length)
+    loss, _ = _micro_loss(model, batch.trimmed(), spec, max(denominator, 1.0), 1.0)
+    loss.backward()
+    out = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def perturb(batch: TrainBatch, where: torch.Tensor, seed: int) -> TrainBatch:
+    """``batch`` with advantages and old/ref log-probs replaced at positions ``where``."""
+    g = torch.Generator().manual_seed(seed)
+    out = batch.select(slice(None))
+
+    def noise(t: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
+        return torch.where(where, torch.randn(t.shape, generator=g) * scale + shift, t)
+
+    out.advantages = noise(batch.advantages, 10.0, 0.0)
+    out.old_log_probs = noise(batch.old_log_probs, 5.0, -3.0)
+    out.ref_log_probs = noise(batch.ref_log_probs, 5.0, -3.0)
+    return out
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_masked_tokens_contribute_nothing_to_the_gradient(model, batch, mode):
+    cfg = actor_config(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True)
+    spec = LossSpec.from_config(cfg)
+    masked = batch.response_mask == 0  # tool tokens and padding
+    reference = gradients(model, batch, spec)
+    changed = gradients(model, perturb(batch, masked, seed=2), spec)
+    assert any(g.abs().max() > 0 for g in reference.values())
+    for name, grad in reference.items():
+        assert torch.equal(grad, changed[name]), name
+    # the same change on sampled tokens does move the gradient: the check above can fail
+    moved = gradients(model, perturb(batch, ~masked, seed=2), spec)
+    assert not all(torch.equal(grad, moved[name]) for name, grad in reference.items())
+
+
+def updated(model, batch, cfg, samples_per_mini_batch):
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # weight change = the gradient
+    metrics = update_policy(
+        model, optimizer, None, batch, cfg, samples_per_mini_batch=samples_per_mini_batch
+    )
+    return metrics, model.state_dict()
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_micro_batching_does_not_change_the_update(model, batch, mode):
+    tokens = batch.attention_mask.sum(-1)
+    max_tokens = int(tokens.max()) + 4
+    for half in (torch.arange(3), torch.arange(3, 6)):
+        assert len(balanced_micro_batches(tokens[half], max_tokens)) >= 2
+    runs = {
+        "micro 1": actor_config(loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=1),
+        "micro all": actor_config(loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=N),
+        "dynamic": actor_config(
+            loss_agg_mode=mode, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=max_tokens
+        ),
+    }
+    results = {
+        name: updated(model, batch, cfg, samples_per_mini_batch=3) for name, cfg in runs.items()
+    }
+    before = model.state_dict()
+    _, reference = results["micro all"]
+    assert max(float((reference[k] - before[k]).abs().max()) for k in before) > 1e-3
+    for name, (metrics, weights) in results.items():
+        assert metrics["actor/optimizer_steps"] == 2.0
+        for key in reference:
+            torch.testing.assert_close(weights[key], reference[key], atol=1e-6, rtol=0, msg=name)
+        ref_metrics = results["micro all"][0]
+        assert metrics["actor/pg_loss"] == pytest.approx(ref_metrics["actor/pg_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_reported_pg_loss_is_the_policy_loss_of_the_batch_before_the_step(model, batch, mode):
+    cfg = actor_config(loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=2, clip_ratio_high=0.28)
+    log_probs, _ = full_log_probs(model, batch)
+    expected, counts = policy_loss(
+        log_probs,
+        batch.old_log_probs,
+        batch.advantages,
+        batch.response_mask,
+        clip_ratio_low=cfg.clip_low,
+        clip_ratio_high=cfg.clip_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+        loss_agg_mode=mode,
+    )
+    metrics, _ = updated(model, batch, cfg, samples_per_mini_batch=N)
+    assert metrics["actor/pg_loss"] == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
+    assert counts["pg_clipfrac"] > 0  # the old log-probs are far enough to clip some tokens
+    for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+        assert metrics[f"actor/{key}"] == pytest.approx(counts[key], abs=1e-6)
+    assert metrics["actor/optimizer_steps"] == 1.0
+    assert "actor/entropy_loss" not in metrics and "actor/kl_loss" not in metrics
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_padded_log_probs_equal_unpadded_per_sample_forwards(model, batch, dynamic):
+    temperature = 0.7
+    log_probs, entropy = log_probs_in_micro_batches(
+        model,
+        batch,
+        micro_batch_size=2,
+        temperature=temperature,
+        with_entropy=True,
+        use_dynamic_bsz=dynamic,
+        max_token_len=int(batch.attention_mask.sum(-1).max()) + 4,
+    )
+    assert log_probs.shape == entropy.shape == (N, R)
+    prompt_lens, resp_lens = batch.lengths()
+    mask = batch.response_mask.bool()
+    for i in range(N):
+        lp, lr = int(prompt_lens[i]), int(resp_lens[i])
+        ids = torch.cat([batch.input_ids[i, P - lp : P], batch.input_ids[i, P : P + lr]])
+        with torch.no_grad():
+            logits = model(input_ids=ids[None]).logits[0, lp - 1 : lp + lr - 1].float()
+        logits = logits / temperature
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[lp:, None]).squeeze(-1)
+        m = mask[i, :lr]
+        torch.testing.assert_close(log_probs[i, :lr][m], expected[m], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            entropy[i, :lr][m], entropy_from_logits(logits)[m], atol=1e-5, rtol=0
+        )
+    assert torch.all(log_probs[~mask] == 0) and torch.all(entropy[~mask] == 0)
+
+
+def test_entropy_and_kl_terms_add_their_metrics(model, batch):
+    cfg = actor_config(
+        entropy_coeff=0.01, use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=0.1
+    )
+    log_probs, entropy = full_log_probs(model, batch)
+    mask = batch.response_mask
+    metrics, weights = updated(model, batch, cfg, samples_per_mini_batch=N)
+    expected_kl = agg_loss(
+        kl_penalty(log_probs, batch.ref_log_probs, "low_var_kl"), mask, "token-mean"
+    )
+    assert metrics["actor/entropy_loss"] == pytest.approx(
+        float(agg_loss(entropy, mask, "token-mean")), rel=1e-5
+    )
+    assert metrics["actor/kl_loss"] == pytest.approx(float(expected_kl), rel=1e-5)
+    assert metrics["actor/kl_loss"] > 0
+    # the terms are part of the loss: the update differs from the plain PPO one
+    _, plain = updated(model, batch, actor_config(), samples_per_mini_batch=N)
+    assert any(not torch.equal(weights[k], plain[k]) for k in plain)

@@ -1,0 +1,154 @@
+"""``agentloop-train`` start-up errors: each bad input fails before any server or trainer rank
+starts, with one line that says what to change (exit code 2)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.main import main
+
+USER = [{"role": "user", "content": "Add 2 and 3."}]
+
+
+@pytest.fixture()
+def data(tmp_path) -> Path:
+    path = tmp_path / "train.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": USER, "extra_info": {"index": i}}) + "\n" for i in range(8))
+    )
+    return path
+
+
+def run(capsys, tmp_path, data: Path, *overrides: str) -> str:
+    code = main(
+        [
+            "actor_rollout_ref.model.path=tiny-qwen3",
+            f"data.train_files={data}",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            *overrides,
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("agentloop-train: error: ")
+    return err.removeprefix("agentloop-train: error: ")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["data.train_files=/nowhere/train.jsonl"],
+            "data file '/nowhere/train.jsonl' does not exist",
+        ),
+        (
+            ["actor_rollout_ref.model.path=/nowhere/model"],
+            "actor_rollout_ref.model.path '/nowhere/model' is neither a model folder nor a known "
+            "asset name (smollm2-135m-instruct, tiny-qwen3)",
+        ),
+        (
+            ["data.train_batch_size=3"],
+            "data.train_batch_size=3 is not divisible by actor_rollout_ref.actor."
+            "ppo_mini_batch_size=2: make it a multiple",
+        ),
+        (
+            ["trainer.n_gpus_per_node=3"],
+            "a mini-batch of 4 samples (ppo_mini_batch_size=2 x rollout.n=2) does not split over "
+            "3 trainer ranks (trainer.nnodes x trainer.n_gpus_per_node): make it a multiple",
+        ),
+        (
+            ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
+            "4 samples per rank per mini-batch is not divisible by actor_rollout_ref.actor."
+            "ppo_micro_batch_size_per_gpu=3: make it a divisor (or set actor_rollout_ref.actor."
+            "use_dynamic_bsz=True)",
+        ),
+        (
+            ["algorithm.adv_estimator=ppo2"],
+            "algorithm.adv_estimator='ppo2' is not supported; use one of grpo, rloo, "
+            "reinforce_plus_plus",
+        ),
+        (
+            ["actor_rollout_ref.actor.loss_agg_mode=token-sum"],
+            "actor_rollout_ref.actor.loss_agg_mode='token-sum' is not supported; use one of "
+            "token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm",
+        ),
+        (
+            ["actor_rollout_ref.rollout.n=1"],
+            "algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n=1: every group has "
+            "one sample, so every advantage is 0; set actor_rollout_ref.rollout.n=2 or more (or "
+            "algorithm.adv_estimator=reinforce_plus_plus)",
+        ),
+        (
+            ["actor_rollout_ref.rollout.mode=sync"],
+            "actor_rollout_ref.rollout.mode='sync' is not supported: agent loops run against "
+            "servers; set actor_rollout_ref.rollout.mode=async",
+        ),
+        (
+            ["data.max_prompt_length=5"],
+            "after filtering prompts over data.max_prompt_length=5: raise it",
+        ),
+        (
+            ["custom_reward_function.path=/nowhere/reward.py"],
+            "custom_reward_function.path='/nowhere/reward.py' does not exist: point it at a "
+            ".py file",
+        ),
+        (
+            ["trainer.logger=[console,neptune]"],
+            "trainer.logger has unknown backend 'neptune'; use console, jsonl, mlflow, "
+            "tensorboard, wandb",
+        ),
+        (
+            ["trainer.resume_mode=resume_path"],
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>",
+        ),
+        (["+epochs=3"], "unknown extra +epochs: agentloop-train takes none"),
+    ],
+)
+def test_bad_input_fails_at_start_up(capsys, tmp_path, data, overrides, message):
+    assert message in run(capsys, tmp_path, data, *overrides)
+
+
+def test_empty_dataset_after_filtering_is_an_error_that_names_the_file(capsys, tmp_path, data):
+    err = run(capsys, tmp_path, data, "data.max_prompt_length=5")
+    assert err.startswith(f"no rows left in {data} (8 read) after filtering")
+
+
+def test_raw_chat_off_without_raw_prompt(capsys, tmp_path, data):
+    err = run(capsys, tmp_path, data, "data.return_raw_chat=False")
+    assert err == (
+        f"{data}: row 0 has no 'raw_prompt' and data.return_raw_chat is False; agent loops need "
+        "the chat messages: set data.return_raw_chat=True"
+    )
+
+
+def test_unwritable_checkpoint_folder(capsys, tmp_path, data):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    err = run(capsys, tmp_path, data, f"trainer.default_local_dir={blocker / 'run'}")
+    assert err.startswith(f"checkpoint folder {blocker / 'run'} is not writable (")
+    assert err.endswith("set trainer.default_local_dir to a writable folder")
+
+
+def test_wandb_logger_without_the_package(capsys, tmp_path, data, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    err = run(capsys, tmp_path, data, "trainer.logger=[console,wandb]")
+    assert err == (
+        "trainer.logger contains 'wandb' but the wandb package is not installed: pip install "
+        "wandb, or remove wandb from trainer.logger"
+    )
+
+
+def test_cuda_requested_without_a_gpu(capsys, tmp_path, data):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    err = run(capsys, tmp_path, data, "trainer.device=cuda")
+    assert err == "trainer.device=cuda but no CUDA device is visible: set trainer.device=cpu"
