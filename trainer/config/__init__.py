@@ -1,6 +1,7 @@
 """Hydra config: ``ppo_trainer.yaml`` composed with ``key=value`` overrides, then validated
 into typed dataclasses. Keys added with ``+key=value`` at the root are returned as extras
-(e.g. ``+output=out.jsonl`` for ``agentloop-rollout``)."""
+(e.g. ``+output=out.jsonl`` for ``agentloop-rollout``). ``sft_trainer.yaml`` (``agentloop-sft``)
+goes through the same composition and errors (``trainer.config.sft.load_sft_config``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "ModelConfig",
+    "compose_tree",
     "load_config",
 ]
 
@@ -22,19 +24,20 @@ class ConfigError(ValueError):
     """A bad config key or value; the message says what to set."""
 
 
-def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, Any]]:
+def compose_tree(name: str, overrides: list[str] | None, unknown_hint: str) -> dict[str, Any]:
+    """``trainer/config/<name>.yaml`` with ``overrides`` applied, resolved to plain containers.
+    Hydra/OmegaConf errors become ``ConfigError``; ``unknown_hint`` follows the message for a
+    key that does not exist (``unknown config key <key>: <hint>``)."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from agentloop.config import from_dict
-
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("trainer.config", version_base=None):
-            cfg = compose("ppo_trainer", overrides=list(overrides or []))
+            cfg = compose(name, overrides=list(overrides or []))
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
@@ -45,12 +48,21 @@ def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, A
         lines = str(exc).splitlines()
         if lines[0].startswith("Could not override '"):
             key = lines[0].split("'")[1]
-            raise ConfigError(
-                f"unknown config key {key}: check its spelling against trainer/config/"
-                "ppo_trainer.yaml (extras for a command take a +, e.g. +output=out.jsonl)"
-            ) from None
+            raise ConfigError(f"unknown config key {key}: {unknown_hint}") from None
         raise ConfigError("; ".join(lines[:2])) from None
     assert isinstance(tree, dict)
+    return tree
+
+
+def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, Any]]:
+    from agentloop.config import from_dict
+
+    tree = compose_tree(
+        "ppo_trainer",
+        overrides,
+        "check its spelling against trainer/config/ppo_trainer.yaml (extras for a command "
+        "take a +, e.g. +output=out.jsonl)",
+    )
     sections = ("data", "actor_rollout_ref", "algorithm", "custom_reward_function", "trainer")
     extras = {k: tree.pop(k) for k in list(tree) if k not in sections}
     try:

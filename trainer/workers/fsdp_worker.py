@@ -39,6 +39,8 @@ class WorkerSpec:
     device: str
     temperature: float = 1.0
     threads: int = 1
+    gpu_share: float = 1.0
+    """GPUs per rank requested from Ray (0.5 when colocated with rollout servers)."""
 
 
 class FSDPWorker:
@@ -127,6 +129,32 @@ class FSDPWorker:
             seed=seed,
         )
         self.updates += int(metrics["actor/optimizer_steps"])
+        return metrics
+
+    def update_sft(
+        self,
+        batch: TrainBatch,
+        micro_batch_size: int,
+        use_dynamic_bsz: bool,
+        max_token_len: int,
+        grad_clip: float,
+    ) -> dict[str, float]:
+        """One SFT optimizer step on this rank's share (``trainer.workers.sft_step``)."""
+        from trainer.workers.sft_step import sft_update
+
+        assert self.model is not None and self.optimizer is not None
+        self.model.train()
+        metrics = sft_update(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            batch,
+            micro_batch_size=micro_batch_size,
+            use_dynamic_bsz=use_dynamic_bsz,
+            max_token_len=max_token_len,
+            grad_clip=grad_clip,
+        )
+        self.updates += 1
         return metrics
 
     # ---- weights out ----------------------------------------------------------------------

@@ -32,7 +32,7 @@ class WorkerGroup:
         master = f"{ray.util.get_node_ip_address()}:{_free_port()}"
         options: dict[str, Any] = {"num_cpus": 0}  # CPU: share the node with the servers
         if spec.device == "cuda":
-            options = {"num_cpus": 1, "num_gpus": 1}
+            options = {"num_cpus": 1, "num_gpus": spec.gpu_share}
         actor = ray.remote(FSDPWorker).options(**options)
         self.workers = [actor.remote(spec, rank, world_size, master) for rank in range(world_size)]
         info = ray.get([w.init_model.remote() for w in self.workers])
@@ -67,6 +67,18 @@ class WorkerGroup:
         """``samples_per_mini_batch`` is global; each rank takes its share of it."""
         per_rank = samples_per_mini_batch // self.world_size
         return self._scatter("update_actor", batch, per_rank, seed)[0]
+
+    def update_sft(
+        self,
+        batch: TrainBatch,
+        micro_batch_size: int,
+        use_dynamic_bsz: bool,
+        max_token_len: int,
+        grad_clip: float,
+    ) -> dict[str, float]:
+        """One SFT optimizer step on the global ``batch`` (split evenly over the ranks)."""
+        args = (micro_batch_size, use_dynamic_bsz, max_token_len, grad_clip)
+        return self._scatter("update_sft", batch, *args)[0]
 
     def push_weights(self, servers: list[Any], bucket_bytes: int) -> dict[str, float]:
         return self._each("push_weights", servers, bucket_bytes)[0]

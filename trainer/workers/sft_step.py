@@ -1,0 +1,64 @@
+"""One SFT optimizer step on a rank: masked token-mean negative log-likelihood of the
+assistant tokens (``response_mask``) over the whole global batch.
+
+Normalisation, as in the PPO update (``trainer.workers.actor``): every micro-batch adds
+``sum(-log p * mask)`` divided by the mask-token count of the global batch (all ranks), so
+the micro-batches of all ranks sum to exactly the global token mean; FSDP averages gradients
+over ranks, hence the factor ``world_size``. The result does not depend on how the batch is
+split over ranks or micro-batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.algos import agg_denominator, agg_numerator
+from trainer.workers.actor import (
+    _all_reduce,
+    _clip_and_step,
+    _micro_batches,
+    _world,
+    forward_log_probs,
+)
+from trainer.workers.batch import TrainBatch
+
+__all__ = ["sft_update"]
+
+_MODE = "token-mean"
+
+
+def sft_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    batch: TrainBatch,
+    *,
+    micro_batch_size: int,
+    use_dynamic_bsz: bool,
+    max_token_len: int,
+    grad_clip: float,
+) -> dict[str, float]:
+    """Forward/backward over this rank's ``batch`` in micro-batches, then one clipped
+    optimizer step. Metrics are global (reduced over ranks): ``train/loss`` (token-mean NLL
+    before the step), ``train/grad_norm``, ``train/lr`` (of this step), ``train/loss_tokens``."""
+    world = _world()
+    tokens = _all_reduce([agg_denominator(batch.response_mask, _MODE, batch.response_length)])[0]
+    denominator = max(tokens, 1.0)
+    groups = _micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len)
+    nll_sum = 0.0
+    for k, idx in enumerate(groups):
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(k == len(groups) - 1)
+        mb = batch.select(idx).trimmed()
+        log_probs, _ = forward_log_probs(model, mb)  # [mb, r]
+        nll = agg_numerator(-log_probs, mb.response_mask.to(log_probs.device), _MODE)
+        (nll * (world / denominator)).backward()
+        nll_sum += float(nll.detach())
+    lr = optimizer.param_groups[0]["lr"]
+    grad_norm = _clip_and_step(model, optimizer, scheduler, grad_clip)
+    return {
+        "train/loss": _all_reduce([nll_sum])[0] / denominator,
+        "train/grad_norm": grad_norm,
+        "train/lr": lr,
+        "train/loss_tokens": tokens,
+    }
