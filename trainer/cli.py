@@ -37,6 +37,23 @@ def models_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def hydra_argv(argv: list[str] | None, doc: str | None) -> list[str] | None:
+    """The ``key=value`` overrides of a Hydra-config command (logging set up), or None when
+    ``-h``/``--help`` printed the command's docstring."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        sys.stdout.write(doc or "")
+        return None
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return argv
+
+
+def cli_error(prog: str, message: str) -> int:
+    """One line on stderr saying what to change; exit code 2."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    return 2
+
+
 def resolve_model(name_or_path: str, what: str = "--model") -> str:
     """A folder path as is; an ``agentloop-models`` asset name to its (prepared) cache folder.
     Raises ``ValueError`` naming ``what`` (the option or config key) otherwise."""

@@ -10,28 +10,21 @@ run before any server or trainer rank starts; a failure prints one line saying w
 
 from __future__ import annotations
 
-import logging
 import sys
 
 __all__ = ["main"]
 
 
-def _fail(message: str) -> int:
-    sys.stderr.write(f"agentloop-train: error: {message}\n")
-    return 2
-
-
 def main(argv: list[str] | None = None) -> int:
+    from trainer.cli import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
     from trainer.config.validate import check_train_config, resolve_device
     from trainer.launch import load_split, prepare_rollout
     from trainer.ray_trainer import RayPPOTrainer
 
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        sys.stdout.write(__doc__ or "")
+    argv = hydra_argv(argv, __doc__)
+    if argv is None:
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         config, extras = load_config(argv)
         if extras:
@@ -43,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         val_rows = load_split(config, setup, "val") if config.data.val_files else None
         trainer = RayPPOTrainer(config, setup, train_rows, val_rows, device)
     except ValueError as exc:
-        return _fail(str(exc))
+        return cli_error("agentloop-train", str(exc))
     metrics = trainer.fit()
     if metrics:
         sys.stdout.write(

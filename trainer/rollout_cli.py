@@ -59,20 +59,14 @@ def trajectory_records(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
     return records
 
 
-def _fail(message: str) -> int:
-    sys.stderr.write(f"agentloop-rollout: error: {message}\n")
-    return 2
-
-
 def main(argv: list[str] | None = None) -> int:
+    from trainer.cli import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
     from trainer.launch import load_split, prepare_rollout
 
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        sys.stdout.write(__doc__ or "")
+    argv = hydra_argv(argv, __doc__)
+    if argv is None:
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # ---- start-up checks: everything that can be wrong fails here, before any server starts
     try:
         config, extras = load_config(argv)
@@ -92,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if extras.get("max_samples"):
             rows = rows[: int(extras["max_samples"])]
     except ValueError as exc:
-        return _fail(str(exc))
+        return cli_error("agentloop-rollout", str(exc))
     return _run(config, setup.model_path, rows, setup.tokenizer, Path(extras["output"]))
 
 

@@ -265,24 +265,18 @@ def _fit(
     return last_dir / "actor" / "huggingface"
 
 
-def _fail(message: str) -> int:
-    sys.stderr.write(f"agentloop-sft: error: {message}\n")
-    return 2
-
-
 def main(argv: list[str] | None = None) -> int:
+    from trainer.cli import cli_error, hydra_argv
     from trainer.config.sft import load_sft_config
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a in ("-h", "--help") for a in argv):
-        sys.stdout.write(__doc__ or "")
+    argv = hydra_argv(argv, __doc__)
+    if argv is None:
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_sft_config(argv)
         setup = prepare(cfg)
     except ValueError as exc:
-        return _fail(str(exc))
+        return cli_error("agentloop-sft", str(exc))
     hf_dir = train(cfg, setup)
     sys.stdout.write(f"{hf_dir}\n")
     return 0

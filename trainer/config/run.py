@@ -8,7 +8,28 @@ from typing import Literal
 from trainer.algos import ADV_ESTIMATORS, KL_TYPES
 from trainer.tracking import BACKENDS as LOGGERS
 
-__all__ = ["AlgorithmConfig", "KLControlConfig", "RewardFunctionConfig", "TrainerConfig"]
+__all__ = [
+    "AlgorithmConfig",
+    "KLControlConfig",
+    "RewardFunctionConfig",
+    "TrainerConfig",
+    "check_run_keys",
+]
+
+
+def check_run_keys(
+    logger: list[str], nnodes: int, n_gpus_per_node: int, resume_mode: str, resume_from: str | None
+) -> None:
+    """The ``trainer.*`` checks shared by RL and SFT runs."""
+    bad = sorted(set(logger) - set(LOGGERS))
+    if bad:
+        raise ValueError(f"trainer.logger has unknown backend {bad[0]!r}; use {', '.join(LOGGERS)}")
+    if nnodes < 1 or n_gpus_per_node < 1:
+        raise ValueError("trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+    if resume_mode == "resume_path" and not resume_from:
+        raise ValueError(
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>"
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -77,17 +98,13 @@ class TrainerConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        bad = sorted(set(self.logger) - set(LOGGERS))
-        if bad:
-            raise ValueError(
-                f"trainer.logger has unknown backend {bad[0]!r}; use {', '.join(LOGGERS)}"
-            )
-        if self.nnodes < 1 or self.n_gpus_per_node < 1:
-            raise ValueError("trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
-        if self.resume_mode == "resume_path" and not self.resume_from_path:
-            raise ValueError(
-                "trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>"
-            )
+        check_run_keys(
+            self.logger,
+            self.nnodes,
+            self.n_gpus_per_node,
+            self.resume_mode,
+            self.resume_from_path,
+        )
 
     @property
     def world_size(self) -> int:

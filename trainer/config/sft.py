@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from trainer.config import ConfigError, compose_tree
 from trainer.config.actor import FSDPConfig, ModelConfig, OptimConfig
-from trainer.tracking import BACKENDS as LOGGERS
+from trainer.config.run import check_run_keys
+from trainer.config.schema import DataConfig
 
 __all__ = [
     "SFTConfig",
@@ -57,11 +58,7 @@ class SFTDataConfig:
                 "micro-batch; raise data.max_token_len_per_gpu"
             )
 
-    @staticmethod
-    def files(value: list[str] | str | None) -> list[str]:
-        if value is None:
-            return []
-        return [value] if isinstance(value, str) else list(value)
+    files = staticmethod(DataConfig.files)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -106,21 +103,17 @@ class SFTTrainerConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        bad = sorted(set(self.logger) - set(LOGGERS))
-        if bad:
-            raise ValueError(
-                f"trainer.logger has unknown backend {bad[0]!r}; use {', '.join(LOGGERS)}"
-            )
-        if self.nnodes < 1 or self.n_gpus_per_node < 1:
-            raise ValueError("trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+        check_run_keys(
+            self.logger,
+            self.nnodes,
+            self.n_gpus_per_node,
+            self.resume_mode,
+            self.resume_from_path,
+        )
         if self.total_epochs < 1:
             raise ValueError(f"trainer.total_epochs must be >= 1, got {self.total_epochs}")
         if self.total_training_steps is not None and self.total_training_steps < 1:
             raise ValueError("trainer.total_training_steps must be >= 1 or null")
-        if self.resume_mode == "resume_path" and not self.resume_from_path:
-            raise ValueError(
-                "trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>"
-            )
 
     @property
     def world_size(self) -> int:
