@@ -104,3 +104,43 @@ def test_two_gloo_ranks_match_one_process(ray_local, tiny_qwen3_path):
     print(f"fsdp2 x2 vs one process: max weight diff {worst:.2e}, max weight change {moved:.2e}")
     assert worst < WEIGHT_ATOL
     assert moved > 1e-4  # the update did change the weights
+
+
+def test_reference_policy_stays_frozen_and_checkpointing_matches(ray_local, tiny_qwen3_path):
+    """With a KL term the ranks hold a frozen reference copy: after an update the actor's
+    log-probs move and the reference's do not. Activation checkpointing changes memory, not
+    results: the same update with it on gives the same weights."""
+    path = str(tiny_qwen3_path)
+    batch = make_batch(seed=3)
+    model = load_model(path, ModelConfig(path=path), "cpu")
+    initial, _ = log_probs_in_micro_batches(model, batch, micro_batch_size=8)
+    batch.old_log_probs = initial
+
+    def run(checkpointing: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        spec = WorkerSpec(
+            model_path=path,
+            model=ModelConfig(path=path, enable_gradient_checkpointing=checkpointing),
+            actor=actor_config(use_kl_loss=True, kl_loss_coef=0.1, ppo_epochs=1),
+            ref=RefConfig(),
+            need_ref=True,
+            device="cpu",
+        )
+        group = WorkerGroup(spec, world_size=2)
+        try:
+            batch.ref_log_probs = group.compute_ref_log_prob(batch)
+            metrics = group.update_actor(batch, samples_per_mini_batch=len(batch), seed=0)
+            after, _ = group.compute_log_prob(batch)
+            ref_after = group.compute_ref_log_prob(batch)
+            state = group.full_state_dict()
+        finally:
+            group.shutdown()
+        assert torch.allclose(ref_after, initial, atol=LOGP_ATOL)
+        assert (after - initial).abs().max() > 1e-4
+        assert "actor/kl_loss" in metrics
+        return after, state["model.layers.0.self_attn.q_proj.weight"], metrics
+
+    plain_logp, plain_w, plain_m = run(False)
+    ckpt_logp, ckpt_w, ckpt_m = run(True)
+    assert torch.allclose(plain_logp, ckpt_logp, atol=LOGP_ATOL)
+    assert (plain_w - ckpt_w).abs().max() < WEIGHT_ATOL
+    assert ckpt_m["actor/pg_loss"] == pytest.approx(plain_m["actor/pg_loss"], rel=LOSS_RTOL)
