@@ -178,9 +178,12 @@ class FSDPWorker:
                 sent += size
             bucket, size = [], 0
 
+        # Tied embeddings: the server copies the embedding into its head; sending both would
+        # move the largest matrix twice.
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         for name, tensor in full_tensors(self.model):
             tensors += 1
-            if self.rank == 0:
+            if self.rank == 0 and not (tied and name == "lm_head.weight"):
                 bucket.append((name, tensor))
                 size += tensor.numel() * tensor.element_size()
                 if size >= bucket_bytes:
