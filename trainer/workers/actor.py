@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -27,7 +29,14 @@ from trainer.algos import (
 from trainer.config.actor import ActorConfig
 from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
 
-__all__ = ["LossSpec", "forward_log_probs", "log_probs_in_micro_batches", "update_policy"]
+__all__ = [
+    "LossSpec",
+    "accumulate_gradients",
+    "forward_log_probs",
+    "global_denominator",
+    "log_probs_in_micro_batches",
+    "update_policy",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +120,34 @@ def log_probs_in_micro_batches(
         if entropy is not None and ent is not None:
             entropy[idx, :width] = ent.cpu() * mb.response_mask.to(ent.dtype)
     return log_probs, entropy
+
+
+def global_denominator(mask: torch.Tensor, mode: str, response_length: int) -> float:
+    """``agg_denominator`` of a mini-batch whose rows are spread over all ranks."""
+    value = agg_denominator(mask, mode, response_length)
+    if mode != "seq-mean-token-sum-norm":  # that one is a constant, not a count
+        value = _all_reduce([value])[0]
+    return value
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    groups: list[torch.Tensor],
+    loss_fn: Callable[[TrainBatch], tuple[torch.Tensor, dict[str, float]]],
+) -> dict[str, float]:
+    """Backward of ``loss_fn`` on every (trimmed) micro-batch ``groups`` of ``batch``;
+    gradients are reduced across ranks only after the last one. Returns the micro-batches'
+    statistics summed (this rank's)."""
+    sums: dict[str, float] = {}
+    for k, idx in enumerate(groups):
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(k == len(groups) - 1)
+        loss, stats = loss_fn(batch.select(idx).trimmed())
+        loss.backward()
+        for key, value in stats.items():
+            sums[key] = sums.get(key, 0.0) + value
+    return sums
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,26 +241,22 @@ def update_policy(
             )
         for start in range(0, len(batch), samples_per_mini_batch):
             mini = batch.select(order[start : start + samples_per_mini_batch])
-            mode = spec.loss_agg_mode
-            denominator = agg_denominator(mini.response_mask, mode, batch.response_length)
-            if mode != "seq-mean-token-sum-norm":  # that one is a constant, not a count
-                denominator = _all_reduce([denominator])[0]
+            denominator = global_denominator(
+                mini.response_mask, spec.loss_agg_mode, batch.response_length
+            )
             groups = _micro_batches(
                 mini,
                 cfg.ppo_micro_batch_size_per_gpu,
                 cfg.use_dynamic_bsz,
                 cfg.ppo_max_token_len_per_gpu,
             )
-            sums: dict[str, float] = {}
-            for k, idx in enumerate(groups):
-                if hasattr(model, "set_requires_gradient_sync"):
-                    model.set_requires_gradient_sync(k == len(groups) - 1)
-                loss, stats = _micro_loss(
-                    model, mini.select(idx).trimmed(), spec, max(denominator, 1.0), world
-                )
-                loss.backward()
-                for key, value in stats.items():
-                    sums[key] = sums.get(key, 0.0) + value
+            norm = max(denominator, 1.0)
+            sums = accumulate_gradients(
+                model,
+                mini,
+                groups,
+                partial(_micro_loss, model, spec=spec, denominator=norm, scale=world),
+            )
             grad_norm = _clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
             reduced = dict(zip(sums, _all_reduce(list(sums.values())), strict=True))
             tokens = max(reduced.pop("tokens"), 1.0)

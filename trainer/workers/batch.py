@@ -133,8 +133,3 @@ def balanced_micro_batches(
         if all(len(g) * peak[k] <= max_tokens for k, g in enumerate(groups)) or count >= n:
             return [torch.tensor(sorted(g)) for g in groups if g]
         count += 1
-
-
-def micro_batch_count(tokens: torch.Tensor, max_tokens: int) -> int:
-    """Micro-batches this rank needs under ``max_tokens`` (before agreeing on a maximum)."""
-    return len(balanced_micro_batches(tokens, max_tokens))

@@ -75,13 +75,19 @@ def apply_fsdp(model: torch.nn.Module, config: FSDPConfig, device: str) -> torch
     return model
 
 
-def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def full_tensors(
+    model: torch.nn.Module, *, skip_tied_head: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full CPU tensor) for every entry of the state dict, one at a time.
 
     Collective: every rank must iterate in step (each DTensor is all-gathered); only the
-    values on rank 0 are meant to be used.
+    values on rank 0 are meant to be used. ``skip_tied_head`` leaves out ``lm_head.weight``
+    when it is the embedding (tied), so the largest matrix is not gathered twice.
     """
+    tied = skip_tied_head and bool(getattr(model.config, "tie_word_embeddings", False))
     for name, value in model.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue
         if hasattr(value, "full_tensor"):
             value = value.full_tensor()
         yield name, value.detach().to("cpu", torch.float32)

@@ -178,12 +178,10 @@ class FSDPWorker:
                 sent += size
             bucket, size = [], 0
 
-        # Tied embeddings: the server copies the embedding into its head; sending both would
-        # move the largest matrix twice.
-        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        for name, tensor in full_tensors(self.model):
+        # Tied embeddings: the server copies the embedding into its head.
+        for name, tensor in full_tensors(self.model, skip_tied_head=True):
             tensors += 1
-            if self.rank == 0 and not (tied and name == "lm_head.weight"):
+            if self.rank == 0:
                 bucket.append((name, tensor))
                 size += tensor.numel() * tensor.element_size()
                 if size >= bucket_bytes:
@@ -193,10 +191,10 @@ class FSDPWorker:
             ray.get([s.finish_weight_update.remote() for s in servers])
         return {"tensors": float(tensors), "bytes": float(sent)}
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+    def full_state_dict(self, skip_tied_head: bool = False) -> dict[str, torch.Tensor] | None:
         """The whole model on rank 0 (None elsewhere); collective."""
         assert self.model is not None
-        state = {name: t for name, t in full_tensors(self.model)}
+        state = dict(full_tensors(self.model, skip_tied_head=skip_tied_head))
         return state if self.rank == 0 else None
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -263,15 +261,13 @@ class FSDPWorker:
         from safetensors.torch import save_file
 
         assert self.model is not None
-        state = self.full_state_dict()
+        state = self.full_state_dict(skip_tied_head=True)  # transformers re-ties on load
         if self.rank != 0:
             return
         assert state is not None
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         config = self.model.config
-        if getattr(config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
         save_file(
             {k: v.contiguous() for k, v in state.items()},
             out / "model.safetensors",

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import torch
 
-from trainer.algos import agg_denominator, agg_numerator
+from trainer.algos import agg_numerator
 from trainer.workers.actor import (
     _all_reduce,
     _clip_and_step,
     _micro_batches,
     _world,
+    accumulate_gradients,
     forward_log_probs,
+    global_denominator,
 )
 from trainer.workers.batch import TrainBatch
 
@@ -42,18 +44,16 @@ def sft_update(
     optimizer step. Metrics are global (reduced over ranks): ``train/loss`` (token-mean NLL
     before the step), ``train/grad_norm``, ``train/lr`` (of this step), ``train/loss_tokens``."""
     world = _world()
-    tokens = _all_reduce([agg_denominator(batch.response_mask, _MODE, batch.response_length)])[0]
+    tokens = global_denominator(batch.response_mask, _MODE, batch.response_length)
     denominator = max(tokens, 1.0)
-    groups = _micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len)
-    nll_sum = 0.0
-    for k, idx in enumerate(groups):
-        if hasattr(model, "set_requires_gradient_sync"):
-            model.set_requires_gradient_sync(k == len(groups) - 1)
-        mb = batch.select(idx).trimmed()
+
+    def micro_loss(mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
         log_probs, _ = forward_log_probs(model, mb)  # [mb, r]
         nll = agg_numerator(-log_probs, mb.response_mask.to(log_probs.device), _MODE)
-        (nll * (world / denominator)).backward()
-        nll_sum += float(nll.detach())
+        return nll * (world / denominator), {"nll": float(nll.detach())}
+
+    groups = _micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len)
+    nll_sum = accumulate_gradients(model, batch, groups, micro_loss).get("nll", 0.0)
     lr = optimizer.param_groups[0]["lr"]
     grad_norm = _clip_and_step(model, optimizer, scheduler, grad_clip)
     return {

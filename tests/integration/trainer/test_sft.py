@@ -13,6 +13,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.unit.agentloop.scripted import CALC_SCHEMA
 from trainer.config.actor import ModelConfig
 from trainer.data import read_rows
 from trainer.sft import main
@@ -22,19 +23,6 @@ from trainer.workers.fsdp import load_model
 from trainer.workers.sft_step import sft_update
 
 pytestmark = pytest.mark.integration
-
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calc",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
 
 
 def conversation(a: int, b: int) -> dict:
@@ -47,7 +35,7 @@ def conversation(a: int, b: int) -> dict:
             {"role": "tool", "content": str(a + b)},
             {"role": "assistant", "content": f"The answer is {a + b}."},
         ],
-        "tools": [CALC],
+        "tools": [CALC_SCHEMA],
     }
 
 
