@@ -27,6 +27,7 @@ __all__ = [
     "read_bucket",
     "iter_buckets",
     "shm_dir",
+    "sweep_orphans",
 ]
 
 _DTYPES = {
@@ -87,13 +88,41 @@ def shm_dir() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
+_PREFIX = "agentloop-weights-"
+
+
 def new_staging_file(directory: Path | None = None) -> str:
-    """Create an empty staging file in shared memory; the caller owns (and unlinks) it."""
-    fd, path = tempfile.mkstemp(
-        prefix="agentloop-weights-", suffix=".bin", dir=directory or shm_dir()
-    )
+    """Create an empty staging file in shared memory; the caller owns (and unlinks) it.
+
+    The name carries the owner's pid so that files left by a killed server (SIGKILL skips
+    its cleanup, and ``/dev/shm`` is RAM) are removed by the next server that stages.
+    """
+    folder = directory or shm_dir()
+    sweep_orphans(folder)
+    fd, path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", suffix=".bin", dir=folder)
     os.close(fd)
     return path
+
+
+def sweep_orphans(folder: Path) -> int:
+    """Unlink staging files whose owner process is gone; returns how many were removed."""
+    removed = 0
+    for path in folder.glob(f"{_PREFIX}*.bin"):
+        owner = path.name.removeprefix(_PREFIX).split("-", 1)[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def stage_bucket(named: Iterable[tuple[str, torch.Tensor]], path: str) -> StagedBucket:

@@ -120,8 +120,19 @@ def steps_logged(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the run and everything it started (Ray, vLLM engine, trainer ranks)."""
+SHM = Path("/dev/shm")
+
+
+def shm_segments() -> set[Path]:
+    return set(SHM.glob("psm_*")) if SHM.is_dir() else set()
+
+
+def kill_tree(proc: subprocess.Popen, shm_before: set[Path]) -> None:
+    """SIGKILL the run and everything it started (Ray, vLLM engine, trainer ranks).
+
+    The killed engine cannot unlink its shared-memory segments (RAM on CI), so the ones
+    created during the run go too; our own weight staging files are swept by the next server.
+    """
     try:
         parent = psutil.Process(proc.pid)
         victims = [parent, *parent.children(recursive=True)]
@@ -133,11 +144,14 @@ def kill_tree(proc: subprocess.Popen) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(victims, timeout=30)
+    for segment in shm_segments() - shm_before:
+        segment.unlink(missing_ok=True)
 
 
 def test_grpo_three_steps_killed_and_resumed(task, tmp_path, tiny_qwen3_path):
     run_dir = tmp_path / "run"
     log1 = (tmp_path / "run1.log").open("w")
+    shm_before = shm_segments()
     proc = subprocess.Popen(command(task, run_dir), cwd=REPO, env=env(), stdout=log1, stderr=log1)
     deadline = time.monotonic() + 600
     try:
@@ -149,7 +163,7 @@ def test_grpo_three_steps_killed_and_resumed(task, tmp_path, tiny_qwen3_path):
             assert time.monotonic() < deadline, "run 1 did not reach step 2 in time"
             time.sleep(0.5)
     finally:
-        kill_tree(proc)
+        kill_tree(proc, shm_before)
         log1.close()
     first = [s["step"] for s in steps_logged(run_dir)]
     assert first[:2] == [1, 2] and len(first) <= 3
