@@ -167,10 +167,16 @@ def _check(path: str, hint: Any, value: Any) -> Any:
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{path} must be a list, got {type(value).__name__} {value!r}")
+        args = typing.get_args(hint)
+        if origin is list and args:
+            return [_check(f"{path}[{i}]", args[0], v) for i, v in enumerate(value)]
         return list(value)
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{path} must be a mapping, got {type(value).__name__} {value!r}")
+        args = typing.get_args(hint)
+        if len(args) == 2:
+            return {k: _check(f"{path}.{k}", args[1], v) for k, v in value.items()}
         return dict(value)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

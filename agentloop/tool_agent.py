@@ -49,11 +49,13 @@ class ToolAgentLoop(AgentLoopBase):
         self._error_kinds: list[str] = []
         assistant_turns = user_turns = 0
         finish_reasons: list[str] = []
+        turn_ends: list[int] = []  # each model turn's last response index (per-turn rewards)
         try:
             while True:
                 out = await self.generate(request_id, traj, sampling_params)
                 assistant_turns += 1
                 finish_reasons.append(out.finish_reason)
+                turn_ends.append(len(traj) - 1)
                 if (
                     out.finish_reason != "stop"
                     or not out.token_ids
@@ -72,7 +74,7 @@ class ToolAgentLoop(AgentLoopBase):
                 if self._reached(self.multi_turn.max_user_turns, user_turns):
                     stop = "max_user_turns"
                     break
-                tool_messages = await self._call_tools(request_id, parsed)
+                tool_messages = await self._call_tools(request_id, parsed, assistant_turns - 1)
                 messages.append({"role": "assistant", "content": text})
                 delta = await self.encode_delta(messages, tool_messages, schemas)
                 messages.extend(tool_messages)
@@ -86,6 +88,7 @@ class ToolAgentLoop(AgentLoopBase):
             traj,
             num_turns=1 + assistant_turns + user_turns,
             finish_reasons=finish_reasons,
+            turn_ends=turn_ends,
             stop_reason=stop,
             assistant_turns=assistant_turns,
             user_turns=user_turns,
@@ -100,8 +103,11 @@ class ToolAgentLoop(AgentLoopBase):
     def _reached(limit: int | None, count: int) -> bool:
         return limit is not None and count >= limit
 
-    async def _call_tools(self, request_id: str, parsed: ParsedTurn) -> list[dict[str, str]]:
-        """Tool messages for every item of the turn, in order; calls run concurrently."""
+    async def _call_tools(
+        self, request_id: str, parsed: ParsedTurn, turn: int
+    ) -> list[dict[str, str]]:
+        """Tool messages for every item of model turn ``turn``, in order; calls run
+        concurrently."""
         limit = self.multi_turn.max_parallel_calls
         slots: list[dict[str, str] | None] = []
         to_run: list[tuple[int, ToolCall]] = []
@@ -143,6 +149,7 @@ class ToolAgentLoop(AgentLoopBase):
                     "seconds": outcome.seconds,
                     "repaired": call.repaired,
                     "reward": outcome.reward,
+                    "turn": turn,
                 }
             )
         return [s for s in slots if s is not None]

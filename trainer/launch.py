@@ -7,7 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RolloutSetup", "load_split", "prepare_rollout", "start_rollout", "stop_rollout"]
+__all__ = [
+    "RolloutSetup",
+    "load_split",
+    "prepare_rollout",
+    "start_judge",
+    "start_rollout",
+    "stop_rollout",
+    "stop_servers",
+]
 
 
 @dataclass(slots=True)
@@ -88,14 +96,48 @@ def start_rollout(
     return servers, AgentLoopManager(rollout, servers, model_path)
 
 
-def stop_rollout(servers: list[Any], manager: Any) -> None:
+def start_judge(judge: Any, device: str) -> tuple[list[Any], Any, Any]:
+    """The judge's own AsyncServer group (``reward_model.judge``): its servers, the load
+    balancer over them and the judge tokenizer. On GPU each server takes
+    ``tensor_model_parallel_size`` GPUs of its own; on CPU it shares the node (no CPU claimed
+    in Ray's accounting, like the trainer ranks)."""
+    import ray
+    from transformers import AutoTokenizer
+
+    from servers import AsyncLLMServerManager, ServerConfig, launch_servers
+    from trainer.cli import resolve_model
+
+    path = resolve_model(judge.model_path, "reward_model.judge.model_path")
+    server_config = ServerConfig(
+        model=path,
+        tensor_parallel_size=judge.tensor_model_parallel_size,
+        gpu_memory_utilization=judge.gpu_memory_utilization,
+        max_model_len=judge.max_model_len,
+        http=False,
+    )
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    gpus = float(judge.tensor_model_parallel_size) if device == "cuda" else 0.0
+    servers = launch_servers(
+        server_config, judge.num_servers, num_cpus=0 if device == "cpu" else 1, num_gpus=gpus
+    )
+    return servers, AsyncLLMServerManager(servers), AutoTokenizer.from_pretrained(path)
+
+
+def stop_servers(servers: list[Any]) -> None:
     import ray
 
+    for server in servers:
+        try:
+            ray.get(server.shutdown.remote())
+        except Exception:  # noqa: BLE001 - a dead server has nothing left to shut down
+            pass
+        finally:
+            ray.kill(server)
+
+
+def stop_rollout(servers: list[Any], manager: Any) -> None:
     try:
         manager.shutdown()
     finally:
-        for server in servers:
-            try:
-                ray.get(server.shutdown.remote())
-            finally:
-                ray.kill(server)
+        stop_servers(servers)

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.config.validate import check_train_config, resolve_device
     from trainer.launch import load_split, prepare_rollout
     from trainer.ray_trainer import RayPPOTrainer
+    from trainer.rewards import JudgeUnavailableError, RewardFunctionError
 
     argv = hydra_argv(argv, __doc__)
     if argv is None:
@@ -37,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
         trainer = RayPPOTrainer(config, setup, train_rows, val_rows, device)
     except ValueError as exc:
         return cli_error("agentloop-train", str(exc))
-    metrics = trainer.fit()
+    try:
+        metrics = trainer.fit()
+    except (JudgeUnavailableError, RewardFunctionError) as exc:
+        # The last checkpoint stays; fix the reward and run again to resume.
+        sys.stderr.write(f"agentloop-train: reward failed: {exc}\n")
+        return 1
     if metrics:
         sys.stdout.write(
             f"done: {trainer.total_steps} steps, last reward/mean {metrics['reward/mean']:.4f}; "

@@ -1,7 +1,7 @@
 """The RL loop. One step, top to bottom:
 
     rows ─> rollout (AgentLoopManager: async agent loops on the servers)
-         ─> reward (rule function, thread pool)
+         ─> rewards (rule | judge servers | tool-verified, weighted; trainer.rewards)
          ─> old log-probs (+ reference log-probs when a KL term is used)
          ─> advantages (grpo | rloo | reinforce_plus_plus; optional KL-in-reward)
          ─> PPO mini-batch updates on the FSDP2 ranks
@@ -28,8 +28,8 @@ from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_toke
 from trainer.checkpoint import CheckpointManager
 from trainer.config.schema import Config
 from trainer.dataloader import PromptSampler
-from trainer.launch import RolloutSetup, start_rollout, stop_rollout
-from trainer.reward import RewardScorer
+from trainer.launch import RolloutSetup, start_rollout, stop_rollout, stop_servers
+from trainer.rewards import RewardManager, build_rewards, check_rewards
 from trainer.tracking import Tracking
 from trainer.weight_sync import WeightSync
 from trainer.workers import TrainBatch, WorkerGroup, WorkerSpec
@@ -75,7 +75,7 @@ class RayPPOTrainer:
         self.total_steps = run.total_training_steps or run.total_epochs * len(self.sampler)
         self.checkpoints = CheckpointManager(run.default_local_dir, run.max_actor_ckpt_to_keep)
         self.checkpoints.check_writable()
-        self.scorer = RewardScorer(config.custom_reward_function, setup.tokenizer)
+        check_rewards(config)
         self.tracking = Tracking(
             run.logger,
             project=run.project_name,
@@ -87,6 +87,8 @@ class RayPPOTrainer:
             config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         )
         self.servers: list[Any] = []
+        self.judge_servers: list[Any] = []
+        self.rewards: RewardManager | None = None
         self.manager: Any = None
         self.workers: WorkerGroup | None = None
         self.sync: WeightSync | None = None
@@ -99,6 +101,9 @@ class RayPPOTrainer:
         # accounting; the server sleeps while the trainer computes.
         share = 0.5 if colocated else None
         self.servers, self.manager = start_rollout(self.config, self.setup.model_path, share)
+        self.rewards, self.judge_servers = build_rewards(
+            self.config, self.setup.tokenizer, self.device
+        )
         world = self.config.trainer.world_size
         spec = WorkerSpec(
             model_path=self.setup.model_path,
@@ -173,9 +178,11 @@ class RayPPOTrainer:
         metrics |= rollout.metrics
         metrics["timing_s/tools"] = rollout.metrics.get("agent_loop/tool_s/mean", 0.0)
         self.sync.release_servers()
+        assert self.rewards is not None
         with _timer(metrics, "reward"):
-            scores, reward_metrics = self.scorer.score(rollout)
-        metrics |= reward_metrics
+            reward = self.rewards.score(rollout)
+        metrics |= reward.metrics
+        scores = reward.scores
         batch = TrainBatch(
             input_ids=rollout.input_ids,
             attention_mask=rollout.attention_mask,
@@ -191,11 +198,13 @@ class RayPPOTrainer:
             with _timer(metrics, "ref"):
                 batch.ref_log_probs = self.workers.compute_ref_log_prob(batch)
         with _timer(metrics, "adv"):
-            token_rewards = None
+            token_rewards = reward.token_rewards
             if cfg.algorithm.use_kl_in_reward:
                 assert batch.ref_log_probs is not None
+                if token_rewards is None:
+                    token_rewards = scores_to_token_rewards(scores, mask)
                 token_rewards, kl = apply_kl_in_reward(
-                    scores_to_token_rewards(scores, mask),
+                    token_rewards,
                     batch.old_log_probs,
                     batch.ref_log_probs,
                     mask,
@@ -242,7 +251,8 @@ class RayPPOTrainer:
         """One sample per validation prompt; mean reward overall and per data_source."""
         start = time.perf_counter()
         batch = self.manager.generate_sequences(self.val_rows, n=1)
-        scores, _ = self.scorer.score(batch)
+        assert self.rewards is not None
+        scores = self.rewards.score(batch).scores
         out = {
             "val/reward/mean": float(scores.mean()),
             "val/num_turns/mean": float(sum(batch.num_turns) / len(batch)),
@@ -263,7 +273,12 @@ class RayPPOTrainer:
 
     def close(self) -> None:
         self.tracking.finish()
-        self.scorer.close()
+        if self.rewards is not None:
+            self.rewards.close()
+            self.rewards = None
+        if self.judge_servers:
+            stop_servers(self.judge_servers)
+            self.judge_servers = []
         if self.workers is not None:
             self.workers.shutdown()
             self.workers = None

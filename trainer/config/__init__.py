@@ -63,7 +63,14 @@ def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, A
         "check its spelling against trainer/config/ppo_trainer.yaml (extras for a command "
         "take a +, e.g. +output=out.jsonl)",
     )
-    sections = ("data", "actor_rollout_ref", "algorithm", "custom_reward_function", "trainer")
+    sections = (
+        "data",
+        "actor_rollout_ref",
+        "algorithm",
+        "custom_reward_function",
+        "reward_model",
+        "trainer",
+    )
     extras = {k: tree.pop(k) for k in list(tree) if k not in sections}
     try:
         return from_dict(Config, tree), extras

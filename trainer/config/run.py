@@ -1,4 +1,4 @@
-"""``algorithm``, ``custom_reward_function`` and ``trainer``: the RL loop's own config."""
+"""``algorithm`` and ``trainer``: the RL loop's own config."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from trainer.tracking import BACKENDS as LOGGERS
 __all__ = [
     "AlgorithmConfig",
     "KLControlConfig",
-    "RewardFunctionConfig",
     "TrainerConfig",
     "check_run_keys",
 ]
@@ -60,17 +59,6 @@ class AlgorithmConfig:
                 f"algorithm.kl_penalty={self.kl_penalty!r} is not supported; "
                 f"use one of {', '.join(KL_TYPES)}"
             )
-
-
-@dataclass(kw_only=True, slots=True)
-class RewardFunctionConfig:
-    path: str | None = None
-    """Python file defining the reward function (None: the built-in scorers by data_source)."""
-    name: str = "compute_score"
-    """``compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict``."""
-    timeout_s: float = 30.0
-    num_workers: int = 4
-    """Threads scoring samples in parallel."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from agentloop.config import RolloutConfig
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
-from trainer.config.run import AlgorithmConfig, RewardFunctionConfig, TrainerConfig
+from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
+from trainer.config.run import AlgorithmConfig, TrainerConfig
 
 __all__ = ["ActorRolloutRefConfig", "Config", "DataConfig", "ModelConfig"]
 
@@ -59,4 +60,5 @@ class Config:
     actor_rollout_ref: ActorRolloutRefConfig
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     custom_reward_function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

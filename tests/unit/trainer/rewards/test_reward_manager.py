@@ -1,0 +1,339 @@
+"""``RewardManager``: rule rewards on a real collated batch. Bad reward functions (raising,
+timing out) score 0 and are counted while the step goes on; NaN or non-numbers stop with an
+error naming the function; calls run in parallel threads or processes; named rewards are
+summed with weights and each is logged; tool rewards can be placed per turn."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+from transformers import AutoTokenizer
+
+from tests.unit.trainer.rewards.batch import make_batch
+from trainer.config.reward import RewardFunctionConfig, RewardModelConfig, RuleRewardConfig
+from trainer.rewards import RewardFunctionError, RewardManager, default_compute_score
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_path):
+    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
+
+
+def manager_with(fn, tokenizer: Any, **rule: Any) -> RewardManager:
+    """A manager whose rule reward runs ``fn`` in threads (built-in loaded, then replaced)."""
+    manager = RewardManager(RewardFunctionConfig(**rule), RewardModelConfig(), tokenizer)
+    manager.components[0].pool.fn = fn
+    return manager
+
+
+def score(manager: RewardManager, batch) -> tuple[list[float], dict[str, float]]:
+    try:
+        out = manager.score(batch)
+    finally:
+        manager.close()
+    return out.scores.tolist(), out.metrics
+
+
+def write(path: Path, source: str) -> str:
+    path.write_text(source)
+    return str(path)
+
+
+# --- what a reward function sees and returns ---------------------------------------------
+
+
+def test_a_custom_file_scores_and_sees_row_and_rollout_fields(tmp_path, tokenizer):
+    path = write(
+        tmp_path / "my_reward.py",
+        "SEEN = []\n"
+        "def judge(data_source, solution_str, ground_truth, extra_info):\n"
+        "    SEEN.append((data_source, ground_truth, extra_info))\n"
+        "    return float(solution_str.strip() == ground_truth)\n",
+    )
+    rule = RewardFunctionConfig(path=path, name="judge")
+    manager = RewardManager(rule, RewardModelConfig(), tokenizer)
+    fn = manager.components[0].pool.fn
+    scores, metrics = score(manager, make_batch(tokenizer, ["42", "41"], data_source="mine"))
+    assert scores == [1.0, 0.0]
+    assert metrics["reward/mean"] == 0.5 and metrics["reward/rule"] == 0.5
+    assert metrics["reward/errors"] == 0.0
+    seen = fn.__globals__["SEEN"]
+    assert sorted(s[2]["index"] for s in seen) == [0, 1]
+    source, truth, info = seen[0]
+    assert source == "mine" and truth == "42"
+    assert info["tool_rewards"] == {"calc": 0.5}
+    assert info["tool_calls"] == 1 and info["num_turns"] == 2
+
+
+def test_the_function_sees_the_decoded_response_without_special_tokens(tokenizer):
+    seen: list[str] = []
+
+    def fn(source, text, truth, info):
+        seen.append(text)
+        return default_compute_score(source, text, truth, info)
+
+    text = "<tool_response>41</tool_response>#### 42<|im_end|>"
+    scores, _ = score(manager_with(fn, tokenizer), make_batch(tokenizer, [text]))
+    assert seen == ["<tool_response>41</tool_response>#### 42"]
+    assert scores == [1.0]
+
+
+def test_a_dict_result_uses_score_and_logs_its_numeric_keys(tokenizer):
+    def fn(source, text, truth, info):
+        return {"score": 2.0 * info["index"], "acc": float(info["index"] == 0), "note": "x"}
+
+    scores, metrics = score(manager_with(fn, tokenizer), make_batch(tokenizer, ["a", "b", "c"]))
+    assert scores == [0.0, 2.0, 4.0]
+    assert metrics["reward/rule/acc"] == pytest.approx(1 / 3)
+    assert "reward/rule/note" not in metrics and "reward/rule/score" not in metrics
+    assert metrics["reward/max"] == 4.0 and metrics["reward/min"] == 0.0
+
+
+@pytest.mark.parametrize("value", [np.float32(1.0), np.int64(1), np.bool_(True), True])
+def test_numpy_scalars_and_bools_are_numbers(tokenizer, value):
+    scores, metrics = score(
+        manager_with(lambda *args: value, tokenizer), make_batch(tokenizer, ["a"])
+    )
+    assert scores == [1.0] and metrics["reward/errors"] == 0.0
+
+
+def test_a_score_set_by_the_agent_loop_is_kept(tokenizer):
+    def fn(source, text, truth, info):
+        if info["index"] == 0:
+            raise RuntimeError("not consulted for a preset score")
+        return 0.25
+
+    batch = make_batch(tokenizer, ["a", "b"], reward_scores=[0.75, None])
+    scores, metrics = score(manager_with(fn, tokenizer), batch)
+    assert scores == [0.75, 0.25] and metrics["reward/errors"] == 0.0
+
+
+# --- faults ------------------------------------------------------------------------------
+
+
+def test_a_raising_function_scores_zero_and_counts_an_error_without_stopping(tokenizer):
+    def fn(source, text, truth, info):
+        if info["index"] == 1:
+            raise RuntimeError("scorer crashed")
+        return 1.0
+
+    scores, metrics = score(manager_with(fn, tokenizer), make_batch(tokenizer, ["a", "b", "c"]))
+    assert scores == [1.0, 0.0, 1.0]
+    assert metrics["reward/errors"] == 1.0 and metrics["reward/rule/errors"] == 1.0
+
+
+def test_a_timed_out_function_scores_zero_and_counts_an_error(tokenizer):
+    release = threading.Event()
+
+    def fn(source, text, truth, info):
+        if info["index"] == 0:
+            release.wait(10)  # hangs until the test lets it go
+        return 1.0
+
+    manager = manager_with(fn, tokenizer, timeout_s=0.2, num_workers=2)
+    start = time.perf_counter()
+    try:
+        scores, metrics = score(manager, make_batch(tokenizer, ["a", "b"]))
+    finally:
+        release.set()
+    assert time.perf_counter() - start < 2.0
+    assert scores == [0.0, 1.0] and metrics["reward/errors"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("bad", "shown"),
+    [
+        (math.nan, "nan (float)"),
+        (math.inf, "inf (float)"),
+        ("1.0", "'1.0' (str)"),
+        (None, "None (NoneType)"),
+        ([1.0], "[1.0] (list)"),
+        ({"score": math.nan}, "nan (float)"),
+    ],
+)
+def test_nan_or_a_non_number_is_an_error_naming_the_function(tmp_path, tokenizer, bad, shown):
+    path = write(
+        tmp_path / "bad_reward.py",
+        f"import math\nBAD = {bad!r}\n".replace("nan", "math.nan").replace("inf", "math.inf")
+        + "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    return BAD if extra_info['index'] == 1 else 0.5\n",
+    )
+    manager = RewardManager(RewardFunctionConfig(path=path), RewardModelConfig(), tokenizer)
+    with pytest.raises(RewardFunctionError) as err:
+        score(manager, make_batch(tokenizer, ["a", "b"], data_source="quiz"))
+    assert str(err.value) == (
+        f"{path}:compute_score returned {shown} for sample 1 (data_source='quiz'); it must "
+        "return a finite number or a dict with a numeric 'score'"
+    )
+
+
+def test_a_dict_without_score_is_an_error_naming_the_function(tokenizer):
+    manager = manager_with(lambda *args: {"acc": 1.0}, tokenizer)
+    manager.components[0].describe = "r.py:f"
+    with pytest.raises(RewardFunctionError) as err:
+        score(manager, make_batch(tokenizer, ["a"]))
+    assert str(err.value) == (
+        "r.py:f returned a dict without 'score' (keys: ['acc']) for sample 0 "
+        "(data_source='gsm8k'); add a numeric 'score'"
+    )
+
+
+# --- parallelism -------------------------------------------------------------------------
+
+
+def test_slow_scorers_run_in_parallel_threads(tokenizer):
+    n = 8
+
+    def fn(source, text, truth, info):
+        time.sleep(0.3)
+        return 1.0
+
+    manager = manager_with(fn, tokenizer, num_workers=n)
+    start = time.perf_counter()
+    scores, metrics = score(manager, make_batch(tokenizer, ["a"] * n))
+    elapsed = time.perf_counter() - start
+    assert scores == [1.0] * n and metrics["reward/errors"] == 0.0
+    assert elapsed < 0.3 * n / 2, f"{n} x 0.3 s scorers took {elapsed:.2f} s"
+
+
+def test_the_timeout_counts_the_call_not_the_wait_for_a_free_worker(tokenizer):
+    def fn(source, text, truth, info):
+        time.sleep(0.3)  # each call is well inside its 0.5 s budget
+        return 1.0
+
+    manager = manager_with(fn, tokenizer, timeout_s=0.5, num_workers=1)
+    scores, metrics = score(manager, make_batch(tokenizer, ["a", "b", "c"]))
+    assert scores == [1.0, 1.0, 1.0] and metrics["reward/errors"] == 0.0
+
+
+SLOW_FILE = (
+    "import time\n"
+    "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+    "    if solution_str.startswith('hang'):\n"
+    "        time.sleep(60)\n"
+    "    time.sleep(0.5)\n"
+    "    return 1.0\n"
+)
+
+
+def test_a_process_pool_scores_in_parallel_and_replaces_a_hung_worker(tmp_path, tokenizer):
+    path = write(tmp_path / "slow_reward.py", SLOW_FILE)
+    rule = RewardFunctionConfig(path=path, executor="process", num_workers=4, timeout_s=3.0)
+    manager = RewardManager(rule, RewardModelConfig(), tokenizer)
+    try:
+        manager.score(make_batch(tokenizer, ["a"] * 4))  # warm-up: spawn the workers
+        start = time.perf_counter()
+        out = manager.score(make_batch(tokenizer, ["a"] * 4))
+        elapsed = time.perf_counter() - start
+        assert out.scores.tolist() == [1.0] * 4
+        assert elapsed < 1.5, f"4 x 0.5 s scorers in 4 processes took {elapsed:.2f} s"
+
+        pool = manager.components[0].pool
+        before = set(pool._executor._processes)  # noqa: SLF001 - the worker pids
+        hung = manager.score(make_batch(tokenizer, ["hang", "a"]))
+        assert hung.scores.tolist() == [0.0, 1.0] and hung.metrics["reward/errors"] == 1.0
+        after = set(pool._executor._processes)  # noqa: SLF001
+        assert len(after) == 4 and not before & after
+        gone, alive = psutil.wait_procs(
+            [psutil.Process(p) for p in before if psutil.pid_exists(p)], timeout=5
+        )
+        assert not alive, "the hung worker was not terminated"
+        again = manager.score(make_batch(tokenizer, ["a", "a"]))  # a fresh pool answers
+        assert again.scores.tolist() == [1.0, 1.0]
+    finally:
+        manager.close()
+
+
+# --- composition -------------------------------------------------------------------------
+
+
+def test_named_rewards_are_summed_with_weights_and_each_is_logged(tmp_path, tokenizer):
+    fmt = write(
+        tmp_path / "fmt.py",
+        "def has_hash(data_source, solution_str, ground_truth, extra_info):\n"
+        "    return float('####' in solution_str)\n",
+    )
+    config = RewardModelConfig(
+        rules=[RuleRewardConfig(name="format", path=fmt, function="has_hash")],
+        weights={"rule": 1.0, "format": 0.5},
+    )
+    manager = RewardManager(RewardFunctionConfig(), config, tokenizer)
+    batch = make_batch(tokenizer, ["#### 42", "#### 41", "42"])
+    scores, metrics = score(manager, batch)
+    assert scores == [1.5, 0.5, 1.0]
+    assert metrics["reward/rule"] == pytest.approx(2 / 3)
+    assert metrics["reward/format"] == pytest.approx(2 / 3)
+    assert metrics["reward/mean"] == pytest.approx(1.0)
+
+
+def test_a_zero_weight_turns_a_reward_off(tmp_path, tokenizer):
+    fmt = write(tmp_path / "fmt.py", "def f(*args):\n    return 0.25\n")
+    config = RewardModelConfig(
+        rules=[RuleRewardConfig(name="format", path=fmt, function="f")], weights={"rule": 0}
+    )
+    manager = RewardManager(RewardFunctionConfig(), config, tokenizer)
+    assert [c.name for c in manager.components] == ["format"]
+    scores, metrics = score(manager, make_batch(tokenizer, ["#### 42"]))
+    assert scores == [0.25] and "reward/rule" not in metrics
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            RewardModelConfig(weights={"judge": 1.0}),
+            "reward_model.weights.judge names no configured reward; configured: rule",
+        ),
+        (
+            RewardModelConfig(weights={"rule": 0.0}),
+            "reward_model.weights turns every reward off: keep one non-zero",
+        ),
+        (
+            RewardModelConfig(rules=[RuleRewardConfig(name="rule", path="x.py")]),
+            "reward_model.rules has a second reward named 'rule': names must be unique and not "
+            "rule, judge or verify",
+        ),
+    ],
+)
+def test_bad_reward_composition_is_a_clear_error(tokenizer, config, message):
+    with pytest.raises(ValueError) as err:
+        RewardManager(RewardFunctionConfig(), config, tokenizer)
+    assert str(err.value) == message
+
+
+def test_process_rewards_land_on_the_last_token_of_the_calling_turn(tokenizer):
+    extras = [
+        {
+            "turn_ends": [3, 9],
+            "calls": [
+                {"name": "calc", "reward": 0.5, "turn": 0},
+                {"name": "calc", "reward": -0.25, "turn": 0},
+                {"name": "calc", "reward": None, "turn": 1},  # no reward from this tool
+            ],
+        },
+        {"turn_ends": [5], "calls": []},
+    ]
+    text = "#### 42 and some more words to fill ten tokens"
+    batch = make_batch(tokenizer, [text, text], extras=extras)
+    manager = RewardManager(
+        RewardFunctionConfig(), RewardModelConfig(process_reward_coef=2.0), tokenizer
+    )
+    try:
+        out = manager.score(batch)
+    finally:
+        manager.close()
+    assert out.scores.tolist() == [1.0, 1.0]
+    assert out.token_rewards is not None
+    last = int(batch.response_mask[0].sum()) - 1
+    expected = {3: 2.0 * 0.25, last: 1.0}
+    nonzero = {int(j): float(v) for j, v in enumerate(out.token_rewards[0]) if v != 0}
+    assert nonzero == pytest.approx(expected)
+    assert float(out.token_rewards[1].sum()) == 1.0
+    assert out.metrics["reward/process"] == pytest.approx(0.25)

@@ -1,0 +1,57 @@
+"""Start-up of the rewards a training config asks for: checks first (before any server
+starts), then the judge servers, the verify tools and the ``RewardManager``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.rewards.judge import JudgeReward
+from trainer.rewards.manager import RewardManager
+from trainer.rewards.rules import load_reward_function
+from trainer.rewards.verify import VerifyReward
+
+__all__ = ["build_rewards", "check_rewards"]
+
+
+def check_rewards(config: Any) -> None:
+    """Every reward file imports and has its function, weights name configured rewards, the
+    judge config is whole and its model exists; raises ValueError saying what to set."""
+    from trainer.cli import resolve_model
+
+    rm = config.reward_model
+    rm.check()
+    on = rm.components()
+    rule = config.custom_reward_function
+    if "rule" in on:
+        load_reward_function(rule.path, rule.name, "custom_reward_function")
+    for i, extra in enumerate(rm.rules):
+        load_reward_function(extra.path, extra.function, f"reward_model.rules[{i}]", "function")
+    if "verify" in on:
+        load_reward_function(rm.verify.path, rm.verify.name, "reward_model.verify")
+    if "judge" in on:
+        resolve_model(rm.judge.model_path, "reward_model.judge.model_path")
+
+
+def build_rewards(config: Any, tokenizer: Any, device: str) -> tuple[RewardManager, list[Any]]:
+    """The reward manager and the judge servers it started (empty without a judge)."""
+    from trainer.launch import start_judge
+
+    rm = config.reward_model
+    on = rm.components()
+    judge = verify = None
+    servers: list[Any] = []
+    if "judge" in on:
+        servers, client, judge_tokenizer = start_judge(rm.judge, device)
+        judge = JudgeReward(rm.judge, client, judge_tokenizer)
+    if "verify" in on:
+        path = config.actor_rollout_ref.rollout.multi_turn.tool_config_path
+        tools: dict[str, Any] = {}
+        if path:
+            from agentloop.tools import load_tool_config
+
+            tools = load_tool_config(path)
+        verify = VerifyReward(rm.verify, tools)
+    manager = RewardManager(
+        config.custom_reward_function, rm, tokenizer, judge=judge, verify=verify
+    )
+    return manager, servers

@@ -1,0 +1,248 @@
+"""``RewardManager``: every configured reward of a rollout batch, composed.
+
+For each sample: ``reward = sum_k weight_k * reward_k`` over the named rewards that are on
+(``rule``, the extra ``reward_model.rules``, ``judge``, ``verify``), all scored concurrently on
+one background event loop. Logged per step: ``reward/{mean,max,min}`` of the sum,
+``reward/<name>`` (mean of each reward), ``reward/<name>/<key>`` (numeric keys of dict
+results, and the counters of the judge/verify components), ``reward/errors`` and
+``reward/<name>/errors`` (calls that raised or timed out: scored 0, the step goes on).
+
+A sample whose agent loop set ``reward_score`` keeps it as its ``rule`` reward. With
+``process_reward_coef > 0``, each tool call's reward is added (x coef) at the last token of the
+model turn that made the call; those token rewards feed the advantage estimator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from trainer.algos import scores_to_token_rewards
+from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
+from trainer.rewards.pool import CallPool
+from trainer.rewards.rules import describe_function, load_reward_function
+from trainer.rewards.types import RewardComponent, RewardSample, as_score
+
+__all__ = ["RewardManager", "RewardOutput", "RuleReward", "samples_of"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class RuleReward:
+    """A verl-signature function run in a thread or process pool."""
+
+    def __init__(
+        self,
+        name: str,
+        path: str | None,
+        function: str,
+        key: str,
+        *,
+        timeout_s: float,
+        workers: int,
+        executor: str = "thread",
+    ) -> None:
+        self.name = name
+        field = "name" if key == "custom_reward_function" else "function"
+        fn = load_reward_function(path, function, key, field)
+        self.describe = describe_function(path, function)
+        self.pool = CallPool(
+            fn,
+            workers=workers,
+            timeout_s=timeout_s,
+            kind="process" if executor == "process" else "thread",
+            source=(path, function, key, field),
+        )
+
+    async def score(self, samples: list[RewardSample]) -> list[Any]:
+        return await self.pool.map(
+            [(s.data_source, s.solution_str, s.ground_truth, s.extra_info) for s in samples]
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+@dataclass(slots=True)
+class RewardOutput:
+    scores: torch.Tensor
+    """[batch] the weighted sum of the outcome rewards."""
+    token_rewards: torch.Tensor | None
+    """[batch, response] scores on each last sampled token plus per-turn process rewards;
+    None when process rewards are off."""
+    metrics: dict[str, float]
+
+
+def samples_of(batch: Any, tokenizer: Any) -> list[RewardSample]:
+    """The reward view of a rollout batch (responses decoded once)."""
+    p = batch.prompts.shape[1]
+    lengths = batch.attention_mask[:, p:].sum(-1).tolist()
+    texts = tokenizer.batch_decode(
+        [batch.responses[i, :n].tolist() for i, n in enumerate(lengths)], skip_special_tokens=True
+    )
+    samples = []
+    for i, text in enumerate(texts):
+        row = batch.rows[i]
+        extra = batch.extra[i]
+        info = dict(row.get("extra_info") or {})
+        info.update(
+            tool_rewards=extra.get("tool_rewards", {}),
+            tool_calls=batch.tool_calls[i],
+            num_turns=batch.num_turns[i],
+            calls=extra.get("calls", []),
+            stop_reason=extra.get("stop_reason"),
+        )
+        truth = (row.get("reward_model") or {}).get("ground_truth")
+        samples.append(RewardSample(i, row.get("data_source", ""), text, truth, info, row))
+    return samples
+
+
+class RewardManager:
+    def __init__(
+        self,
+        rule: RewardFunctionConfig,
+        config: RewardModelConfig,
+        tokenizer: Any,
+        *,
+        judge: RewardComponent | None = None,
+        verify: RewardComponent | None = None,
+    ) -> None:
+        config.check()
+        self.config = config
+        self.tokenizer = tokenizer
+        on = config.components()
+        components: list[RewardComponent] = []
+        if "rule" in on:
+            components.append(
+                RuleReward(
+                    "rule",
+                    rule.path,
+                    rule.name,
+                    "custom_reward_function",
+                    timeout_s=rule.timeout_s,
+                    workers=rule.num_workers,
+                    executor=rule.executor,
+                )
+            )
+        for i, extra in enumerate(config.rules):
+            if extra.name in on:
+                components.append(
+                    RuleReward(
+                        extra.name,
+                        extra.path,
+                        extra.function,
+                        f"reward_model.rules[{i}]",
+                        timeout_s=extra.timeout_s,
+                        workers=rule.num_workers,
+                        executor=rule.executor,
+                    )
+                )
+        for name, given in (("judge", judge), ("verify", verify)):
+            if name in on:
+                if given is None:
+                    raise ValueError(f"reward_model.{name} is on but no {name} reward was built")
+                components.append(given)
+        self.components = components
+        self.weights = {c.name: float(config.weights.get(c.name, 1.0)) for c in components}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rewards", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the rewards' event loop (tool clients and judge calls live there)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _score_all(self, samples: list[RewardSample]) -> list[list[Any]]:
+        return list(await asyncio.gather(*(c.score(samples) for c in self.components)))
+
+    def score(self, batch: Any) -> RewardOutput:
+        samples = samples_of(batch, self.tokenizer)
+        results = self.run(self._score_all(samples))
+        n = len(samples)
+        total = torch.zeros(n, dtype=torch.float32)
+        metrics: dict[str, float] = {}
+        errors = 0
+        for component, values in zip(self.components, results, strict=True):
+            scores, extras, failed = self._collect(component, values, samples, batch)
+            errors += failed
+            total += self.weights[component.name] * torch.tensor(scores, dtype=torch.float32)
+            name = component.name
+            metrics[f"reward/{name}"] = sum(scores) / max(n, 1)
+            metrics[f"reward/{name}/errors"] = float(failed)
+            for key, vals in extras.items():
+                metrics[f"reward/{name}/{key}"] = sum(vals) / len(vals)
+            for key, value in component.metrics().items():
+                metrics[f"reward/{name}/{key}"] = value
+        metrics |= {
+            "reward/mean": float(total.mean()) if n else 0.0,
+            "reward/max": float(total.max()) if n else 0.0,
+            "reward/min": float(total.min()) if n else 0.0,
+            "reward/errors": float(errors),
+        }
+        token_rewards = None
+        if self.config.process_reward_coef:
+            mask = batch.response_mask
+            process = process_rewards(batch, self.config.process_reward_coef)
+            token_rewards = scores_to_token_rewards(total, mask) + process
+            metrics["reward/process"] = float(process.sum(-1).mean()) if n else 0.0
+        return RewardOutput(total, token_rewards, metrics)
+
+    @staticmethod
+    def _collect(
+        component: RewardComponent, values: list[Any], samples: list[RewardSample], batch: Any
+    ) -> tuple[list[float], dict[str, list[float]], int]:
+        scores: list[float] = []
+        extras: dict[str, list[float]] = {}
+        failed = 0
+        for sample, value in zip(samples, values, strict=True):
+            preset = batch.reward_score[sample.index] if component.name == "rule" else None
+            if preset is not None:
+                scores.append(float(preset))
+                continue
+            if isinstance(value, BaseException):
+                failed += 1
+                logger.warning(
+                    "%s failed on sample %d: %s: %s",
+                    component.describe,
+                    sample.index,
+                    type(value).__name__,
+                    value,
+                )
+                scores.append(0.0)
+                continue
+            score, keys = as_score(value, component.describe, sample)
+            scores.append(score)
+            for key, v in keys.items():
+                extras.setdefault(key, []).append(v)
+        return scores, extras, failed
+
+    def close(self) -> None:
+        for component in self.components:
+            component.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def process_rewards(batch: Any, coef: float) -> torch.Tensor:
+    """[batch, response]: each tool call's reward x ``coef`` at the last token of the model
+    turn that made it (``extra['turn_ends']`` and each call's ``turn``)."""
+    out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+    for i, extra in enumerate(batch.extra):
+        ends: list[int] = extra.get("turn_ends") or []
+        for call in extra.get("calls") or []:
+            reward, turn = call.get("reward"), call.get("turn")
+            if reward is None or turn is None or turn >= len(ends):
+                continue
+            out[i, ends[turn]] += coef * float(reward)
+    return out
