@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 GAP_LIMIT = 1e-3  # float32 engine vs float32 trainer
 PER_STEP = (
     "reward/mean",
+    "reward/rule",
     "reward/errors",
     "agent_loop/num_turns/mean",
     "agent_loop/tool_calls/mean",

@@ -159,7 +159,7 @@ class VerifyConfig:
 @dataclass(kw_only=True, slots=True)
 class RewardModelConfig:
     weights: dict[str, float] = field(default_factory=dict)
-    """Weight of each named reward in the sum (default 1.0); 0 turns one off."""
+    """Weight of each named reward that is on, in the sum (default 1.0); 0 turns one off."""
     rules: list[RuleRewardConfig] = field(default_factory=list)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
@@ -186,14 +186,12 @@ class RewardModelConfig:
                     "unique and not rule, judge or verify"
                 )
             seen.add(rule.name)
-        configured = {"rule", *(r.name for r in self.rules)}
-        configured |= {"judge"} if self.judge.enable else set()
-        configured |= {"verify"} if self.verify.path else set()
-        unknown = sorted(set(self.weights) - configured)
+        known = {"rule", "judge", "verify", *(r.name for r in self.rules)}
+        unknown = sorted(set(self.weights) - known)
         if unknown:
             raise ValueError(
-                f"reward_model.weights.{unknown[0]} names no configured reward; configured: "
-                f"{', '.join(sorted(configured))}"
+                f"reward_model.weights.{unknown[0]} names no reward; known: "
+                f"{', '.join(sorted(known))} (add extra rule rewards under reward_model.rules)"
             )
         if not self.components():
             raise ValueError("reward_model.weights turns every reward off: keep one non-zero")

@@ -62,6 +62,8 @@ class JudgeReward:
         self.pattern = re.compile(config.score_pattern, re.S)
         self.describe = f"the judge ({config.model_path})"
         self._counters = {"parse_failures": 0.0, "retries": 0.0, "requests": 0.0}
+        self.outputs: dict[int, str] = {}
+        """The judge's text per sample index of the last batch (for traces and debugging)."""
 
     # ---- prompt --------------------------------------------------------------------------
     def _render(self, sample: RewardSample, response: str) -> list[int]:
@@ -92,6 +94,7 @@ class JudgeReward:
     # ---- scoring -------------------------------------------------------------------------
     async def score(self, samples: list[RewardSample]) -> list[Any]:
         self._counters = {"parse_failures": 0.0, "retries": 0.0, "requests": 0.0}
+        self.outputs = {}
         slots = asyncio.Semaphore(self.config.max_concurrency)
         try:
             async with asyncio.TaskGroup() as group:
@@ -109,6 +112,7 @@ class JudgeReward:
                 raise
             except Exception as exc:  # noqa: BLE001 - this sample's judge call; counted
                 return exc
+        self.outputs[sample.index] = text
         score = parse_judge_score(text, self.pattern, self.config.min_score, self.config.max_score)
         if score is None:
             self._counters["parse_failures"] += 1

@@ -109,6 +109,32 @@ def run(capsys, tmp_path, data: Path, *overrides: str) -> str:
             "trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>",
         ),
         (["+epochs=3"], "unknown extra +epochs: agentloop-train takes none"),
+        (
+            ["custom_reward_function.executor=fork"],
+            "custom_reward_function.executor must be one of 'thread', 'process', got 'fork'",
+        ),
+        (
+            ["+reward_model.weights.fmt=0.5"],
+            "reward_model.weights.fmt names no reward; known: judge, rule, verify (add extra "
+            "rule rewards under reward_model.rules)",
+        ),
+        (
+            ["reward_model.judge.enable=True"],
+            "reward_model.judge.enable=True needs reward_model.judge.model_path=<model>",
+        ),
+        (
+            ["reward_model.judge.enable=True", "reward_model.judge.model_path=/nowhere/judge"],
+            "reward_model.judge.model_path '/nowhere/judge' is neither a model folder nor a "
+            "known asset name",
+        ),
+        (
+            ["reward_model.verify.path=/nowhere/verify.py"],
+            "reward_model.verify.path='/nowhere/verify.py' does not exist: point it at a .py file",
+        ),
+        (
+            ["reward_model.rules=[{name: fmt, path: /nowhere/fmt.py}]"],
+            "reward_model.rules[0].path='/nowhere/fmt.py' does not exist: point it at a .py file",
+        ),
     ],
 )
 def test_bad_input_fails_at_start_up(capsys, tmp_path, data, overrides, message):

@@ -288,8 +288,9 @@ def test_a_zero_weight_turns_a_reward_off(tmp_path, tokenizer):
     ("config", "message"),
     [
         (
-            RewardModelConfig(weights={"judge": 1.0}),
-            "reward_model.weights.judge names no configured reward; configured: rule",
+            RewardModelConfig(weights={"fmt": 1.0}),
+            "reward_model.weights.fmt names no reward; known: judge, rule, verify (add extra "
+            "rule rewards under reward_model.rules)",
         ),
         (
             RewardModelConfig(weights={"rule": 0.0}),
