@@ -101,7 +101,18 @@ class JudgeReward:
                 tasks = [group.create_task(self._one(s, slots)) for s in samples]
         except* JudgeUnavailableError as failed:
             raise failed.exceptions[0] from None
-        return [t.result() for t in tasks]
+        results = [t.result() for t in tasks]
+        failed_at = [i for i, r in enumerate(results) if isinstance(r, dict) and not r["parsed"]]
+        if failed_at:
+            example = self.outputs[samples[failed_at[0]].index]
+            logger.warning(
+                "judge output without a score for %d of %d samples (fallback %g), e.g. %r",
+                len(failed_at),
+                len(samples),
+                self.config.fallback_score,
+                example[:200],
+            )
+        return results
 
     async def _one(self, sample: RewardSample, slots: asyncio.Semaphore) -> Any:
         async with slots:
@@ -116,7 +127,6 @@ class JudgeReward:
         score = parse_judge_score(text, self.pattern, self.config.min_score, self.config.max_score)
         if score is None:
             self._counters["parse_failures"] += 1
-            logger.warning("judge output without a score for sample %d: %r", sample.index, text)
             return {"score": self.config.fallback_score, "parsed": 0.0}
         return {"score": score, "parsed": 1.0}
 
