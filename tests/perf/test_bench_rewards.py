@@ -84,8 +84,8 @@ def test_bench_reward_parallelism(tmp_path, tiny_qwen3_path):
     assert sum(scores["serial"]) == n  # every answer is equivalent to its truth
     s, p, t = (results[f"math_{k}_s"] for k in ("serial", "process", "thread"))
     lines.append(
-        f"  math-verify x{n} (trig identities): serial {s:.2f} s | process pool ({CORES}) {p:.2f} s "
-        f"({s / p:.2f}x) | threads (4) {t:.2f} s ({s / t:.2f}x)"
+        f"  math-verify x{n} (trig identities): serial {s:.2f} s | process pool ({CORES}) "
+        f"{p:.2f} s ({s / p:.2f}x) | threads (4) {t:.2f} s ({s / t:.2f}x)"
     )
 
     # 2. I/O-bound scorer

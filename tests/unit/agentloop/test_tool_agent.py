@@ -82,6 +82,10 @@ async def test_trajectory_is_prompt_plus_sampled_turns_plus_tool_deltas(tokenize
     assert out.extra["tool_calls"] == 1 and out.extra["tool_errors"] == 0
     assert out.extra["tool_rewards"] == {"calc": 1.0}
     assert out.metrics["generate_s"] > 0
+    # where per-turn rewards go: the last token of each model turn; calls know their turn
+    first_end = len(server.sampled[0]) - 1
+    assert out.extra["turn_ends"] == [first_end, len(out.response_ids) - 1]
+    assert [c["turn"] for c in out.extra["calls"]] == [0]
 
 
 async def test_every_turn_samples_with_the_configured_params(tokenizer):
