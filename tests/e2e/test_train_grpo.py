@@ -17,6 +17,8 @@ import pytest
 import torch
 import yaml
 
+from tests.shm import remove_new_segments, shm_segments
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,13 +123,6 @@ def steps_logged(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-SHM = Path("/dev/shm")
-
-
-def shm_segments() -> set[Path]:
-    return set(SHM.glob("psm_*")) if SHM.is_dir() else set()
-
-
 def kill_tree(proc: subprocess.Popen, shm_before: set[Path]) -> None:
     """SIGKILL the run and everything it started (Ray, vLLM engine, trainer ranks).
 
@@ -145,8 +140,7 @@ def kill_tree(proc: subprocess.Popen, shm_before: set[Path]) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(victims, timeout=30)
-    for segment in shm_segments() - shm_before:
-        segment.unlink(missing_ok=True)
+    remove_new_segments(shm_before)
 
 
 def test_grpo_three_steps_killed_and_resumed(task, tmp_path, tiny_qwen3_path):

@@ -11,6 +11,7 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
+from tests.shm import remove_new_segments, shm_segments
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.config.reward import JudgeConfig, RewardFunctionConfig, RewardModelConfig
 from trainer.launch import start_judge, stop_servers
@@ -23,6 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def judge(tiny_qwen3_path):
+    segments = shm_segments()
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -44,6 +46,7 @@ def judge(tiny_qwen3_path):
     yield config, servers, client, tokenizer
     stop_servers(servers)
     ray.shutdown()
+    remove_new_segments(segments)  # the killed engine could not unlink its own
 
 
 @pytest.fixture(scope="module")
