@@ -23,6 +23,7 @@ from agentloop.parsers import ToolCall, ToolCallError, get_parser, register_pars
 from agentloop.single_turn import SingleTurnAgentLoop
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
+from agentloop.trace import TraceContext
 from agentloop.worker import AgentLoopWorker, validate_rows
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "AgentLoopBase",
     "AgentLoopContext",
     "AgentLoopManager",
+    "TraceContext",
     "AgentLoopOutput",
     "AgentLoopWorker",
     "MultiTurnConfig",

@@ -23,6 +23,7 @@ from agentloop.tokens import Trajectory, encode_delta, encode_prompt
 from agentloop.tools.base import BaseTool
 from agentloop.tools.config import import_target
 from agentloop.tools.runner import ToolRunner
+from agentloop.trace import SampleTrace
 from servers.types import TokenOutput
 
 __all__ = [
@@ -92,6 +93,8 @@ class AgentLoopBase(abc.ABC):
         self.tokenizer = context.tokenizer
         self.config = context.config
         self.metrics: dict[str, float] = {"generate_s": 0.0, "tool_s": 0.0}
+        self.trace: SampleTrace | None = None
+        """This sample's trace (set by the worker when it is traced)."""
 
     @abc.abstractmethod
     async def run(self, sampling_params: dict[str, Any], **row_fields: Any) -> AgentLoopOutput:
@@ -144,8 +147,14 @@ class AgentLoopBase(abc.ABC):
             "max_tokens": min(sampling_params.get("max_tokens", room), room),
         }
         start = time.perf_counter()
+        start_ns = time.time_ns() if self.trace is not None else 0
         out = await self.server.generate(request_id, prompt_ids=context, sampling_params=params)
         self.metrics["generate_s"] += time.perf_counter() - start
+        if self.trace is not None:
+            server_for = getattr(self.server, "server_for", None)
+            self.trace.generate(
+                start_ns, context, out, server_for(request_id) if server_for else None
+            )
         if len(out.token_ids) > params["max_tokens"]:  # never trust a backend with the budget
             n = params["max_tokens"]
             logp = out.log_probs[:n] if out.log_probs is not None else None

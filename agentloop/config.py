@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["AgentConfig", "MultiTurnConfig", "RolloutConfig", "from_dict"]
+__all__ = ["AgentConfig", "MultiTurnConfig", "RolloutConfig", "TraceConfig", "from_dict"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,6 +75,27 @@ class AgentConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class TraceConfig:
+    backend: Literal["mlflow"] | None = None
+    """``mlflow``: one MLflow trace per traced sample; None: tracing off (no cost)."""
+    token2text: bool = False
+    """Put decoded text (prompt tail, each turn, the response) into the spans."""
+    max_samples_per_step_per_worker: int | None = None
+    """Samples traced per step by each AgentLoopWorker (its first ones); None: all."""
+    tracking_uri: str | None = None
+    """None: ``MLFLOW_TRACKING_URI``, or the training run's store (set by the trainer)."""
+    experiment_name: str | None = None
+    """None: the training run's experiment (``trainer.project_name``), else agentloop-rollouts."""
+    run_id: str | None = None
+    """The MLflow run the traces are linked to (set by the trainer when it logs to mlflow)."""
+
+    def __post_init__(self) -> None:
+        n = self.max_samples_per_step_per_worker
+        if n is not None and n < 0:
+            raise ValueError("trace.max_samples_per_step_per_worker must be >= 0 (or null)")
+
+
+@dataclass(kw_only=True, slots=True)
 class RolloutConfig:
     name: Literal["vllm", "sglang"] = "vllm"
     """Inference engine of the rollout servers."""
@@ -101,6 +122,7 @@ class RolloutConfig:
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
 
     def __post_init__(self) -> None:
         if self.mode != "async":

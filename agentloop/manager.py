@@ -14,6 +14,7 @@ import numpy as np
 from agentloop.base import load_agent_loop_config
 from agentloop.batch import RolloutBatch, collate, rollout_metrics
 from agentloop.config import RolloutConfig
+from agentloop.trace import TraceContext
 from agentloop.worker import AgentLoopWorker, prepare_row, validate_rows
 
 __all__ = ["AgentLoopManager", "AgentLoopWorker", "expand_rows"]
@@ -72,8 +73,10 @@ class AgentLoopManager:
         *,
         n: int | None = None,
         sampling_params: dict[str, Any] | None = None,
+        trace: TraceContext | None = None,
     ) -> RolloutBatch:
-        """Roll out every row ``n`` times (default ``rollout.n``) and pad into a batch."""
+        """Roll out every row ``n`` times (default ``rollout.n``) and pad into a batch.
+        ``trace``: step and validation flag the traces are tagged with."""
         import ray
 
         samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
@@ -81,7 +84,9 @@ class AgentLoopManager:
         chunks = [c.tolist() for c in np.array_split(np.arange(len(samples)), len(self.workers))]
         start = time.perf_counter()
         refs = [
-            w.generate_sequences.remote([samples[i] for i in idx], sampling_params)
+            w.generate_sequences.remote(
+                [samples[i] for i in idx], sampling_params, trace or TraceContext(), idx[0]
+            )
             for w, idx in zip(self.workers, chunks, strict=True)
             if idx
         ]

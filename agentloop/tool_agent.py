@@ -64,7 +64,11 @@ class ToolAgentLoop(AgentLoopBase):
                     stop = out.finish_reason if out.finish_reason != "stop" else "stop_token"
                     break
                 text = self.tokenizer.decode(out.token_ids[:-1], skip_special_tokens=False)
+                parse_ns = time.time_ns()
                 parsed = check_calls(self.parser.parse(text), self.schemas)
+                if self.trace is not None:
+                    errors = [i for i in parsed.items if isinstance(i, ToolCallError)]
+                    self.trace.parse(parse_ns, text, parsed.calls, errors)
                 if not parsed.items:
                     stop = "no_tool_call"
                     break
@@ -131,8 +135,12 @@ class ToolAgentLoop(AgentLoopBase):
             to_run.append((len(slots), item))
             slots.append(None)
         start = time.perf_counter()
+        start_ns = time.time_ns()
         outcomes = await self.runner.run([c for _, c in to_run], self._instances)
         self.metrics["tool_s"] += time.perf_counter() - start
+        if self.trace is not None:
+            for (_, call), outcome in zip(to_run, outcomes, strict=True):
+                self.trace.tool(start_ns, call.name, call.arguments, outcome)
         mt = self.multi_turn
         for (pos, call), outcome in zip(to_run, outcomes, strict=True):
             text = truncate_text(

@@ -21,6 +21,7 @@ from agentloop.base import (
 )
 from agentloop.config import RolloutConfig, from_dict
 from agentloop.tools import BaseTool, load_tool_config
+from agentloop.trace import TraceContext, make_tracer
 
 __all__ = ["AgentLoopWorker", "prepare_row", "validate_rows"]
 
@@ -91,6 +92,7 @@ class AgentLoopWorker:
 
             servers = AsyncLLMServerManager(list(servers))
         self.context = AgentLoopContext(servers, tokenizer, config, dict(tools))
+        self.tracer = make_tracer(config.trace, tokenizer)
 
     def tool_names(self) -> list[str]:
         return sorted(self.context.tools)
@@ -99,27 +101,51 @@ class AgentLoopWorker:
         return registered_agent_loops()
 
     async def generate_sequences(
-        self, rows: list[dict[str, Any]], sampling_params: dict[str, Any] | None = None
+        self,
+        rows: list[dict[str, Any]],
+        sampling_params: dict[str, Any] | None = None,
+        trace: TraceContext | None = None,
+        offset: int = 0,
     ) -> list[AgentLoopOutput]:
-        """Run every row concurrently; outputs in row order."""
+        """Run every row concurrently; outputs in row order. ``trace``: the step these rows
+        belong to (traced when ``trace.backend`` is set); ``offset``: the first row's index in
+        the whole batch (the traces' ``sample_index``)."""
         params = sampling_params if sampling_params is not None else self.config.sampling_params()
+        limit = self.config.trace.max_samples_per_step_per_worker
+        traced = len(rows) if limit is None else min(limit, len(rows))
+        context = trace if self.tracer is not None else None
         return list(
-            await asyncio.gather(*(self._run_one(i, row, params) for i, row in enumerate(rows)))
+            await asyncio.gather(
+                *(
+                    self._run_one(offset + i, row, params, context if i < traced else None)
+                    for i, row in enumerate(rows)
+                )
+            )
         )
 
     async def _run_one(
-        self, index: int, row: dict[str, Any], params: dict[str, Any]
+        self,
+        index: int,
+        row: dict[str, Any],
+        params: dict[str, Any],
+        trace: TraceContext | None = None,
     ) -> AgentLoopOutput:
         fields = prepare_row(row, self.config.agent.default_agent_loop)
         spec = get_agent_loop(str(fields["agent_name"]))
         loop = spec.cls(self.context, **spec.kwargs)
+        if trace is not None and self.tracer is not None:
+            loop.trace = self.tracer.start(trace, index, fields, spec.name)
         start = time.perf_counter()
         try:
             out = await loop.run(dict(params), **fields)
         except Exception as exc:
+            if loop.trace is not None:
+                loop.trace.finish(None, exc)
             raise RuntimeError(
                 f"agent loop {spec.name!r} failed on sample {index} (uid {fields.get('uid')}): "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         out.metrics["total_s"] = time.perf_counter() - start
+        if loop.trace is not None:
+            out.extra["trace_id"] = loop.trace.finish(out)
         return out

@@ -24,12 +24,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from agentloop import TraceContext
 from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
 from trainer.checkpoint import CheckpointManager
 from trainer.config.schema import Config
 from trainer.dataloader import PromptSampler
 from trainer.launch import RolloutSetup, start_rollout, stop_rollout, stop_servers
 from trainer.rewards import RewardManager, build_rewards, check_rewards
+from trainer.trace_tags import TraceTagger
 from trainer.tracking import Tracking
 from trainer.weight_sync import WeightSync
 from trainer.workers import TrainBatch, WorkerGroup, WorkerSpec
@@ -88,6 +90,7 @@ class RayPPOTrainer:
         )
         self.servers: list[Any] = []
         self.judge_servers: list[Any] = []
+        self.tagger: TraceTagger | None = None
         self.rewards: RewardManager | None = None
         self.manager: Any = None
         self.workers: WorkerGroup | None = None
@@ -100,6 +103,7 @@ class RayPPOTrainer:
         # Colocated: a server and a trainer rank each take half of the same GPU in Ray's
         # accounting; the server sleeps while the trainer computes.
         share = 0.5 if colocated else None
+        self._configure_traces()
         self.servers, self.manager = start_rollout(self.config, self.setup.model_path, share)
         self.rewards, self.judge_servers = build_rewards(
             self.config, self.setup.tokenizer, self.device
@@ -122,6 +126,26 @@ class RayPPOTrainer:
             self.servers,
             bucket_mb=self.config.trainer.weight_sync_bucket_mb,
             colocated=colocated,
+        )
+
+    def _configure_traces(self) -> None:
+        """Rollout traces go to the training run's MLflow store and experiment, linked to its
+        run (``trainer.logger`` with mlflow); else to ``MLFLOW_TRACKING_URI`` or
+        ``sqlite:///<run dir>/mlruns.db``."""
+        trace = self.config.actor_rollout_ref.rollout.trace
+        if trace.backend is None:
+            return
+        run = self.config.trainer
+        trace.run_id = trace.run_id or self.tracking.mlflow_run_id
+        trace.experiment_name = trace.experiment_name or run.project_name
+        if not trace.tracking_uri:
+            trace.tracking_uri = self.tracking.mlflow_tracking_uri or os.environ.get(
+                "MLFLOW_TRACKING_URI",
+                f"sqlite:///{(self.checkpoints.root / 'mlruns.db').resolve()}",
+            )
+        self.tagger = TraceTagger(trace.tracking_uri)
+        logger.info(
+            "rollout traces -> %s (experiment %r)", trace.tracking_uri, trace.experiment_name
         )
 
     def _resume(self) -> int:
@@ -147,13 +171,13 @@ class RayPPOTrainer:
         try:
             step = self._resume()
             if step == 0 and self.config.trainer.val_before_train and self.val_rows:
-                self.tracking.log(self._validate(), step=0)
+                self.tracking.log(self._validate(0), step=0)
             bar = tqdm(total=self.total_steps, initial=step, desc="train", unit="step")
             while step < self.total_steps:
                 step += 1
                 metrics = self.train_step(step)
                 if self._due(self.config.trainer.test_freq, step) and self.val_rows:
-                    metrics |= self._validate()
+                    metrics |= self._validate(step)
                 if self._due(self.config.trainer.save_freq, step):
                     with _timer(metrics, "save_checkpoint"):
                         self._save(step)
@@ -174,7 +198,8 @@ class RayPPOTrainer:
         metrics: dict[str, float] = {"training/step": float(step)}
         start = time.perf_counter()
         rows = self.sampler.next_batch()
-        rollout = self.manager.generate_sequences(rows)  # timing_s/gen inside its metrics
+        # timing_s/gen inside its metrics
+        rollout = self.manager.generate_sequences(rows, trace=TraceContext(step=step))
         metrics |= rollout.metrics
         metrics["timing_s/tools"] = rollout.metrics.get("agent_loop/tool_s/mean", 0.0)
         self.sync.release_servers()
@@ -183,6 +208,8 @@ class RayPPOTrainer:
             reward = self.rewards.score(rollout)
         metrics |= reward.metrics
         scores = reward.scores
+        if self.tagger is not None:
+            self.tagger.submit(rollout.extra, scores.tolist(), reward.components)
         batch = TrainBatch(
             input_ids=rollout.input_ids,
             attention_mask=rollout.attention_mask,
@@ -247,12 +274,17 @@ class RayPPOTrainer:
             "rollout/logprob_gap_max": float(gap.max()),
         }
 
-    def _validate(self) -> dict[str, float]:
+    def _validate(self, step: int) -> dict[str, float]:
         """One sample per validation prompt; mean reward overall and per data_source."""
         start = time.perf_counter()
-        batch = self.manager.generate_sequences(self.val_rows, n=1)
+        batch = self.manager.generate_sequences(
+            self.val_rows, n=1, trace=TraceContext(step=step, validate=True)
+        )
         assert self.rewards is not None
-        scores = self.rewards.score(batch).scores
+        reward = self.rewards.score(batch)
+        scores = reward.scores
+        if self.tagger is not None:
+            self.tagger.submit(batch.extra, scores.tolist(), reward.components)
         out = {
             "val/reward/mean": float(scores.mean()),
             "val/num_turns/mean": float(sum(batch.num_turns) / len(batch)),
@@ -273,6 +305,9 @@ class RayPPOTrainer:
 
     def close(self) -> None:
         self.tracking.finish()
+        if self.tagger is not None:
+            self.tagger.close()
+            self.tagger = None
         if self.rewards is not None:
             self.rewards.close()
             self.rewards = None

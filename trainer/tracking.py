@@ -80,6 +80,7 @@ class Tracking:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.mlflow_run_id: str | None = None
         """The MLflow run this training run logs to; None when mlflow is not a backend."""
+        self.mlflow_tracking_uri: str | None = None
         self._backends: dict[str, _Backend] = {}
         self._warned: set[str] = set()
         try:
@@ -91,6 +92,7 @@ class Tracking:
                 elif name == "mlflow":
                     mlflow_backend = _MlflowBackend(project, experiment, run_dir, config)
                     self.mlflow_run_id = mlflow_backend.run_id
+                    self.mlflow_tracking_uri = mlflow_backend.uri
                     self._backends[name] = mlflow_backend
                 elif name == "tensorboard":
                     self._backends[name] = _TensorboardBackend(run_dir / "tensorboard")
@@ -218,6 +220,7 @@ class _MlflowBackend:
         if not uri:
             uri = f"sqlite:///{(run_dir / 'mlruns.db').resolve()}"
             artifacts = (run_dir / "mlartifacts").resolve().as_uri()
+        self.uri = uri
         self._client = MlflowClient(tracking_uri=uri)
         self.run_id, logged = self._resume_or_create(project, experiment, run_dir, artifacts)
         if config:

@@ -82,6 +82,8 @@ class RewardOutput:
     """[batch, response] scores on each last sampled token plus per-turn process rewards;
     None when process rewards are off."""
     metrics: dict[str, float]
+    components: dict[str, list[float]]
+    """Each named reward's score per sample (before weighting)."""
 
 
 def samples_of(batch: Any, tokenizer: Any) -> list[RewardSample]:
@@ -172,9 +174,11 @@ class RewardManager:
         n = len(samples)
         total = torch.zeros(n, dtype=torch.float32)
         metrics: dict[str, float] = {}
+        per_component: dict[str, list[float]] = {}
         errors = 0
         for component, values in zip(self.components, results, strict=True):
             scores, extras, failed = self._collect(component, values, samples, batch)
+            per_component[component.name] = scores
             errors += failed
             total += self.weights[component.name] * torch.tensor(scores, dtype=torch.float32)
             name = component.name
@@ -196,7 +200,7 @@ class RewardManager:
             process = process_rewards(batch, self.config.process_reward_coef)
             token_rewards = scores_to_token_rewards(total, mask) + process
             metrics["reward/process"] = float(process.sum(-1).mean()) if n else 0.0
-        return RewardOutput(total, token_rewards, metrics)
+        return RewardOutput(total, token_rewards, metrics, per_component)
 
     @staticmethod
     def _collect(

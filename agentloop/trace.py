@@ -1,0 +1,221 @@
+"""Rollout traces as MLflow spans (``actor_rollout_ref.rollout.trace.backend=mlflow``).
+
+One trace per traced sample: a root ``AGENT`` span (tags ``step``, ``sample_index``,
+``rollout_n``, ``validate``, ``agent_name``, ``uid``; linked to the training run), with child
+spans per generate call (``LLM``: prompt/response tokens, finish reason, server, latency;
+decoded text with ``trace.token2text``), per tool-call parse (``PARSER``: calls, errors) and
+per tool execution (``TOOL``: arguments, result preview, latency, error). The trainer adds the
+reward and its breakdown as trace tags once the batch is scored.
+
+Spans are built in memory while the agent loop runs (timestamps taken around the awaited
+calls) and exported by MLflow's asynchronous trace logging, so tracing never waits on the
+store; any tracing error is logged once and the rollout goes on. With ``backend: null`` no
+tracer exists and the agent loops skip every tracing call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MlflowTracer", "SampleTrace", "TraceContext", "make_tracer"]
+
+logger = logging.getLogger(__name__)
+
+PREVIEW_CHARS = 500
+
+
+@dataclass(slots=True)
+class TraceContext:
+    """Where a batch of samples belongs: the training step and whether it is validation."""
+
+    step: int = 0
+    validate: bool = False
+
+
+def _preview(text: str, limit: int = PREVIEW_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+class SampleTrace:
+    """The spans of one sample; every method swallows (and logs once) tracing errors."""
+
+    def __init__(self, tracer: MlflowTracer, root: Any) -> None:
+        self.tracer = tracer
+        self.root = root
+
+    def _child(self, name: str, kind: str, start_ns: int, **fields: Any) -> Any:
+        import mlflow
+
+        return mlflow.start_span_no_context(
+            name, span_type=kind, parent_span=self.root, start_time_ns=start_ns, **fields
+        )
+
+    def generate(
+        self,
+        start_ns: int,
+        prompt_ids: list[int],
+        out: Any,
+        server: int | None,
+    ) -> None:
+        try:
+            end_ns = time.time_ns()
+            inputs: dict[str, Any] = {"prompt_tokens": len(prompt_ids)}
+            outputs: dict[str, Any] = {
+                "response_tokens": len(out.token_ids),
+                "finish_reason": out.finish_reason,
+            }
+            if self.tracer.token2text:
+                tok = self.tracer.tokenizer
+                inputs["prompt_tail"] = _preview(tok.decode(prompt_ids[-200:]))
+                outputs["text"] = tok.decode(out.token_ids)
+            span = self._child(
+                "generate",
+                "LLM",
+                start_ns,
+                inputs=inputs,
+                attributes={
+                    "server": str(server),
+                    "latency_s": f"{(end_ns - start_ns) / 1e9:.4f}",
+                    "finish_reason": out.finish_reason,
+                },
+            )
+            span.end(outputs=outputs, end_time_ns=end_ns)
+        except Exception:  # noqa: BLE001 - tracing must never fail a rollout
+            self.tracer.failed("generate span")
+
+    def parse(self, start_ns: int, text: str, calls: list[Any], errors: list[Any]) -> None:
+        try:
+            span = self._child(
+                "parse_tool_calls",
+                "PARSER",
+                start_ns,
+                inputs={"text": _preview(text)},
+                attributes={"calls": str(len(calls)), "errors": str(len(errors))},
+            )
+            span.end(
+                outputs={
+                    "calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
+                    "errors": [{"kind": e.kind, "message": e.message} for e in errors],
+                },
+                status="ERROR" if errors else "OK",
+            )
+        except Exception:  # noqa: BLE001
+            self.tracer.failed("parse span")
+
+    def tool(self, start_ns: int, name: str, arguments: Any, outcome: Any) -> None:
+        try:
+            span = self._child(
+                f"tool:{name}",
+                "TOOL",
+                start_ns,
+                inputs={"arguments": arguments},
+                attributes={
+                    "latency_s": f"{outcome.seconds:.4f}",
+                    "ok": str(outcome.ok),
+                    "error_kind": outcome.error_kind or "",
+                },
+            )
+            span.end(
+                outputs={"result": _preview(outcome.text)},
+                status="OK" if outcome.ok else "ERROR",
+                end_time_ns=start_ns + int(outcome.seconds * 1e9),
+            )
+        except Exception:  # noqa: BLE001
+            self.tracer.failed("tool span")
+
+    def finish(self, out: Any, error: BaseException | None = None) -> str | None:
+        """End the root span; returns the trace id (None if tracing failed)."""
+        try:
+            outputs = None
+            if out is not None:
+                outputs = {
+                    "num_turns": out.num_turns,
+                    "response_tokens": len(out.response_ids),
+                    "stop_reason": out.extra.get("stop_reason"),
+                    "tool_calls": out.extra.get("tool_calls"),
+                }
+                if self.tracer.token2text:
+                    outputs["response"] = self.tracer.tokenizer.decode(out.response_ids)
+            self.root.end(outputs=outputs, status="ERROR" if error else "OK")
+            return self.root.trace_id
+        except Exception:  # noqa: BLE001
+            self.tracer.failed("root span")
+            return None
+
+
+class MlflowTracer:
+    """Makes ``SampleTrace`` s in one MLflow experiment (and run, when given)."""
+
+    def __init__(self, config: Any, tokenizer: Any) -> None:
+        import mlflow
+
+        self.config = config
+        self.tokenizer = tokenizer
+        self.token2text = bool(config.token2text)
+        if config.tracking_uri:
+            mlflow.set_tracking_uri(config.tracking_uri)
+        name = config.experiment_name or "agentloop-rollouts"
+        experiment = mlflow.get_experiment_by_name(name)
+        self.experiment_id = (
+            experiment.experiment_id if experiment else mlflow.create_experiment(name)
+        )
+        self._warned: set[str] = set()
+
+    def failed(self, what: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning("tracing failed (%s); the rollout goes on", what, exc_info=True)
+
+    def start(
+        self, context: TraceContext, index: int, fields: dict[str, Any], agent_name: str
+    ) -> SampleTrace | None:
+        import mlflow
+
+        try:
+            tags = {
+                "step": str(context.step),
+                "validate": str(context.validate).lower(),
+                "sample_index": str(index),
+                "rollout_n": str(fields.get("rollout_n", 0)),
+                "agent_name": agent_name,
+                "uid": str(fields.get("uid", "")),
+                "data_source": str(fields.get("data_source", "")),
+            }
+            metadata = {"mlflow.sourceRun": self.config.run_id} if self.config.run_id else None
+            messages = fields.get("raw_prompt") or []
+            root = mlflow.start_span_no_context(
+                agent_name,
+                span_type="AGENT",
+                inputs={"messages": messages[-4:]},
+                tags=tags,
+                metadata=metadata,
+                experiment_id=self.experiment_id,
+            )
+            return SampleTrace(self, root)
+        except Exception:  # noqa: BLE001
+            self.failed("trace start")
+            return None
+
+    def flush(self) -> None:
+        """Wait until the traces of this batch are in the store (so they can be tagged)."""
+        import mlflow
+
+        try:
+            mlflow.flush_trace_async_logging()
+        except Exception:  # noqa: BLE001
+            self.failed("flush")
+
+
+def make_tracer(config: Any, tokenizer: Any) -> MlflowTracer | None:
+    """The tracer for ``trace.backend`` (None when tracing is off)."""
+    if config.backend is None:
+        return None
+    if config.backend != "mlflow":
+        raise ValueError(
+            f"actor_rollout_ref.rollout.trace.backend={config.backend!r} is not supported; "
+            "use mlflow or null"
+        )
+    return MlflowTracer(config, tokenizer)

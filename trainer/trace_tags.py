@@ -1,0 +1,64 @@
+"""Rewards onto rollout traces: once a batch is scored, each traced sample's MLflow trace gets
+tags ``reward`` and ``reward/<name>`` (one per named reward), so the UI can filter and sort a
+step's rollouts by reward (``tags.step = '3'``). Written by a background thread that retries
+while a trace is still on its way to the store; the training loop never waits for it."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+__all__ = ["TraceTagger"]
+
+logger = logging.getLogger(__name__)
+
+
+class TraceTagger:
+    def __init__(self, tracking_uri: str | None, retries: int = 30, delay_s: float = 1.0) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(tracking_uri=tracking_uri)
+        self._retries = retries
+        self._delay_s = delay_s
+        self._queue: queue.Queue[tuple[str, dict[str, str], int] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="trace-tags", daemon=True)
+        self._thread.start()
+        self.failed = 0
+
+    def submit(self, extras: list[dict[str, Any]], total: list[float], parts: dict) -> int:
+        """Queue the reward tags of every traced sample; returns how many were queued."""
+        queued = 0
+        for i, extra in enumerate(extras):
+            trace_id = extra.get("trace_id")
+            if not trace_id:
+                continue
+            tags = {"reward": f"{total[i]:.6g}"}
+            tags |= {f"reward/{name}": f"{scores[i]:.6g}" for name, scores in parts.items()}
+            self._queue.put((trace_id, tags, 0))
+            queued += 1
+        return queued
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            trace_id, tags, attempt = item
+            try:
+                for key, value in tags.items():
+                    self._client.set_trace_tag(trace_id, key, value)
+            except Exception:  # noqa: BLE001 - the trace may not be exported yet
+                if attempt + 1 >= self._retries:
+                    self.failed += 1
+                    logger.warning("could not tag trace %s with its reward", trace_id)
+                else:
+                    time.sleep(self._delay_s)
+                    self._queue.put((trace_id, tags, attempt + 1))
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is queued (up to ``timeout_s``), then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
