@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0+cpu
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo bench clean-venv
+.PHONY: install test lint format demo bench traces clean-venv
 
 install: $(STAMP)
 
@@ -41,6 +41,11 @@ format: install
 
 bench: install
 	$(PY) -m pytest tests/perf -m "not gpu" -s $(PYTEST_ARGS)
+
+# The rollout traces of the newest run under ./checkpoints in the MLflow UI (127.0.0.1:5000);
+# TRACES_ARGS="--run-dir /tmp/run" for another run.
+traces: install
+	$(PY) -m trainer.traces_cli $(TRACES_ARGS)
 
 demo:
 	@echo "make demo is not built yet (issue 10). When it lands it will: install, prepare"

@@ -105,6 +105,11 @@ class AgentLoopManager:
     def shutdown(self) -> None:
         import ray
 
+        if self.config.trace.backend is not None:
+            try:  # traces still queued in a worker would be lost with it
+                ray.get([w.flush_traces.remote() for w in self.workers], timeout=60)
+            except Exception:  # noqa: BLE001 - shutting down regardless
+                logger.warning("could not flush the rollout traces of every worker")
         for w in self.workers:
             ray.kill(w)
         self.workers = []

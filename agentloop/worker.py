@@ -94,6 +94,11 @@ class AgentLoopWorker:
         self.context = AgentLoopContext(servers, tokenizer, config, dict(tools))
         self.tracer = make_tracer(config.trace, tokenizer)
 
+    def flush_traces(self) -> None:
+        """Wait until every trace of this worker is in the store (before it is stopped)."""
+        if self.tracer is not None:
+            self.tracer.flush()
+
     def tool_names(self) -> list[str]:
         return sorted(self.context.tools)
 

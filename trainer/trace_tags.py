@@ -48,6 +48,8 @@ class TraceTagger:
                 return
             trace_id, tags, attempt = item
             try:
+                # Tagging a trace that is not in the store yet would create an empty one.
+                self._client.get_trace(trace_id)
                 for key, value in tags.items():
                     self._client.set_trace_tag(trace_id, key, value)
             except Exception:  # noqa: BLE001 - the trace may not be exported yet

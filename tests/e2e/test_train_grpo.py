@@ -107,7 +107,9 @@ def command(task: Path, run_dir: Path) -> list[str]:
         "trainer.total_training_steps=3",
         "trainer.save_freq=1",
         "trainer.test_freq=2",
-        "trainer.logger=[console,jsonl]",
+        "trainer.logger=[console,jsonl,mlflow]",
+        "actor_rollout_ref.rollout.trace.backend=mlflow",
+        "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=3",
         f"trainer.default_local_dir={run_dir}",
     ]
 
@@ -199,3 +201,27 @@ def test_grpo_three_steps_killed_and_resumed(task, tmp_path, tiny_qwen3_path):
     )
     assert change > 1e-4
     assert torch.isfinite(torch.tensor(change))
+    check_traces(run_dir)
+
+
+def check_traces(run_dir: Path) -> None:
+    """Rollout traces in the run's MLflow store, linked to its run, tagged with step and
+    reward: 3 traced samples per training step (the cap), both validation rows."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlruns.db'}")
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    experiment = client.get_run(run_id).info.experiment_id
+    traces = client.search_traces(locations=[experiment], max_results=500)
+    by_step: dict[tuple[str, str], int] = {}
+    for trace in traces:
+        tags = trace.info.tags
+        by_step[(tags["step"], tags["validate"])] = (
+            by_step.get((tags["step"], tags["validate"]), 0) + 1
+        )
+        assert trace.info.trace_metadata.get("mlflow.sourceRun") == run_id
+        assert "reward" in tags and "reward/rule" in tags, tags
+    # step 3 may have been traced twice (killed before its checkpoint, then re-run)
+    assert by_step[("1", "false")] == 3 and by_step[("2", "false")] == 3
+    assert by_step[("3", "false")] in (3, 6)
+    assert by_step[("2", "true")] == 2 and by_step[("3", "true")] == 2  # both val rows
