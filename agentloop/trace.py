@@ -8,14 +8,17 @@ per tool execution (``TOOL``: arguments, result preview, latency, error). The tr
 reward and its breakdown as trace tags once the batch is scored.
 
 Spans are built in memory while the agent loop runs (timestamps taken around the awaited
-calls) and exported by MLflow's asynchronous trace logging, so tracing never waits on the
-store; any tracing error is logged once and the rollout goes on. With ``backend: null`` no
+calls, ~0.2 ms per span); the root spans of a batch are ended after the batch returns, in a
+background thread, and MLflow's asynchronous trace logging writes them to the store while the
+trainer scores and updates, so tracing never waits on the store nor competes with
+generation; any tracing error is logged once and the rollout goes on. With ``backend: null`` no
 tracer exists and the agent loops skip every tracing call.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -127,7 +130,9 @@ class SampleTrace:
             self.tracer.failed("tool span")
 
     def finish(self, out: Any, error: BaseException | None = None) -> str | None:
-        """End the root span; returns the trace id (None if tracing failed)."""
+        """Close the sample's trace; returns its id (None if tracing failed). The root span is
+        ended (which queues the trace for export) once the whole batch is done, so that
+        writing traces to the store does not compete with generation."""
         try:
             outputs = None
             if out is not None:
@@ -139,7 +144,7 @@ class SampleTrace:
                 }
                 if self.tracer.token2text:
                     outputs["response"] = self.tracer.tokenizer.decode(out.response_ids)
-            self.root.end(outputs=outputs, status="ERROR" if error else "OK")
+            self.tracer.defer(self.root, outputs, "ERROR" if error else "OK", time.time_ns())
             return self.root.trace_id
         except Exception:  # noqa: BLE001
             self.tracer.failed("root span")
@@ -163,6 +168,8 @@ class MlflowTracer:
             experiment.experiment_id if experiment else mlflow.create_experiment(name)
         )
         self._warned: set[str] = set()
+        self._pending: list[tuple[Any, Any, str, int]] = []
+        self._lock = threading.Lock()
 
     def failed(self, what: str) -> None:
         if what not in self._warned:
@@ -199,10 +206,30 @@ class MlflowTracer:
             self.failed("trace start")
             return None
 
+    def defer(self, root: Any, outputs: Any, status: str, end_ns: int) -> None:
+        with self._lock:
+            self._pending.append((root, outputs, status, end_ns))
+
+    def end_pending(self) -> None:
+        """End the finished samples' root spans (export then runs in MLflow's queue)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for root, outputs, status, end_ns in pending:
+            try:
+                root.end(outputs=outputs, status=status, end_time_ns=end_ns)
+            except Exception:  # noqa: BLE001
+                self.failed("root span end")
+
+    def release(self) -> None:
+        """``end_pending`` in a background thread (the batch's caller does not wait)."""
+        threading.Thread(target=self.end_pending, name="trace-end", daemon=True).start()
+
     def flush(self) -> None:
-        """Wait until the traces of this batch are in the store (so they can be tagged)."""
+        """Wait until every finished trace is in the store (so it can be tagged, or before
+        the worker stops)."""
         import mlflow
 
+        self.end_pending()
         try:
             mlflow.flush_trace_async_logging()
         except Exception:  # noqa: BLE001

@@ -119,14 +119,15 @@ class AgentLoopWorker:
         limit = self.config.trace.max_samples_per_step_per_worker
         traced = len(rows) if limit is None else min(limit, len(rows))
         context = trace if self.tracer is not None else None
-        return list(
-            await asyncio.gather(
-                *(
-                    self._run_one(offset + i, row, params, context if i < traced else None)
-                    for i, row in enumerate(rows)
-                )
+        outputs = await asyncio.gather(
+            *(
+                self._run_one(offset + i, row, params, context if i < traced else None)
+                for i, row in enumerate(rows)
             )
         )
+        if self.tracer is not None:
+            self.tracer.release()
+        return list(outputs)
 
     async def _run_one(
         self,
