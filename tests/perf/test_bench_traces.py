@@ -98,6 +98,8 @@ def test_bench_tracing_overhead(tmp_path):
         flush_s = max(drain[-4:])
     finally:
         mlflow.set_tracking_uri(previous)
+        if "server" in locals():
+            ray.get(server.shutdown.remote())  # a killed engine leaves its /dev/shm segments
         ray.shutdown()
     best = {name: min(values) for name, values in times.items()}
     result = {
