@@ -29,9 +29,9 @@ from transformers import AutoTokenizer
 from agentloop import AgentConfig, AgentLoopManager, RolloutConfig
 from servers import AsyncLLMServerManager, ServerConfig, launch_servers
 from tests.perf.bench_loops import make_plans, turn_locked
+from tests.ray_local import init_local_ray
 from trainer.models import prepare
 
-REPO = Path(__file__).resolve().parents[2]
 N_TRAJ = 64
 
 
@@ -56,12 +56,7 @@ def test_bench_async_agent_loop_vs_turn_locked(tmp_path, model_name):
     plans = make_plans(N_TRAJ, seed=0)
     chain = max(sum(p["latency"]) for p in plans)
     tokens = sum(sum(p["tokens"]) for p in plans)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    init_local_ray()
     try:
         (server,) = launch_servers(ServerConfig(model=model, max_model_len=2048), 1)
         results = {

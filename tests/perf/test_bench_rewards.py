@@ -21,6 +21,7 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
+from tests.ray_local import init_local_ray
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.config.reward import JudgeConfig, RewardFunctionConfig, RewardModelConfig
 from trainer.launch import start_judge, stop_servers
@@ -102,12 +103,7 @@ def test_bench_reward_parallelism(tmp_path, tiny_qwen3_path):
     lines.append(f"  50 ms scorer x64: serial {s:.2f} s | threads (16) {t:.2f} s ({s / t:.2f}x)")
 
     # 3. judge group on tiny-qwen3
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    init_local_ray()
     judge = JudgeConfig(
         enable=True, model_path=str(tiny_qwen3_path), max_model_len=512, max_tokens=32
     )

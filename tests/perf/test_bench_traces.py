@@ -26,6 +26,7 @@ from agentloop.config import TraceConfig
 from agentloop.worker import AgentLoopWorker
 from servers import ServerConfig, launch_servers
 from tests.perf.bench_loops import make_plans
+from tests.ray_local import init_local_ray
 from trainer.models import prepare
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,12 +50,7 @@ def test_bench_tracing_overhead(tmp_path):
     loops.write_text(yaml.safe_dump([{"name": "planned", "_target_": target, "latency_scale": 0}]))
     store = f"sqlite:///{tmp_path / 'mlruns.db'}"
     previous = mlflow.get_tracking_uri()
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    init_local_ray()
     try:
         (server,) = launch_servers(ServerConfig(model=model, max_model_len=2048), 1)
 

@@ -4,8 +4,6 @@ invariants, and the engine's log-probs match a transformers forward over the tra
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -18,12 +16,12 @@ from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutCon
 from agentloop.tokens import mask_spans
 from servers import ServerConfig, launch_servers
 from tests.integration.agentloop.helpers import ECHO_SCHEMA
+from tests.ray_local import init_local_ray
 from trainer.config import DataConfig
 from trainer.data import load_rows
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[3]
 PROMPT_LEN, RESPONSE_LEN = 256, 160
 QUESTIONS = ["Name a color.", "What is 2+2?", "Say hi.", "Name a fruit."]
 
@@ -35,12 +33,7 @@ def tokenizer(smollm2_path):
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    init_local_ray()
     (handle,) = launch_servers(
         ServerConfig(model=str(smollm2_path), max_model_len=PROMPT_LEN + RESPONSE_LEN), 1
     )

@@ -5,12 +5,12 @@ dies, the judge retries and then fails with a clear error."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import ray
 from transformers import AutoTokenizer
 
+from tests.ray_local import init_local_ray
 from tests.shm import remove_new_segments, shm_segments
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.config.reward import JudgeConfig, RewardFunctionConfig, RewardModelConfig
@@ -19,18 +19,11 @@ from trainer.rewards import JudgeReward, JudgeUnavailableError, RewardManager, p
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[3]
-
 
 @pytest.fixture(scope="module")
 def judge(tiny_qwen3_path):
     segments = shm_segments()
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
-    )
+    init_local_ray()
     config = JudgeConfig(
         enable=True,
         model_path=str(tiny_qwen3_path),
