@@ -51,6 +51,7 @@ def parse_judge_score(text: str, pattern: re.Pattern[str], low: float, high: flo
 
 class JudgeReward:
     name = "judge"
+    COUNTERS = ("parse_failures", "retries", "requests")
 
     def __init__(self, config: JudgeConfig, client: Any, tokenizer: Any) -> None:
         config.check()
@@ -61,7 +62,7 @@ class JudgeReward:
         self.template = config.template()
         self.pattern = re.compile(config.score_pattern, re.S)
         self.describe = f"the judge ({config.model_path})"
-        self._counters = {"parse_failures": 0.0, "retries": 0.0, "requests": 0.0}
+        self._counters = dict.fromkeys(self.COUNTERS, 0.0)
         self.outputs: dict[int, str] = {}
         """The judge's text per sample index of the last batch (for traces and debugging)."""
 
@@ -93,7 +94,7 @@ class JudgeReward:
 
     # ---- scoring -------------------------------------------------------------------------
     async def score(self, samples: list[RewardSample]) -> list[Any]:
-        self._counters = {"parse_failures": 0.0, "retries": 0.0, "requests": 0.0}
+        self._counters = dict.fromkeys(self.COUNTERS, 0.0)
         self.outputs = {}
         slots = asyncio.Semaphore(self.config.max_concurrency)
         try:

@@ -46,12 +46,13 @@ class RuleReward:
         function: str,
         key: str,
         *,
+        field: str = "name",
         timeout_s: float,
         workers: int,
         executor: str = "thread",
     ) -> None:
+        """``key``/``field``: the config keys errors name (``<key>.path``, ``<key>.<field>``)."""
         self.name = name
-        field = "name" if key == "custom_reward_function" else "function"
         fn = load_reward_function(path, function, key, field)
         self.describe = describe_function(path, function)
         self.pool = CallPool(
@@ -145,6 +146,7 @@ class RewardManager:
                         extra.path,
                         extra.function,
                         f"reward_model.rules[{i}]",
+                        field="function",
                         timeout_s=extra.timeout_s,
                         workers=rule.num_workers,
                         executor=rule.executor,

@@ -77,6 +77,7 @@ class ToolBox:
 
 class VerifyReward:
     name = "verify"
+    COUNTERS = ("tool_calls", "tool_errors")
 
     def __init__(self, config: VerifyConfig, tools: Mapping[str, BaseTool]) -> None:
         self.config = config
@@ -84,10 +85,10 @@ class VerifyReward:
         self.describe = describe_function(config.path, config.name)
         self.tools = tools
         self.runner = ToolRunner(tools, timeout_s=config.timeout_s)
-        self._counters = {"tool_calls": 0.0, "tool_errors": 0.0}
+        self._counters = dict.fromkeys(self.COUNTERS, 0.0)
 
     async def score(self, samples: list[RewardSample]) -> list[Any]:
-        self._counters = {"tool_calls": 0.0, "tool_errors": 0.0}
+        self._counters = dict.fromkeys(self.COUNTERS, 0.0)
         slots = asyncio.Semaphore(self.config.max_concurrency)
         return list(await asyncio.gather(*(self._one(s, slots) for s in samples)))
 
