@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import importlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -183,6 +184,8 @@ class AgentLoopSpec:
 
 
 _REGISTRY: dict[str, AgentLoopSpec] = {}
+# Built-in loops whose module is imported on first use (LangGraph is a heavy import).
+_LAZY: dict[str, str] = {"react_agent": "agentloop.langgraph.react_agent"}
 
 
 def register(name: str):
@@ -196,10 +199,12 @@ def register(name: str):
 
 
 def registered_agent_loops() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY, *_LAZY})
 
 
 def get_agent_loop(name: str) -> AgentLoopSpec:
+    if name not in _REGISTRY and name in _LAZY:
+        importlib.import_module(_LAZY[name])  # registers it
     spec = _REGISTRY.get(name)
     if spec is None:
         raise ValueError(

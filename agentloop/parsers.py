@@ -24,6 +24,7 @@ __all__ = [
     "HermesToolParser",
     "check_calls",
     "get_parser",
+    "limit_calls",
     "loads_tolerant",
     "register_parser",
 ]
@@ -261,6 +262,24 @@ def check_calls(parsed: ParsedTurn, schemas: Mapping[str, dict[str, Any]]) -> Pa
             parsed.items[pos] = ToolCallError(
                 "schema",
                 f"arguments of {item.name!r} do not match its schema at {where}: {first.message}",
+                item.raw,
+                item.name,
+            )
+    return parsed
+
+
+def limit_calls(parsed: ParsedTurn, limit: int) -> ParsedTurn:
+    """Calls after the first ``limit`` of a turn become ``too_many_calls`` errors (in place,
+    order kept): they are answered with an error instead of being run."""
+    seen = 0
+    for pos, item in enumerate(parsed.items):
+        if not isinstance(item, ToolCall):
+            continue
+        seen += 1
+        if seen > limit:
+            parsed.items[pos] = ToolCallError(
+                "too_many_calls",
+                f"only {limit} tool call(s) run per turn; call {item.name!r} was skipped",
                 item.raw,
                 item.name,
             )

@@ -150,6 +150,29 @@ class Trajectory:
         self._mask: list[int] = []
         self._log_probs: list[float] = []
 
+    @classmethod
+    def restore(
+        cls,
+        prompt_ids: Sequence[int],
+        budget: int,
+        response_ids: Sequence[int],
+        response_mask: Sequence[int],
+        response_log_probs: Sequence[float],
+    ) -> Trajectory:
+        """A trajectory continued from saved lists (e.g. a LangChain message's metadata)."""
+        if not len(response_ids) == len(response_mask) == len(response_log_probs):
+            raise ValueError(
+                f"saved trajectory lists differ in length: {len(response_ids)} ids, "
+                f"{len(response_mask)} mask, {len(response_log_probs)} log-probs"
+            )
+        if len(response_ids) > budget:
+            raise ValueError(f"saved trajectory has {len(response_ids)} tokens > budget {budget}")
+        traj = cls(prompt_ids, budget)
+        traj._ids = list(response_ids)
+        traj._mask = list(response_mask)
+        traj._log_probs = list(response_log_probs)
+        return traj
+
     @property
     def room(self) -> int:
         """Response tokens that can still be appended."""

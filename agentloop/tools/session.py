@@ -1,0 +1,130 @@
+"""The tools of one sample: instances created on first use (with the row's ``create_kwargs``),
+calls run through the worker's ``ToolRunner``, every call and error recorded for rewards and
+metrics, instances rewarded and released at the end. Shared by ``tool_agent`` and
+``react_agent`` so both report the same ``extra`` fields."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentloop.config import MultiTurnConfig
+from agentloop.parsers import ToolCall
+from agentloop.tools.base import BaseTool
+from agentloop.tools.runner import CallOutcome, ToolRunner, truncate_text
+
+__all__ = ["ToolSession"]
+
+
+class ToolSession:
+    def __init__(
+        self,
+        tools: Mapping[str, BaseTool],
+        runner: ToolRunner,
+        multi_turn: MultiTurnConfig,
+        *,
+        request_id: str,
+        tools_kwargs: Mapping[str, Any] | None = None,
+        trace: Any = None,
+    ) -> None:
+        self.tools = tools
+        self.runner = runner
+        self.multi_turn = multi_turn
+        self.request_id = request_id
+        self.tools_kwargs = tools_kwargs or {}
+        self.trace = trace
+        self.instances: dict[str, str] = {}
+        self.calls: list[dict[str, Any]] = []
+        self.error_kinds: list[str] = []
+
+    def truncate(self, text: str) -> str:
+        mt = self.multi_turn
+        return truncate_text(text, mt.max_tool_response_length, mt.tool_response_truncate_side)
+
+    def record_error(self, kind: str) -> None:
+        """A call that never ran (parse error, unknown tool, too many calls)."""
+        self.error_kinds.append(kind)
+
+    def record(self, call: ToolCall, outcome: CallOutcome, turn: int, start_ns: int) -> None:
+        """A call that ran (or failed to start); ``turn`` is the model turn that made it."""
+        if self.trace is not None:
+            self.trace.tool(start_ns, call.name, call.arguments, outcome)
+        if not outcome.ok:
+            self.error_kinds.append(outcome.error_kind or "tool_failed")
+        self.calls.append(
+            {
+                "name": call.name,
+                "arguments": call.arguments,
+                "ok": outcome.ok,
+                "seconds": outcome.seconds,
+                "repaired": call.repaired,
+                "reward": outcome.reward,
+                "turn": turn,
+            }
+        )
+
+    async def execute(self, calls: Sequence[ToolCall], turn: int) -> list[CallOutcome]:
+        """Run ``calls`` of model turn ``turn`` concurrently; outcomes in call order with
+        their text truncated to ``max_tool_response_length`` (callers time the turn's
+        calls: ``tool_s`` is wall time, not a sum over concurrent calls)."""
+        outcomes: list[CallOutcome | None] = [None] * len(calls)
+        to_run: list[int] = []
+        for i, call in enumerate(calls):
+            error = await self._ensure_instance(call.name)
+            if error is None:
+                to_run.append(i)
+            else:
+                outcomes[i] = CallOutcome(call.name, error, False, 0.0, error_kind="create_failed")
+        start_ns = time.time_ns()
+        ran = await self.runner.run([calls[i] for i in to_run], self.instances)
+        for i, outcome in zip(to_run, ran, strict=True):
+            outcomes[i] = outcome
+        done: list[CallOutcome] = []
+        for call, outcome in zip(calls, outcomes, strict=True):
+            assert outcome is not None
+            self.record(call, outcome, turn, start_ns)
+            outcome.text = self.truncate(outcome.text)
+            done.append(outcome)
+        return done
+
+    async def _ensure_instance(self, name: str) -> str | None:
+        if name in self.instances:
+            return None
+        create_kwargs = (self.tools_kwargs.get(name) or {}).get("create_kwargs") or {}
+        try:
+            self.instances[name] = await self.tools[name].create(
+                f"{self.request_id}-{name}", **create_kwargs
+            )
+        except Exception as exc:  # reported to the model like any tool failure
+            return f"Error: tool {name!r} could not start: {type(exc).__name__}: {exc}"
+        return None
+
+    async def release(self) -> dict[str, float]:
+        """Each used tool's ``calc_reward``; every instance is released, and the first error
+        (of a reward or a release) is raised after all of them."""
+        rewards: dict[str, float] = {}
+        first: BaseException | None = None
+        for name, instance in self.instances.items():
+            tool = self.tools[name]
+            try:
+                rewards[name] = float(await tool.calc_reward(instance))
+            except Exception as exc:
+                first = first or exc
+            try:
+                await tool.release(instance)
+            except Exception as exc:
+                first = first or exc
+        self.instances.clear()
+        if first is not None:
+            raise first
+        return rewards
+
+    def extra(self) -> dict[str, Any]:
+        """The ``AgentLoopOutput.extra`` fields about tools (rewards read ``calls``)."""
+        return {
+            "tool_calls": sum(c["ok"] for c in self.calls),
+            "tool_errors": len(self.error_kinds),
+            "tool_error_kinds": self.error_kinds,
+            "calls": self.calls,
+        }
