@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from agentloop.langgraph import ReactAgentLoop
 from agentloop.parsers import ParsedTurn, ToolCall
 from agentloop.tool_agent import ToolAgentLoop
 from agentloop.tools import BaseTool, ToolResult
@@ -62,14 +63,25 @@ class ForcedToolAgentLoop(ToolAgentLoop):
         self.tag = kwargs.get("tag")
 
 
-class CappedTurnsToolAgentLoop(ForcedToolAgentLoop):
-    """ForcedToolAgentLoop for a random tiny model, which almost never samples the end-of-turn
-    token: a turn cut by ``multi_turn.max_tokens_per_turn`` is closed with an end-of-turn
-    token appended as template text (mask 0, never trained on), so rollouts are multi-turn
-    while every sampled token keeps the engine's own log-prob."""
+class ClosesCutTurns:
+    """Mixin for a random tiny model, which almost never samples the end-of-turn token: a
+    turn cut by ``multi_turn.max_tokens_per_turn`` is closed with an end-of-turn token
+    appended as template text (mask 0, never trained on), so rollouts are multi-turn while
+    every sampled token keeps the engine's own log-prob."""
 
     async def generate(self, request_id, traj, sampling_params):
         out = await super().generate(request_id, traj, sampling_params)
-        if out.finish_reason == "length" and out.token_ids and traj.add_template([self.eot_id]):
-            return TokenOutput([*out.token_ids, self.eot_id], None, "stop")
+        eot = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
+        if out.finish_reason == "length" and out.token_ids and traj.add_template([eot]):
+            return TokenOutput([*out.token_ids, eot], None, "stop")
         return out
+
+
+class CappedTurnsToolAgentLoop(ClosesCutTurns, ForcedToolAgentLoop):
+    """ForcedToolAgentLoop whose cut turns are closed (see ``ClosesCutTurns``)."""
+
+
+class CappedTurnsReactAgentLoop(ClosesCutTurns, ReactAgentLoop):
+    """react_agent (LangGraph) that reads every turn as an echo call, cut turns closed."""
+
+    parser = EveryTurnCallsParser()
