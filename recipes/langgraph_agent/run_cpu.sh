@@ -3,13 +3,14 @@
 # ranks, Ray local): generate data, multi-turn SFT warm start on solved conversations, then
 # GRPO with `math_expression` rows. Run from the repository root. Environment:
 #   MODEL (smollm2-135m-instruct)  DATA (data/langgraph_math)  RUN (checkpoints/langgraph_math)
-#   SFT_STEPS (24; 0 skips the warm start and trains MODEL directly)
+#   SFT_STEPS (16; 0 skips the warm start and trains MODEL directly)  SFT_LR (1e-4)
 # Extra key=value arguments go to agentloop-train, e.g. trainer.total_training_steps=2.
 set -euo pipefail
 MODEL=${MODEL:-smollm2-135m-instruct}
 DATA=${DATA:-data/langgraph_math}
 RUN=${RUN:-checkpoints/langgraph_math}
-SFT_STEPS=${SFT_STEPS:-24}
+SFT_STEPS=${SFT_STEPS:-16}
+SFT_LR=${SFT_LR:-1e-4}
 PY=${PY:-.venv/bin/python}
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 
@@ -21,7 +22,7 @@ if [ "$SFT_STEPS" -gt 0 ]; then
     data.train_batch_size=16 \
     data.micro_batch_size_per_gpu=4 \
     model.path="$MODEL" \
-    optim.lr=5e-5 \
+    optim.lr="$SFT_LR" \
     trainer.n_gpus_per_node=2 \
     trainer.total_training_steps="$SFT_STEPS" \
     trainer.default_local_dir="$RUN/sft" | tail -n 1)
@@ -51,6 +52,7 @@ $PY -m trainer.main \
   trainer.n_gpus_per_node=2 \
   trainer.total_training_steps=4 \
   trainer.test_freq=2 \
+  trainer.val_before_train=True \
   trainer.logger='[console,jsonl]' \
   trainer.default_local_dir="$RUN/grpo" \
   "$@"

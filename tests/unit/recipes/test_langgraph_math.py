@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig, get_agent_loop
 from agentloop.base import load_agent_loop_config
 from recipes.langgraph_agent.data import main as data_main
-from recipes.langgraph_agent.data import make_expression, make_rows
+from recipes.langgraph_agent.data import make_expression, make_rows, make_sft_rows
 from recipes.langgraph_agent.reward import compute_score, final_answer
 from recipes.langgraph_agent.tools import apply_op
 from tests.unit.agentloop.scripted import ScriptedServer
@@ -36,9 +36,12 @@ def test_expressions_have_the_value_of_the_operator_applied_innermost_first():
     rng = random.Random(3)
     for ops in (1, 2, 3):
         for _ in range(50):
-            text, value = make_expression(rng, ops)
-            assert text.count("@") == ops
+            text, value, steps = make_expression(rng, ops)
+            assert text.count("@") == ops and len(steps) == ops
             assert evaluate(text) == value
+            assert all(apply_op(a, b) == r for a, b, r in steps) and steps[-1][2] == value
+            # each step after the first uses the previous result
+            assert all(prev[2] in cur[:2] for prev, cur in zip(steps, steps[1:], strict=False))
 
 
 def test_rows_are_seeded_verl_rows_for_the_math_expression_loop(tmp_path):
@@ -68,6 +71,33 @@ def test_reward_scores_the_last_answer_after_the_tools_and_shapes_tool_use():
     assert compute_score("x", "", "4", {"ops": 1, "calls": []})["score"] == 0.0
     # an answer inside a tool response does not count
     assert final_answer("<tool_response>\n<answer>4</answer>\n</tool_response>") is None
+
+
+def test_sft_conversations_train_the_calls_the_rollout_parses(tiny_qwen3_path):
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from agentloop.parsers import get_parser
+    from agentloop.tokens import mask_spans
+    from recipes.langgraph_agent.tools import custom_op
+    from trainer.sft_data import encode_conversation
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_path)
+    parser = get_parser("hermes")
+    for row in make_sft_rows(10, seed=1):
+        assert row["tools"] == [convert_to_openai_tool(custom_op)]  # what the loop binds
+        sample = encode_conversation(tokenizer, row["messages"], row["tools"])
+        turns = [
+            tokenizer.decode(span, skip_special_tokens=False).removesuffix("<|im_end|>")
+            for span in mask_spans(sample.response_ids, sample.response_mask, 1)
+        ]
+        calls = [m for m in row["messages"] if m.get("tool_calls")]
+        assert len(turns) == len(calls) + 1
+        for turn, message in zip(turns, calls, strict=False):
+            (parsed,) = parser.parse(turn).calls
+            assert parsed.name == "custom_op"
+            assert parsed.arguments == message["tool_calls"][0]["function"]["arguments"]
+        answer = row["messages"][-1]["content"]
+        assert turns[-1].endswith(answer) and final_answer(answer) is not None
 
 
 async def test_a_scripted_episode_solves_an_expression_with_the_real_tool(tiny_qwen3_path):
