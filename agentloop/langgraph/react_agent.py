@@ -71,6 +71,8 @@ class ReactAgentLoop(AgentLoopBase):
         self.kwargs = kwargs
         self.multi_turn = self.config.multi_turn
         self.chat_model: AgentLoopChatModel | None = None
+        self.messages: list[BaseMessage] = []
+        """The graph's final messages (empty when a budget ended the graph)."""
         self.session: ToolSession | None = None
         self._turn = 0
 
@@ -138,7 +140,8 @@ class ReactAgentLoop(AgentLoopBase):
                 {"messages": from_chat_dicts(raw_prompt)},
                 config={"recursion_limit": limit},
             )
-            last = next((m for m in reversed(final["messages"]) if trajectory_of(m)), None)
+            self.messages = final["messages"]
+            last = next((m for m in reversed(self.messages) if trajectory_of(m)), None)
             state = trajectory_of(last) if last is not None else None
         except TrajectoryLimitError as exc:
             stop, state = exc.reason, self.chat_model.last_trajectory
@@ -211,10 +214,11 @@ class ReactAgentLoop(AgentLoopBase):
         """A configured tool as a LangChain tool running on this sample's instance."""
         function = self.context.tools[name].tool_schema["function"]
 
-        async def call(**arguments: Any) -> tuple[str, CallOutcome]:
+        async def call(**arguments: Any) -> tuple[str, dict[str, Any]]:
             assert self.session is not None
             (outcome,) = await self.session.execute([ToolCall(name, arguments, "")], self._turn)
-            return outcome.text, outcome
+            # plain data, so LangGraph checkpointers can serialize the message
+            return outcome.text, {"ok": outcome.ok, "error_kind": outcome.error_kind}
 
         return StructuredTool(
             name=name,
@@ -232,7 +236,7 @@ class ReactAgentLoop(AgentLoopBase):
         name, args, call_id = (request.tool_call[k] for k in ("name", "args", "id"))
         if name in self.context.tools:
             message = await execute(request)
-            if isinstance(message.artifact, CallOutcome) and not message.artifact.ok:
+            if isinstance(message.artifact, dict) and message.artifact.get("ok") is False:
                 message.status = "error"
             return message
         timeout = self.multi_turn.tool_timeout_s

@@ -108,6 +108,27 @@ def test_malformed_unknown_and_schema_failing_calls_answer_in_order_like_tool_ag
     )
 
 
+def test_tool_messages_answer_calls_by_id_with_error_status_for_failures(tokenizer):
+    turns = [f"{call('calc', a=1, b=2)}\n{call('calc', a=3, b=0)}\n{call('nope')}", "ok"]
+    server = ScriptedServer(tokenizer, turns)
+    config = RolloutConfig(
+        prompt_length=1024,
+        response_length=512,
+        multi_turn=MultiTurnConfig(max_parallel_calls=4),
+    )
+    loop = ReactAgentLoop(AgentLoopContext(server, tokenizer, config, {"calc": CalcTool()}))
+    asyncio.run(loop.run(dict(SAMPLING), raw_prompt=PROMPT))
+    ai, *replies = loop.messages[1:5]
+    ids = [c["id"] for c in ai.tool_calls] + [c["id"] for c in ai.invalid_tool_calls]
+    assert [m.tool_call_id for m in replies] == ids
+    assert [m.status for m in replies] == ["success", "error", "error"]
+    assert [m.content for m in replies] == [
+        "3",
+        "Error: b must not be 0",
+        "Error: unknown tool 'nope'; available tools: calc",
+    ]
+
+
 def test_too_many_calls_per_turn_are_answered_with_errors_like_tool_agent(tokenizer):
     turns = ["\n".join(call("calc", a=i, b=1) for i in range(3)), "ok"]
     (tool_out, react_out), _ = run_both(tokenizer, turns, multi_turn={"max_parallel_calls": 2})
