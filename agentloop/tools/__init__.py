@@ -8,6 +8,7 @@ from agentloop.tools.base import (
     ToolResult,
     normalize_schema,
 )
+from agentloop.tools.calculator import CalculatorTool
 from agentloop.tools.config import load_tool_config
 from agentloop.tools.function import FunctionTool, function_tool, schema_from_function
 from agentloop.tools.mcp import MCPTool, load_mcp_servers
@@ -17,6 +18,7 @@ from agentloop.tools.runner import CallOutcome, ToolRunner, truncate_text
 
 __all__ = [
     "BaseTool",
+    "CalculatorTool",
     "CallOutcome",
     "FunctionTool",
     "MCPTool",
