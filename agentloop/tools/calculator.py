@@ -119,7 +119,33 @@ def format_value(value: Fraction) -> str:
 
 
 class CalculatorTool(BaseTool):
+    """Stateless per call; a row may pass ``create_kwargs: {ground_truth: "31"}``, and then
+    ``calc_reward`` is 1.0 when some result of the sample equaled it (the tool reward in
+    ``extra.tool_rewards``: did the model compute the answer with the tool)."""
+
     schema = CALCULATOR_SCHEMA
 
+    def __init__(self, config=None, tool_schema=None) -> None:
+        super().__init__(config, tool_schema)
+        self._truth: dict[str, Fraction | None] = {}
+        self._hit: dict[str, bool] = {}
+
+    async def create(self, instance_id: str | None = None, **create_kwargs: Any) -> str:
+        instance_id = await super().create(instance_id)
+        truth = create_kwargs.get("ground_truth")
+        self._truth[instance_id] = None if truth is None else evaluate(str(truth))
+        self._hit[instance_id] = False
+        return instance_id
+
     async def execute(self, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
-        return ToolResult(format_value(evaluate(str(arguments["expression"]))))
+        value = evaluate(str(arguments["expression"]))
+        if value == self._truth.get(instance_id):
+            self._hit[instance_id] = True
+        return ToolResult(format_value(value))
+
+    async def calc_reward(self, instance_id: str) -> float:
+        return float(self._hit.get(instance_id, False))
+
+    async def release(self, instance_id: str) -> None:
+        self._truth.pop(instance_id, None)
+        self._hit.pop(instance_id, None)

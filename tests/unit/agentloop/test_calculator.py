@@ -83,3 +83,17 @@ async def test_loaded_from_verl_yaml_and_run_by_the_tool_runner(tmp_path):
     )
     assert (ok.ok, ok.text) == (True, "569")
     assert (bad.ok, bad.text, bad.error_kind) == (False, "Error: division by zero", "tool_failed")
+
+
+async def test_tool_reward_says_whether_a_result_hit_the_ground_truth():
+    from agentloop.tools import CalculatorTool
+
+    tool = CalculatorTool()
+    hit = await tool.create("a", ground_truth="24,000")
+    miss = await tool.create("b", ground_truth="31")
+    plain = await tool.create("c")
+    for instance in (hit, miss, plain):
+        await tool.execute(instance, {"expression": "1200 * 20"})
+    assert [await tool.calc_reward(i) for i in (hit, miss, plain)] == [1.0, 0.0, 0.0]
+    await tool.release(hit)
+    assert await tool.calc_reward(hit) == 0.0
