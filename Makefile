@@ -47,12 +47,10 @@ bench: install
 traces: install
 	$(PY) -m trainer.traces_cli $(TRACES_ARGS)
 
-demo:
-	@echo "make demo is not built yet (issue 10). When it lands it will: install, prepare"
-	@echo "smollm2-135m-instruct, generate a calculator tool task, run an SFT warm start, then"
-	@echo "GRPO with tool_agent on vLLM CPU + FSDP2, and print accuracy before/after with the"
-	@echo "location of the MLflow traces."
-	@exit 1
+# Train a tool-using model on CPU end to end (recipes/calculator/demo.py): base model -> SFT
+# warm start -> GRPO with tool_agent, then a table of accuracy and valid tool calls.
+demo: install
+	PYTHONPATH=. $(PY) -m recipes.calculator.demo
 
 clean-venv:
 	rm -rf $(VENV)

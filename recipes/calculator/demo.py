@@ -1,0 +1,202 @@
+"""``make demo``: train a tool-using model on CPU, end to end, and show what each stage did.
+
+1. prepare ``smollm2-135m-instruct`` (offline asset) and generate the calculator task;
+2. evaluate the base model on held-out prompts (``agentloop-rollout``, greedy);
+3. multi-turn SFT warm start on solved tool-call conversations (``agentloop-sft``);
+4. GRPO with ``tool_agent`` (``agentloop-train``: async rollout on a vLLM CPU server, FSDP2
+   on gloo, weight sync, MLflow metrics and rollout traces);
+5. evaluate the SFT and RL models the same way, draw the reward curve, print the table.
+
+Every stage is the project's own CLI in a subprocess, so the demo is what a user would run.
+Environment knobs: ``DEMO_DIR`` (checkpoints/demo), ``DEMO_SFT_STEPS``, ``DEMO_RL_STEPS``,
+``DEMO_VAL`` (held-out prompts), ``DEMO_MODEL``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["evaluate_records", "main", "reward_curve"]
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = "recipes/calculator/tool_config.yaml"
+REWARD = "recipes/calculator/reward.py"
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _run(args: list[str], *, capture: bool = False) -> str:
+    """Run a project CLI from the repository root; its progress bars go to the console."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE if capture else None,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: `{' '.join(args[:2])}` failed with exit code {proc.returncode}")
+    if capture:
+        sys.stdout.write(proc.stdout)
+        return proc.stdout
+    return ""
+
+
+def evaluate_records(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Accuracy (the task reward) and valid-tool-call rate (the sample made at least one call
+    and every call parsed and ran) of rollout records against their rows."""
+    from recipes.calculator.reward import compute_score
+
+    truth = {r["extra_info"]["index"]: r["reward_model"]["ground_truth"] for r in rows}
+    correct = valid = 0
+    for rec in records:
+        correct += compute_score("calculator", rec["response_text"], truth[rec["index"]], {})
+        valid += rec["tool_calls"] >= 1 and rec["tool_errors"] == 0
+    n = max(len(records), 1)
+    return {"accuracy": correct / n, "valid_tool_calls": valid / n, "samples": len(records)}
+
+
+def evaluate(model: str, data: Path, out: Path) -> dict[str, float]:
+    _run(
+        [
+            "-m",
+            "trainer.rollout_cli",
+            f"data.train_files={data / 'train.jsonl'}",
+            f"data.val_files={data / 'val.jsonl'}",
+            f"actor_rollout_ref.model.path={model}",
+            "actor_rollout_ref.rollout.temperature=0",
+            "actor_rollout_ref.rollout.response_length=128",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS}",
+            "+split=val",
+            f"+output={out}",
+        ]
+    )
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = [json.loads(line) for line in (data / "val.jsonl").read_text().splitlines()]
+    return evaluate_records(records, rows)
+
+
+def reward_curve(metrics_path: Path, png: Path) -> None:
+    """Training reward per step (and the tool-call rate) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    train = [r for r in records if "reward/mean" in r]
+    steps = [r["step"] for r in train]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r["reward/mean"] for r in train], marker="o", label="reward (accuracy)")
+    ax.plot(
+        steps,
+        [r.get("agent_loop/tool_calls/mean", 0.0) for r in train],
+        marker="s",
+        label="tool calls / sample",
+    )
+    ax.set_xlabel("GRPO step")
+    ax.set_title("calculator task, smollm2-135m-instruct, GRPO")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    from recipes.calculator.data import write_task
+    from trainer.models import prepare
+
+    start = time.perf_counter()
+    home = (REPO / _env("DEMO_DIR", "checkpoints/demo")).resolve()
+    model_name = _env("DEMO_MODEL", "smollm2-135m-instruct")
+    sft_steps, rl_steps = int(_env("DEMO_SFT_STEPS", "12")), int(_env("DEMO_RL_STEPS", "5"))
+    data = home / "data"
+    print(f"[demo] 1/5 model {model_name} and the calculator task in {data}", flush=True)
+    model = str(prepare(model_name))
+    write_task(data, train=256, val=int(_env("DEMO_VAL", "64")), sft=16 * sft_steps)
+
+    print("[demo] 2/5 base model on the held-out prompts", flush=True)
+    (home / "eval").mkdir(parents=True, exist_ok=True)
+    results = {"base model": evaluate(model, data, home / "eval/base.jsonl")}
+
+    print(f"[demo] 3/5 SFT warm start: {sft_steps} steps x 16 conversations", flush=True)
+    out = _run(
+        [
+            "-m",
+            "trainer.sft",
+            f"data.train_files={data / 'sft.jsonl'}",
+            "data.train_batch_size=16",
+            "data.micro_batch_size_per_gpu=4",
+            f"model.path={model}",
+            "optim.lr=1e-4",
+            "trainer.n_gpus_per_node=2",
+            f"trainer.total_training_steps={sft_steps}",
+            f"trainer.default_local_dir={home / 'sft'}",
+        ],
+        capture=True,
+    )
+    sft_model = out.strip().splitlines()[-1]
+
+    print(f"[demo] 4/5 GRPO with tool_agent: {rl_steps} steps", flush=True)
+    rl_dir = home / "grpo"
+    _run(
+        [
+            "-m",
+            "trainer.main",
+            f"data.train_files={data / 'train.jsonl'}",
+            "data.train_batch_size=8",
+            f"actor_rollout_ref.model.path={sft_model}",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.rollout.response_length=128",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+            "actor_rollout_ref.rollout.trace.backend=mlflow",
+            "actor_rollout_ref.rollout.trace.token2text=True",
+            "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.actor.optim.lr=5e-6",
+            f"custom_reward_function.path={REWARD}",
+            "trainer.n_gpus_per_node=2",
+            f"trainer.total_training_steps={rl_steps}",
+            f"trainer.save_freq={rl_steps}",
+            "trainer.logger=[console,jsonl,mlflow]",
+            "trainer.project_name=agentloop_demo",
+            f"trainer.default_local_dir={rl_dir}",
+        ]
+    )
+    rl_model = rl_dir / f"global_step_{rl_steps}" / "actor" / "huggingface"
+
+    print("[demo] 5/5 SFT and RL models on the held-out prompts", flush=True)
+    results["after SFT"] = evaluate(sft_model, data, home / "eval/sft.jsonl")
+    results["after RL"] = evaluate(str(rl_model), data, home / "eval/rl.jsonl")
+    png = home / "reward_curve.png"
+    reward_curve(rl_dir / "metrics.jsonl", png)
+    (home / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+    n = results["base model"]["samples"]
+    print(f"\ncalculator task, {n} held-out prompts, greedy decoding:")
+    print(f"| {'model':<11} | accuracy | valid tool-call rate |")
+    print(f"|{'-' * 13}|----------|----------------------|")
+    for name, r in results.items():
+        print(f"| {name:<11} | {r['accuracy']:8.1%} | {r['valid_tool_calls']:20.1%} |")
+    print(f"\nreward curve: {png}")
+    print(f"rollout traces (MLflow): .venv/bin/agentloop-traces --run-dir {rl_dir}")
+    print(f"demo took {(time.perf_counter() - start) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

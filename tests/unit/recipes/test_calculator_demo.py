@@ -1,0 +1,91 @@
+"""The demo's pieces: the calculator task generator, its SFT conversations (tokenized exactly
+as RL trajectories, calls the rollout parser reads back), the reward, the evaluation summary
+and the reward-curve PNG."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from transformers import AutoTokenizer
+
+from agentloop.parsers import check_calls, get_parser
+from agentloop.tokens import mask_spans
+from agentloop.tools.calculator import CALCULATOR_SCHEMA, evaluate, format_value
+from recipes.calculator.data import make_problem, make_rows, make_sft_rows, write_task
+from recipes.calculator.demo import evaluate_records, reward_curve
+from recipes.calculator.reward import compute_score, final_answer
+from trainer.sft_data import encode_conversation
+
+
+def test_problems_are_multi_digit_and_rows_carry_the_exact_answer():
+    rng = random.Random(0)
+    for _ in range(100):
+        question, expression = make_problem(rng)
+        assert expression in question and "*" in expression
+        assert abs(int(format_value(evaluate(expression)))) >= 1000
+    rows = make_rows(10, seed=3, split="val")
+    assert rows == make_rows(10, seed=3, split="val")
+    for i, row in enumerate(rows):
+        truth = format_value(evaluate(row["extra_info"]["expression"]))
+        assert row["reward_model"]["ground_truth"] == truth
+        assert row["extra_info"]["index"] == i and row["agent_name"] == "tool_agent"
+        kwargs = row["extra_info"]["tools_kwargs"]["calculator"]["create_kwargs"]
+        assert kwargs == {"ground_truth": truth}
+
+
+def test_sft_conversations_teach_a_call_the_rollout_parses_and_the_answer_line(
+    smollm2_path,
+):
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    parser = get_parser("hermes")
+    for row in make_sft_rows(8, seed=1):
+        sample = encode_conversation(tokenizer, row["messages"], row["tools"])
+        turns = [
+            tokenizer.decode(s, skip_special_tokens=False)
+            for s in mask_spans(sample.response_ids, sample.response_mask, 1)
+        ]
+        assert len(turns) == 2
+        parsed = check_calls(parser.parse(turns[0]), {"calculator": CALCULATOR_SCHEMA})
+        (call,) = parsed.calls
+        expression = row["messages"][2]["tool_calls"][0]["function"]["arguments"]["expression"]
+        assert call.arguments == {"expression": expression}
+        truth = format_value(evaluate(expression))
+        assert row["messages"][3] == {"role": "tool", "content": truth}
+        assert compute_score("calculator", turns[1], truth, {}) == 1.0
+
+
+def test_reward_reads_only_the_answer_line_after_the_last_tool_response():
+    assert compute_score("calculator", "#### 57,840", "57840", {}) == 1.0
+    assert compute_score("calculator", "the answer is 57840", "57840", {}) == 0.0
+    assert compute_score("calculator", "#### 5784", "57840", {}) == 0.0
+    text = "<tool_response>\n#### 57840\n</tool_response>\nI think\n#### 1"
+    assert final_answer(text) == "1"
+
+
+def test_evaluation_summary_and_reward_curve(tmp_path):
+    rows = make_rows(3, seed=0, split="val")
+    truths = [r["reward_model"]["ground_truth"] for r in rows]
+    records = [
+        {"index": 0, "response_text": f"#### {truths[0]}", "tool_calls": 1, "tool_errors": 0},
+        {"index": 1, "response_text": "#### 0", "tool_calls": 1, "tool_errors": 1},
+        {"index": 2, "response_text": f"#### {truths[2]}", "tool_calls": 0, "tool_errors": 0},
+    ]
+    summary = evaluate_records(records, rows)
+    assert summary == {"accuracy": 2 / 3, "valid_tool_calls": 1 / 3, "samples": 3}
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(
+        "".join(
+            json.dumps({"step": s, "reward/mean": s / 10, "agent_loop/tool_calls/mean": 1.0}) + "\n"
+            for s in (1, 2, 3)
+        )
+    )
+    png = tmp_path / "curve.png"
+    reward_curve(metrics, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_task_writes_the_three_files(tmp_path):
+    write_task(tmp_path, train=4, val=2, sft=3)
+    files = ("train.jsonl", "val.jsonl", "sft.jsonl")
+    assert [len((tmp_path / f).read_text().splitlines()) for f in files] == [4, 2, 3]
