@@ -55,8 +55,9 @@ def run_main(capsys, *overrides: str) -> tuple[int, str]:
         (
             [{"prompt": USER, "agent_name": "nope"}],
             [],
-            "agent_name 'nope' is not a registered agent loop; registered: single_turn_agent, "
-            "tool_agent (add yours to actor_rollout_ref.rollout.agent.agent_loop_config_path)",
+            "agent_name 'nope' is not a registered agent loop; registered: react_agent, "
+            "single_turn_agent, tool_agent (add yours to "
+            "actor_rollout_ref.rollout.agent.agent_loop_config_path)",
         ),
         (
             [
