@@ -4,18 +4,16 @@ GRPO step (async rollout, calculator tool, MLflow metrics and rollout traces).""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+from tests.e2e.run_script import REPO, run_script
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_cpu_script_trains_a_step_and_traces_it_in_mlflow(tmp_path):
@@ -38,36 +36,13 @@ def test_cpu_script_trains_a_step_and_traces_it_in_mlflow(tmp_path):
         "4",
     ]
     subprocess.run(prep, cwd=REPO, check=True)
-    env = {
-        **os.environ,
-        "MODEL": "tiny-qwen3",
-        "DATA": str(data),
-        "RUN": str(run),
-        "PY": sys.executable,
-        "PYTHONPATH": str(REPO),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-    }
-    overrides = [
-        "data.train_batch_size=2",
+    proc = run_script(
+        "examples/gsm8k/run_gsm8k_tool_agent_cpu.sh",
+        data,
+        run,
         "data.val_batch_size=2",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.rollout.response_length=64",
-        "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=16",
         "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "trainer.total_training_steps=1",
-        "trainer.test_freq=1",
-    ]
-    proc = subprocess.run(
-        ["bash", "examples/gsm8k/run_gsm8k_tool_agent_cpu.sh", *overrides],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
     assert "done: 1 steps" in proc.stdout
 
     from mlflow.tracking import MlflowClient

@@ -5,66 +5,28 @@ step on the solved conversations, then one GRPO step whose rollouts run the Lang
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+from tests.e2e.run_script import make_data, run_script
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_run_script_trains_the_react_loop_from_an_sft_warm_start(tmp_path):
     data, run = tmp_path / "data", tmp_path / "run"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recipes.langgraph_agent.data",
-            "--out",
-            str(data),
-            "--train",
-            "4",
-            "--val",
-            "2",
-            "--sft",
-            "16",
-        ],
-        cwd=REPO,
-        check=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+    make_data(
+        "recipes.langgraph_agent.data",
+        "--out",
+        str(data),
+        "--train",
+        "4",
+        "--val",
+        "2",
+        "--sft",
+        "16",
     )
-    env = {
-        **os.environ,
-        "MODEL": "tiny-qwen3",
-        "DATA": str(data),
-        "RUN": str(run),
-        "SFT_STEPS": "1",
-        "PY": sys.executable,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-    }
-    overrides = [
-        "data.train_batch_size=2",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.rollout.response_length=64",
-        "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=16",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "trainer.total_training_steps=1",
-        "trainer.test_freq=1",
-    ]
-    proc = subprocess.run(
-        ["bash", "recipes/langgraph_agent/run_cpu.sh", *overrides],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_script("recipes/langgraph_agent/run_cpu.sh", data, run, SFT_STEPS="1")
     export = run / "sft" / "global_step_1" / "actor" / "huggingface"
     assert f"SFT warm start: {export}" in proc.stdout
     assert (export / "config.json").is_file()

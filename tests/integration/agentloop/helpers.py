@@ -85,3 +85,26 @@ class CappedTurnsReactAgentLoop(ClosesCutTurns, ReactAgentLoop):
     """react_agent (LangGraph) that reads every turn as an echo call, cut turns closed."""
 
     parser = EveryTurnCallsParser()
+
+
+def max_logprob_gap(batch, model_path, prompt_len: int) -> float:
+    """Largest |engine - transformers| log-prob over every sampled (mask 1) token of a
+    ``RolloutBatch``, the transformers side a float32 forward over each whole trajectory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    model.eval()
+    worst = 0.0
+    for i in range(len(batch)):
+        attn = batch.attention_mask[i].bool()
+        ids = batch.input_ids[i][attn].unsqueeze(0)
+        n_prompt = int(attn[:prompt_len].sum())
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)
+        resp = logp[n_prompt - 1 :]
+        mask = batch.response_mask[i, : resp.shape[0]].bool()
+        gap = (resp[mask] - batch.rollout_log_probs[i, : resp.shape[0]][mask]).abs().max()
+        worst = max(worst, gap.item())
+    return worst

@@ -10,12 +10,12 @@ import pytest
 import ray
 import torch
 import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutConfig
 from agentloop.tokens import mask_spans
 from servers import ServerConfig, launch_servers
-from tests.integration.agentloop.helpers import ECHO_SCHEMA
+from tests.integration.agentloop.helpers import ECHO_SCHEMA, max_logprob_gap
 from tests.ray_local import init_local_ray
 from trainer.config import DataConfig
 from trainer.data import load_rows
@@ -172,21 +172,7 @@ def test_tool_rows_take_several_turns_and_their_deltas_are_template_text(batch, 
 
 
 def test_engine_log_probs_match_a_transformers_forward_over_the_trajectory(batch, smollm2_path):
-    model = AutoModelForCausalLM.from_pretrained(smollm2_path, torch_dtype=torch.float32)
-    model.eval()
-    worst = 0.0
-    for i in range(len(batch)):
-        attn = batch.attention_mask[i].bool()
-        ids = batch.input_ids[i][attn].unsqueeze(0)
-        n_prompt = int(attn[:PROMPT_LEN].sum())
-        with torch.no_grad():
-            logits = model(ids).logits[0, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)
-        resp_logp = logp[n_prompt - 1 :]
-        n = resp_logp.shape[0]
-        mask = batch.response_mask[i, :n].bool()
-        diff = (resp_logp[mask] - batch.rollout_log_probs[i, :n][mask]).abs().max().item()
-        worst = max(worst, diff)
+    worst = max_logprob_gap(batch, smollm2_path, PROMPT_LEN)
     print(f"max |engine - transformers| log-prob gap {worst:.2e}")
     assert worst < 1e-3, f"max |engine - transformers| log-prob gap {worst:.4f}"
 

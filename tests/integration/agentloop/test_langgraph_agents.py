@@ -10,21 +10,20 @@ import re
 
 import pytest
 import ray
-import torch
 import yaml
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.prebuilt import ToolNode, tools_condition
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutConfig
 from agentloop.langgraph import build_react_graph
 from agentloop.tokens import mask_spans
 from recipes.langgraph_agent.data import make_rows
 from servers import ServerConfig, launch_servers
-from tests.integration.agentloop.helpers import ECHO_SCHEMA
+from tests.integration.agentloop.helpers import ECHO_SCHEMA, max_logprob_gap
 from tests.ray_local import init_local_ray
 
 pytestmark = pytest.mark.integration
@@ -144,20 +143,7 @@ def test_the_recipe_loop_runs_in_ray_workers_with_its_langchain_tool(batch, toke
 
 
 def test_engine_log_probs_match_a_transformers_forward(batch, tiny_qwen3_path):
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, torch_dtype=torch.float32)
-    model.eval()
-    worst = 0.0
-    for i in range(len(batch)):
-        attn = batch.attention_mask[i].bool()
-        ids = batch.input_ids[i][attn].unsqueeze(0)
-        n_prompt = int(attn[:PROMPT_LEN].sum())
-        with torch.no_grad():
-            logits = model(ids).logits[0, :-1].float()
-        logp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)
-        resp = logp[n_prompt - 1 :]
-        mask = batch.response_mask[i, : resp.shape[0]].bool()
-        gap = (resp[mask] - batch.rollout_log_probs[i, : resp.shape[0]][mask]).abs().max()
-        worst = max(worst, gap.item())
+    worst = max_logprob_gap(batch, tiny_qwen3_path, PROMPT_LEN)
     assert worst < 1e-3, f"max |engine - transformers| log-prob gap {worst:.4f}"
 
 
