@@ -12,7 +12,14 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["AgentConfig", "MultiTurnConfig", "RolloutConfig", "TraceConfig", "from_dict"]
+__all__ = [
+    "AgentConfig",
+    "MultiTurnConfig",
+    "RecoveryConfig",
+    "RolloutConfig",
+    "TraceConfig",
+    "from_dict",
+]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,6 +103,27 @@ class TraceConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class RecoveryConfig:
+    """What the rollout does when a server dies."""
+
+    health_check_interval_s: float = 5.0
+    """How often the driver checks its servers while a batch runs; a dead one is restarted
+    (and given the current weights) while the others go on."""
+    max_server_restarts: int = 3
+    """Server restarts allowed over the run; a death after that stops it with a clear error."""
+    restart_wait_s: float = 600.0
+    """How long a turn waits for a restarted server when no server is healthy."""
+
+    def __post_init__(self) -> None:
+        if self.health_check_interval_s <= 0 or self.restart_wait_s < 0:
+            raise ValueError(
+                "rollout.recovery needs health_check_interval_s > 0 and restart_wait_s >= 0"
+            )
+        if self.max_server_restarts < 0:
+            raise ValueError("rollout.recovery.max_server_restarts must be >= 0")
+
+
+@dataclass(kw_only=True, slots=True)
 class RolloutConfig:
     name: Literal["vllm", "sglang"] = "vllm"
     """Inference engine of the rollout servers."""
@@ -123,6 +151,7 @@ class RolloutConfig:
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
 
     def __post_init__(self) -> None:
         if self.mode != "async":

@@ -1,11 +1,18 @@
 """``AgentLoopManager``: splits a batch over ``agent.num_workers`` AgentLoopWorker actors,
-gathers their outputs and pads them into a ``RolloutBatch`` with rollout metrics."""
+gathers their outputs and pads them into a ``RolloutBatch`` with rollout metrics.
+
+Given a ``ServerGroup``, it also keeps the servers alive: while a batch runs it checks them
+every ``recovery.health_check_interval_s``; a dead one is restarted, handed the current
+weights (``on_server_restart``) and given to every worker, whose turns that were on it have
+meanwhile been re-sent to the others (or wait for it when it was the only one).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -39,14 +46,21 @@ class AgentLoopManager:
     def __init__(
         self,
         config: RolloutConfig,
-        servers: list[Any],
+        servers: list[Any] | Any,
         model_path: str,
         *,
         worker_options: dict[str, Any] | None = None,
     ) -> None:
+        """``servers``: handles, or a ``ServerGroup`` whose dead servers get restarted."""
         import ray
         from transformers import AutoTokenizer
 
+        self.group = None if isinstance(servers, list) else servers
+        if self.group is not None:
+            servers = self.group.handles
+        self.on_server_restart: Callable[[list[Any]], None] | None = None
+        """Called with the new handles after a restart (the trainer pushes its weights)."""
+        self.server_restarts = 0
         self.config = config
         # Load user loops here too, so a bad _target_ fails in the driver with its message.
         if config.agent.agent_loop_config_path:
@@ -77,10 +91,12 @@ class AgentLoopManager:
     ) -> RolloutBatch:
         """Roll out every row ``n`` times (default ``rollout.n``) and pad into a batch.
         ``trace``: step and validation flag the traces are tagged with."""
-        import ray
 
         samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
         validate_rows(samples, self.tool_names, self.config.agent.default_agent_loop)
+        restarts = self.server_restarts
+        retried = self._retried_requests()
+        self.heal()  # a server that died between batches comes back before this one
         chunks = [c.tolist() for c in np.array_split(np.arange(len(samples)), len(self.workers))]
         start = time.perf_counter()
         refs = [
@@ -90,7 +106,7 @@ class AgentLoopManager:
             for w, idx in zip(self.workers, chunks, strict=True)
             if idx
         ]
-        outputs = [o for part in ray.get(refs) for o in part]
+        outputs = [o for part in self._gather(refs) for o in part]
         wall = time.perf_counter() - start
         batch = collate(
             outputs,
@@ -100,7 +116,49 @@ class AgentLoopManager:
             pad_token_id=self.pad_token_id,
         )
         batch.metrics = rollout_metrics(outputs, wall)
+        batch.metrics["rollout/server_restarts"] = float(self.server_restarts - restarts)
+        batch.metrics["rollout/requests_retried"] = float(self._retried_requests() - retried)
         return batch
+
+    def _gather(self, refs: list[Any]) -> list[Any]:
+        """Results of every worker, checking the servers while waiting; a worker's failure
+        is raised as soon as it comes."""
+        import ray
+
+        pending = list(refs)
+        interval = self.config.recovery.health_check_interval_s
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=interval)
+            ray.get(done)
+            if pending:
+                self.heal()
+        return ray.get(refs)
+
+    def heal(self) -> int:
+        """Restart every dead server of the group, give it the current weights and hand it to
+        the workers; returns how many were restarted."""
+        import ray
+
+        if self.group is None:
+            return 0
+        dead = self.group.dead(timeout_s=self.config.recovery.health_check_interval_s)
+        for index in dead:
+            handle = self.group.restart(index)
+            if self.on_server_restart is not None:
+                self.on_server_restart([handle])
+            ray.get([w.replace_server.remote(index, handle) for w in self.workers])
+            self.server_restarts += 1
+            logger.warning(
+                "server %d replaced (%d restart(s) so far); rollout goes on",
+                index,
+                self.server_restarts,
+            )
+        return len(dead)
+
+    def _retried_requests(self) -> int:
+        import ray
+
+        return sum(ray.get([w.retried_requests.remote() for w in self.workers]))
 
     def shutdown(self) -> None:
         import ray

@@ -90,7 +90,9 @@ class AgentLoopWorker:
         if not hasattr(servers, "generate"):
             from servers.manager import AsyncLLMServerManager
 
-            servers = AsyncLLMServerManager(list(servers))
+            servers = AsyncLLMServerManager(
+                list(servers), restart_wait_s=config.recovery.restart_wait_s
+            )
         self.context = AgentLoopContext(servers, tokenizer, config, dict(tools))
         self.tracer = make_tracer(config.trace, tokenizer)
 
@@ -98,6 +100,14 @@ class AgentLoopWorker:
         """Wait until every trace of this worker is in the store (before it is stopped)."""
         if self.tracer is not None:
             self.tracer.flush()
+
+    async def replace_server(self, index: int, server: Any) -> None:
+        """Use a restarted server at ``index`` (async: runs on the loop the turns wait on)."""
+        self.context.server.replace_server(index, server)
+
+    def retried_requests(self) -> int:
+        """Turns re-sent to another server because theirs died (over the worker's life)."""
+        return int(getattr(self.context.server, "retried_requests", 0))
 
     def tool_names(self) -> list[str]:
         return sorted(self.context.tools)

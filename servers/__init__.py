@@ -5,6 +5,7 @@ HTTP front, and the client-side ``AsyncLLMServerManager``. Knows nothing of agen
 from servers.actor import AsyncServer, launch_servers
 from servers.config import ServerConfig
 from servers.core import ServerCore
+from servers.group import ServerGroup, ServerRestartError
 from servers.manager import AsyncLLMServerManager, NoHealthyServerError
 from servers.types import EngineDeadError, GenerateInputError, TokenOutput
 
@@ -16,6 +17,8 @@ __all__ = [
     "NoHealthyServerError",
     "ServerConfig",
     "ServerCore",
+    "ServerGroup",
+    "ServerRestartError",
     "TokenOutput",
     "launch_servers",
 ]

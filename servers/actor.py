@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -103,25 +102,14 @@ def launch_servers(
     num_gpus: float | None = None,
     name_prefix: str | None = None,
 ) -> list[Any]:
-    """Create and start ``num_servers`` ``AsyncServer`` actors; returns their handles.
+    """Create and start ``num_servers`` ``AsyncServer`` actors; returns their handles (a
+    ``ServerGroup``'s, for callers that do not restart servers).
 
     ``num_gpus`` defaults to ``tensor_parallel_size`` when CUDA is visible, else 0.
     """
-    import ray
+    from servers.group import ServerGroup
 
-    if num_gpus is None:
-        num_gpus = float(config.tensor_parallel_size) if torch.cuda.is_available() else 0.0
-    actor_cls = ray.remote(AsyncServer)
-    handles = []
-    for i in range(num_servers):
-        options: dict[str, Any] = {
-            "num_cpus": num_cpus,
-            "num_gpus": num_gpus,
-            "max_concurrency": 10_000,
-        }
-        if name_prefix:
-            options["name"] = f"{name_prefix}-{i}"
-        handles.append(actor_cls.options(**options).remote(asdict(config)))
-    ray.get([h.start.remote() for h in handles])
-    logger.info("%d %s server(s) ready for %s", num_servers, config.backend, config.model)
-    return handles
+    group = ServerGroup(
+        config, num_servers, num_cpus=num_cpus, num_gpus=num_gpus, name_prefix=name_prefix
+    )
+    return group.handles

@@ -7,6 +7,8 @@
 - Every call gets a fresh engine request id (one trajectory makes many engine requests).
 - A server that dies (Ray actor error or ``EngineDeadError``) is marked unhealthy and the
   request is retried on another; bad input (``ValueError``) is the caller's and is raised.
+- With every server dead, a request waits up to ``restart_wait_s`` for one to be replaced
+  (``replace_server``, called when the driver has restarted it) and then runs there.
 
 Servers are Ray actor handles (``generate.remote``) or in-process objects with ``async
 generate(prompt_ids, sampling_params, request_id)``.
@@ -14,7 +16,9 @@ generate(prompt_ids, sampling_params, request_id)``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
@@ -53,11 +57,19 @@ def _dead_errors() -> tuple[type[BaseException], ...]:
 
 
 class AsyncLLMServerManager:
-    def __init__(self, servers: list[Any], *, max_sticky: int = 10_000) -> None:
+    def __init__(
+        self, servers: list[Any], *, max_sticky: int = 10_000, restart_wait_s: float = 0.0
+    ) -> None:
+        """``restart_wait_s``: how long a request waits for a replaced server when none is
+        healthy (0: fail at once with ``NoHealthyServerError``)."""
         if not servers:
             raise ValueError("AsyncLLMServerManager needs at least one server")
         self.servers = list(servers)
         self.max_sticky = max_sticky
+        self.restart_wait_s = restart_wait_s
+        self.retried_requests = 0
+        """Engine requests re-sent because their server died (over the manager's life)."""
+        self._replaced: asyncio.Event | None = None
         self._stats = [ServerStats(i) for i in range(len(servers))]
         self._sticky: OrderedDict[str, int] = OrderedDict()
         self._active: dict[str, tuple[int, str]] = {}
@@ -82,8 +94,8 @@ class AsyncLLMServerManager:
             self._sticky.popitem(last=False)
         return best.index
 
-    async def _call(self, idx: int, prompt_ids, sampling_params, engine_rid: str) -> TokenOutput:
-        server = self.servers[idx]
+    @staticmethod
+    async def _call(server: Any, prompt_ids, sampling_params, engine_rid: str) -> TokenOutput:
         method = server.generate
         if hasattr(method, "remote"):
             return await method.remote(prompt_ids, sampling_params, engine_rid)
@@ -100,18 +112,28 @@ class AsyncLLMServerManager:
         chosen one dies."""
         tried: set[int] = set()
         while True:
-            idx = self._pick(request_id, tried)
+            try:
+                idx = self._pick(request_id, tried)
+            except NoHealthyServerError:
+                if not await self._wait_for_replacement(request_id):
+                    raise
+                tried.clear()
+                continue
             stats = self._stats[idx]
             engine_rid = f"{request_id}-{uuid.uuid4().hex[:12]}"
             self._active[request_id] = (idx, engine_rid)
             stats.in_flight += 1
             stats.requests += 1
+            server = self.servers[idx]
             try:
-                out = await self._call(idx, prompt_ids, sampling_params, engine_rid)
+                out = await self._call(server, prompt_ids, sampling_params, engine_rid)
             except self._dead as exc:
                 stats.failures += 1
-                stats.healthy = False
-                tried.add(idx)
+                # A failure of an actor a replacement already took over says nothing of it.
+                if self.servers[idx] is server:
+                    stats.healthy = False
+                    tried.add(idx)
+                self.retried_requests += 1
                 logger.warning(
                     "server %d died (%s); retrying request %s elsewhere",
                     idx,
@@ -138,10 +160,37 @@ class AsyncLLMServerManager:
             await abort(engine_rid)
         return True
 
+    async def _wait_for_replacement(self, request_id: str) -> bool:
+        """Wait until ``replace_server`` runs (True) or ``restart_wait_s`` passes (False)."""
+        if self.restart_wait_s <= 0:
+            return False
+        deadline = time.monotonic() + self.restart_wait_s
+        logger.warning("no healthy server for request %s; waiting for a restart", request_id)
+        while not any(s.healthy for s in self._stats):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._replaced is None:
+                self._replaced = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._replaced.wait(), left)
+            except TimeoutError:
+                return False
+        return True
+
     # ---- health and metrics -----------------------------------------------------------------
+    def replace_server(self, index: int, server: Any) -> None:
+        """Use ``server`` (a restarted one) at ``index`` and put it back into rotation;
+        requests waiting for a healthy server go on."""
+        self.servers[index] = server
+        self.mark_healthy(index)
+
     def mark_healthy(self, index: int) -> None:
         """Put a restarted server back into rotation."""
         self._stats[index].healthy = True
+        if self._replaced is not None:
+            self._replaced.set()
+            self._replaced = None
 
     def server_for(self, request_id: str) -> int | None:
         return self._sticky.get(request_id)

@@ -72,14 +72,15 @@ def load_split(config: Any, setup: RolloutSetup, split: str) -> list[dict[str, A
 def start_rollout(
     config: Any, model_path: str, gpu_share: float | None = None
 ) -> tuple[list[Any], Any]:
-    """Ray (local unless already connected), the AsyncServers and the AgentLoopManager.
+    """Ray (local unless already connected), the AsyncServers and the AgentLoopManager (which
+    restarts a server that dies; the handles list is updated in place).
 
     ``gpu_share``: GPUs per tensor-parallel rank a server asks Ray for (None: whole GPUs;
     a fraction lets colocated trainer ranks share them)."""
     import ray
 
     from agentloop import AgentLoopManager
-    from servers import ServerConfig, launch_servers
+    from servers import ServerConfig, ServerGroup
 
     rollout = config.actor_rollout_ref.rollout
     server_config = ServerConfig(
@@ -92,8 +93,13 @@ def start_rollout(
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
     num_gpus = None if gpu_share is None else gpu_share * rollout.tensor_model_parallel_size
-    servers = launch_servers(server_config, rollout.num_servers, num_gpus=num_gpus)
-    return servers, AgentLoopManager(rollout, servers, model_path)
+    group = ServerGroup(
+        server_config,
+        rollout.num_servers,
+        num_gpus=num_gpus,
+        max_restarts=rollout.recovery.max_server_restarts,
+    )
+    return group.handles, AgentLoopManager(rollout, group, model_path)
 
 
 def start_judge(judge: Any, device: str) -> tuple[list[Any], Any, Any]:

@@ -127,6 +127,7 @@ class RayPPOTrainer:
             bucket_mb=self.config.trainer.weight_sync_bucket_mb,
             colocated=colocated,
         )
+        self.manager.on_server_restart = self.sync.push_to
 
     def _configure_traces(self) -> None:
         """Rollout traces go to the training run's MLflow store and experiment, linked to its

@@ -35,6 +35,21 @@ class WeightSync:
         if self.colocated:
             ray.get([s.sleep.remote() for s in self.servers])
 
+    def push_to(self, servers: list[Any]) -> None:
+        """Bring restarted ``servers`` (which load the model folder's weights) to the current
+        version; nothing to do before the first update."""
+        if self.version == 0:
+            return
+        start = time.perf_counter()
+        sent = self.workers.push_weights(servers, self.bucket_bytes)
+        logger.warning(
+            "weights v%d pushed to %d restarted server(s): %.1f MB in %.2f s",
+            self.version,
+            len(servers),
+            sent["bytes"] / 1e6,
+            time.perf_counter() - start,
+        )
+
     def push(self) -> dict[str, float]:
         """Send the current actor weights to every server; returns timing metrics."""
         import ray

@@ -111,6 +111,40 @@ async def test_all_servers_dead_raises_a_clear_error():
         await manager.generate("t", prompt_ids=[1], sampling_params={})
 
 
+async def test_with_no_server_left_a_turn_waits_for_a_replacement_and_runs_there():
+    only = FakeServer("only", dead=True)
+    manager = AsyncLLMServerManager([only], restart_wait_s=5)
+    turn = asyncio.create_task(manager.generate("t", prompt_ids=[1], sampling_params={}))
+    await asyncio.sleep(0.2)
+    assert not turn.done() and manager.stats()[0]["healthy"] is False
+    restarted = FakeServer("restarted")
+    manager.replace_server(0, restarted)
+    out = await asyncio.wait_for(turn, 2)
+    assert out.token_ids == [1, 2, 3] and restarted.seen[0].startswith("t-")
+    assert manager.retried_requests == 1 and manager.stats()[0]["healthy"] is True
+
+
+async def test_a_turn_waiting_past_restart_wait_s_fails_with_the_clear_error():
+    manager = AsyncLLMServerManager([FakeServer("a", dead=True)], restart_wait_s=0.2)
+    with pytest.raises(NoHealthyServerError, match=r"\(1 of 1 dead\)"):
+        await manager.generate("t", prompt_ids=[1], sampling_params={})
+
+
+async def test_a_late_failure_of_a_replaced_actor_leaves_its_replacement_healthy():
+    class DiesLate(FakeServer):
+        async def generate(self, prompt_ids, sampling_params, request_id):
+            await asyncio.sleep(0.2)
+            raise EngineDeadError("old actor")
+
+    new = FakeServer("new")
+    manager = AsyncLLMServerManager([DiesLate("old")])
+    turn = asyncio.create_task(manager.generate("t", prompt_ids=[1], sampling_params={}))
+    await asyncio.sleep(0.05)
+    manager.replace_server(0, new)
+    out = await asyncio.wait_for(turn, 2)
+    assert out.token_ids == [1, 2, 3] and manager.stats()[0]["healthy"] is True
+
+
 async def test_bad_input_is_not_retried():
     class Rejecting(FakeServer):
         async def generate(self, prompt_ids, sampling_params, request_id):

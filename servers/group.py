@@ -1,0 +1,116 @@
+"""``ServerGroup``: the driver's handles on a group of ``AsyncServer`` actors, with health
+checks and the restart of a server that died.
+
+``handles`` is one list, changed in place when a server is replaced, so every holder of it
+(weight sync, shutdown) sees the new actor. Agent-loop workers hold their own copies and are
+told of a replacement by the ``AgentLoopManager``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from servers.config import ServerConfig
+
+__all__ = ["ServerGroup", "ServerRestartError"]
+
+logger = logging.getLogger(__name__)
+
+
+class ServerRestartError(RuntimeError):
+    """A dead server could not be replaced (restart budget spent or the new one failed)."""
+
+
+class ServerGroup:
+    def __init__(
+        self,
+        config: ServerConfig,
+        num_servers: int = 1,
+        *,
+        num_cpus: float = 1,
+        num_gpus: float | None = None,
+        name_prefix: str | None = None,
+        max_restarts: int = 3,
+    ) -> None:
+        """Start ``num_servers`` servers and wait until each is ready. ``num_gpus`` defaults
+        to ``tensor_parallel_size`` when CUDA is visible, else 0. ``max_restarts``: servers
+        this group may replace over its life; past it a death is a ``ServerRestartError``."""
+        import ray
+        import torch
+
+        if num_gpus is None:
+            num_gpus = float(config.tensor_parallel_size) if torch.cuda.is_available() else 0.0
+        self.config = config
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self._options: dict[str, Any] = {
+            "num_cpus": num_cpus,
+            "num_gpus": num_gpus,
+            "max_concurrency": 10_000,
+        }
+        self._name_prefix = name_prefix
+        self.handles: list[Any] = [self._create(i) for i in range(num_servers)]
+        ray.get([h.start.remote() for h in self.handles])
+        logger.info("%d %s server(s) ready for %s", num_servers, config.backend, config.model)
+
+    def _create(self, index: int) -> Any:
+        import ray
+
+        from servers.actor import AsyncServer
+
+        options = dict(self._options)
+        if self._name_prefix:
+            options["name"] = f"{self._name_prefix}-{index}-r{self.restarts}"
+        return ray.remote(AsyncServer).options(**options).remote(asdict(self.config))
+
+    def dead(self, timeout_s: float = 30.0) -> list[int]:
+        """Indices of servers whose actor died or whose engine reports itself dead. A server
+        that does not answer within ``timeout_s`` (busy) counts as alive."""
+        import ray
+
+        refs = [h.health.remote() for h in self.handles]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        answered = set(ready)
+        out = []
+        for index, ref in enumerate(refs):
+            if ref not in answered:
+                continue
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - actor gone or engine dead: both restart
+                logger.warning("server %d is dead: %s", index, _first_line(exc))
+                out.append(index)
+        return out
+
+    def restart(self, index: int) -> Any:
+        """Replace server ``index`` with a new actor on the same config; returns its handle
+        once its engine is ready. It starts from the model folder's weights."""
+        import ray
+
+        if self.restarts >= self.max_restarts:
+            raise ServerRestartError(
+                f"server {index} died and {self.restarts} restart(s) were already spent "
+                f"(actor_rollout_ref.rollout.recovery.max_server_restarts={self.max_restarts}); "
+                "the run stops here: look at the server's log (OOM kill? engine error?), then "
+                "resume from the last checkpoint with trainer.resume_mode=auto"
+            )
+        self.restarts += 1
+        ray.kill(self.handles[index], no_restart=True)
+        handle = self._create(index)
+        try:
+            ray.get(handle.start.remote())
+        except Exception as exc:
+            ray.kill(handle, no_restart=True)
+            raise ServerRestartError(
+                f"server {index} died and its replacement failed to start: {_first_line(exc)}"
+            ) from exc
+        self.handles[index] = handle
+        logger.warning("server %d restarted (%d of %d)", index, self.restarts, self.max_restarts)
+        return handle
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

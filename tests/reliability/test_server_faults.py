@@ -1,0 +1,149 @@
+"""Rollout servers killed for real (SIGKILL of the AsyncServer actor's process) while an
+AgentLoopManager batch runs on two vLLM CPU engines (tiny-qwen3):
+
+- one of two dies: its turns are re-sent to the other, the driver restarts it and hands the
+  new actor (with the trainer's weights, via ``on_server_restart``) to every worker;
+- every server dies: turns wait for the restarts, then finish;
+- the restart budget is spent: the batch fails with a ``ServerRestartError`` saying what to do.
+
+Each batch must hold every sample (each uid ``n`` times) or fail explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import ray
+
+from agentloop import AgentLoopManager, RolloutConfig
+from agentloop.config import RecoveryConfig
+from servers import ServerConfig, ServerGroup, ServerRestartError
+from tests.ray_local import init_local_ray
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+N, PROMPTS, TOKENS = 2, 8, 192
+PARAMS = {"temperature": 1.0, "max_tokens": TOKENS, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_qwen3_path):
+    init_local_ray()
+    group = ServerGroup(
+        ServerConfig(model=str(tiny_qwen3_path), max_model_len=512, http=False),
+        2,
+        max_restarts=3,
+    )
+    config = RolloutConfig(
+        n=N,
+        prompt_length=64,
+        response_length=TOKENS,
+        recovery=RecoveryConfig(health_check_interval_s=0.5, restart_wait_s=300),
+    )
+    manager = AgentLoopManager(config, group, str(tiny_qwen3_path))
+    pushed: list[Any] = []
+    manager.on_server_restart = pushed.extend
+    yield group, manager, pushed
+    manager.shutdown()
+    for handle in group.handles:
+        ray.kill(handle)
+    ray.shutdown()
+
+
+def _rows(tag: str) -> list[dict[str, Any]]:
+    return [
+        {"raw_prompt": [{"role": "user", "content": f"{tag} story {i}"}], "uid": f"{tag}-{i}"}
+        for i in range(PROMPTS)
+    ]
+
+
+def _pid(handle: Any) -> int:
+    return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def _in_flight(handle: Any) -> float:
+    text = ray.get(handle.metrics_text.remote())
+    line = next(x for x in text.splitlines() if x.startswith("agentloop_requests_in_flight "))
+    return float(line.split()[1])
+
+
+def _kill_when_busy(handles: list[Any]) -> threading.Thread:
+    """SIGKILL each server's process once it has generate requests running."""
+    pids = [_pid(h) for h in handles]
+
+    def run() -> None:
+        for handle, pid in zip(handles, pids, strict=True):
+            deadline = time.monotonic() + 60
+            while _in_flight(handle) < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _assert_every_sample(batch: Any, tag: str) -> None:
+    assert Counter(batch.uid) == {f"{tag}-{i}": N for i in range(PROMPTS)}
+    # Every sample's response is complete: retried turns were generated again, not cut.
+    assert batch.response_mask.sum(dim=1).tolist() == [TOKENS] * PROMPTS * N
+
+
+def test_a_killed_server_has_its_turns_retried_elsewhere_and_is_restarted(rollout):
+    group, manager, pushed = rollout
+    victim = group.handles[1]
+    killer = _kill_when_busy([victim])
+    batch = manager.generate_sequences(_rows("a"), sampling_params=PARAMS)
+    killer.join()
+    _assert_every_sample(batch, "a")
+    assert batch.metrics["rollout/requests_retried"] >= 1
+    # The driver notices within a health-check interval (or at the next batch at the latest).
+    deadline = time.monotonic() + 30
+    while manager.server_restarts == 0 and time.monotonic() < deadline:
+        manager.heal()
+        time.sleep(0.5)
+    assert manager.server_restarts == group.restarts == 1
+    assert group.handles[1] is not victim and pushed == [group.handles[1]]
+    # The new server takes work again.
+    batch = manager.generate_sequences(_rows("b"), sampling_params=PARAMS)
+    _assert_every_sample(batch, "b")
+    assert ray.get(group.handles[1].health.remote())["backend"] == "vllm"
+    assert _in_flight(group.handles[1]) == 0 and "agentloop_requests_total" in ray.get(
+        group.handles[1].metrics_text.remote()
+    )
+
+
+def test_with_every_server_dead_turns_wait_for_the_restarts(rollout):
+    group, manager, pushed = rollout
+    before = manager.server_restarts
+    victims = list(group.handles)
+    killer = _kill_when_busy(victims)
+    batch = manager.generate_sequences(_rows("c"), sampling_params=PARAMS)
+    killer.join()
+    _assert_every_sample(batch, "c")
+    assert manager.server_restarts - before == 2
+    assert batch.metrics["rollout/server_restarts"] == 2
+    assert batch.metrics["rollout/requests_retried"] >= 2
+    assert not set(group.handles) & set(victims)
+    assert pushed[-2:] == group.handles
+
+
+def test_a_death_past_the_restart_budget_fails_the_batch_clearly(rollout):
+    group, manager, _ = rollout
+    assert group.restarts == group.max_restarts == 3
+    killer = _kill_when_busy([group.handles[0]])
+    with pytest.raises(ServerRestartError) as err:
+        manager.generate_sequences(_rows("d"), sampling_params=PARAMS)
+    killer.join()
+    assert str(err.value) == (
+        "server 0 died and 3 restart(s) were already spent "
+        "(actor_rollout_ref.rollout.recovery.max_server_restarts=3); the run stops here: "
+        "look at the server's log (OOM kill? engine error?), then resume from the last "
+        "checkpoint with trainer.resume_mode=auto"
+    )
