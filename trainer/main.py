@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.config import ConfigError, load_config
     from trainer.config.validate import check_train_config, resolve_device
     from trainer.launch import load_split, prepare_rollout
-    from trainer.ray_trainer import RayPPOTrainer
+    from trainer.ray_trainer import RayPPOTrainer, RunStoppedError
     from trainer.rewards import JudgeUnavailableError, RewardFunctionError
 
     argv = hydra_argv(argv, __doc__)
@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except (JudgeUnavailableError, RewardFunctionError) as exc:
         # The last checkpoint stays; fix the reward and run again to resume.
         sys.stderr.write(f"agentloop-train: reward failed: {exc}\n")
+        return 1
+    except RunStoppedError as exc:
+        sys.stderr.write(f"agentloop-train: {exc}\n")
         return 1
     if metrics:
         sys.stdout.write(

@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from agentloop import TraceContext
+from servers import ServerRestartError
 from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
 from trainer.checkpoint import CheckpointManager
 from trainer.config.schema import Config
@@ -34,9 +35,9 @@ from trainer.rewards import RewardManager, build_rewards, check_rewards
 from trainer.trace_tags import TraceTagger
 from trainer.tracking import Tracking
 from trainer.weight_sync import WeightSync
-from trainer.workers import TrainBatch, WorkerGroup, WorkerSpec
+from trainer.workers import TrainBatch, TrainerWorkerDiedError, WorkerGroup, WorkerSpec
 
-__all__ = ["RayPPOTrainer"]
+__all__ = ["RayPPOTrainer", "RunStoppedError"]
 
 logger = logging.getLogger("agentloop.train")
 
@@ -57,6 +58,11 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
         f"{prefix}/max": float(picked.max()),
         f"{prefix}/min": float(picked.min()),
     }
+
+
+class RunStoppedError(RuntimeError):
+    """A fault the run cannot go on from (a trainer rank died, a server past its restart
+    budget); the message says which, where the run stopped and how to resume."""
 
 
 class RayPPOTrainer:
@@ -169,6 +175,7 @@ class RayPPOTrainer:
     def fit(self) -> dict[str, float]:
         self.start()
         metrics: dict[str, float] = {}
+        step = 0
         try:
             step = self._resume()
             if step == 0 and self.config.trainer.val_before_train and self.val_rows:
@@ -186,9 +193,24 @@ class RayPPOTrainer:
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
             bar.close()
+        except (TrainerWorkerDiedError, ServerRestartError) as exc:
+            raise RunStoppedError(self._stopped_message(exc, step)) from exc
         finally:
             self.close()
         return metrics
+
+    def _stopped_message(self, exc: BaseException, step: int) -> str:
+        latest = self.checkpoints.latest()
+        if latest is None:
+            saved = "no checkpoint was saved yet (trainer.save_freq), so a new run starts over"
+        else:
+            done = CheckpointManager.load_state(latest)["step"]
+            saved = f"the last checkpoint is {latest} (step {done})"
+        where = f"in step {step}" if step else "before its first step"
+        return (
+            f"{exc}; the run stopped {where}: {saved}. Run the same command again "
+            "(trainer.resume_mode=auto) to go on from the last checkpoint."
+        )
 
     def _due(self, freq: int, step: int) -> bool:
         return freq > 0 and (step % freq == 0 or step == self.total_steps)

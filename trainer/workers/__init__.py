@@ -8,12 +8,13 @@ from trainer.workers.actor import (
 )
 from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
 from trainer.workers.fsdp_worker import FSDPWorker, WorkerSpec
-from trainer.workers.group import WorkerGroup
+from trainer.workers.group import TrainerWorkerDiedError, WorkerGroup
 
 __all__ = [
     "FSDPWorker",
     "LossSpec",
     "TrainBatch",
+    "TrainerWorkerDiedError",
     "WorkerGroup",
     "WorkerSpec",
     "balanced_micro_batches",

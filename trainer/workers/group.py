@@ -13,9 +13,21 @@ import torch
 from trainer.workers.batch import TrainBatch
 from trainer.workers.fsdp_worker import FSDPWorker, WorkerSpec
 
-__all__ = ["WorkerGroup"]
+__all__ = ["TrainerWorkerDiedError", "WorkerGroup"]
 
 logger = logging.getLogger(__name__)
+
+
+class TrainerWorkerDiedError(RuntimeError):
+    """A trainer rank's process died (OOM kill, node loss, segfault); the run cannot go on."""
+
+    def __init__(self, rank: int, method: str, cause: BaseException) -> None:
+        lines = str(cause).strip().splitlines()
+        self.rank, self.method = rank, method
+        super().__init__(
+            f"trainer rank {rank} died during {method} "
+            f"({type(cause).__name__}: {lines[0] if lines else 'no detail'})"
+        )
 
 
 def _free_port() -> int:
@@ -29,6 +41,8 @@ class WorkerGroup:
         import ray
 
         self.world_size = world_size
+        self.broken = False
+        """A rank died: the others may be stuck in a collective, so only kill them."""
         master = f"{ray.util.get_node_ip_address()}:{_free_port()}"
         options: dict[str, Any] = {"num_cpus": 0}  # CPU: share the node with the servers
         if spec.device == "cuda":
@@ -44,17 +58,33 @@ class WorkerGroup:
         )
 
     def _each(self, method: str, *args: Any) -> list[Any]:
-        import ray
-
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+        return self._gather(method, [getattr(w, method).remote(*args) for w in self.workers])
 
     def _scatter(self, method: str, batch: TrainBatch, *args: Any) -> list[Any]:
-        import ray
-
         shares = batch.chunk(self.world_size)
-        return ray.get(
-            [getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shares, strict=True)]
-        )
+        refs = [
+            getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shares, strict=True)
+        ]
+        return self._gather(method, refs)
+
+    def _gather(self, method: str, refs: list[Any]) -> list[Any]:
+        """Every rank's result; a rank that died raises ``TrainerWorkerDiedError`` at once
+        (the other ranks would wait for it in a collective until the process-group timeout)."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayActorError as exc:
+                    if isinstance(exc, RayTaskError):
+                        raise  # the rank is alive; something it called died
+                    self.broken = True
+                    raise TrainerWorkerDiedError(refs.index(ref), method, exc) from exc
+        return ray.get(refs)
 
     def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         parts = self._scatter("compute_log_prob", batch)
@@ -99,7 +129,9 @@ class WorkerGroup:
         import ray
 
         try:
-            self._each("shutdown")
+            if not self.broken:
+                refs = [w.shutdown.remote() for w in self.workers]
+                ray.wait(refs, num_returns=len(refs), timeout=30)
         finally:
             for w in self.workers:
                 ray.kill(w)

@@ -1,11 +1,12 @@
 """An MCP server for the tests (mcp 2.x ``MCPServer``, formerly FastMCP): over stdio with
 ``python mcp_server.py``, over HTTP with ``python mcp_server.py sse|streamable-http PORT``.
-Tools: add, slow_echo, crash (kills the server), pid."""
+Tools: add, slow_echo, crash (kills the server), hang (blocks the whole server), pid."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from mcp.server.mcpserver import MCPServer
 
@@ -29,6 +30,13 @@ async def slow_echo(text: str, seconds: float = 0.5) -> str:
 def crash() -> str:
     """Kill this server process."""
     os._exit(3)
+
+
+@server.tool()
+async def hang() -> str:
+    """Block the server's event loop (a wedged server: it answers nothing, not even pings)."""
+    time.sleep(3600)  # noqa: ASYNC251 - blocking on purpose
+    return "never"
 
 
 @server.tool()

@@ -1,6 +1,6 @@
 """MCP servers from a JSON config (a real MCP server over stdio, written for the tests with
 the mcp SDK): tools listed with schemas, called concurrently from tool_agent, a server that
-exits mid-rollout restarted once, and bad configs rejected at start-up."""
+exits mid-rollout restarted up to its max_restarts, and bad configs rejected at start-up."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def call(name: str, **arguments) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def write_config(tmp_path: Path, command: str = sys.executable) -> Path:
+def write_config(tmp_path: Path, command: str = sys.executable, **options) -> Path:
     path = tmp_path / "mcp.json"
-    spec = {"command": command, "args": [str(SERVER)]}
+    spec = {"command": command, "args": [str(SERVER)], **options}
     path.write_text(json.dumps({"mcpServers": {"calc": spec}}))
     return path
 
@@ -57,7 +57,7 @@ def tool_messages(tokenizer, server) -> list[str]:
 
 def test_json_config_lists_every_tool_with_its_schema(tmp_path):
     tools = load_tool_config(write_config(tmp_path))
-    assert sorted(tools) == ["calc-add", "calc-crash", "calc-pid", "calc-slow_echo"]
+    assert sorted(tools) == ["calc-add", "calc-crash", "calc-hang", "calc-pid", "calc-slow_echo"]
     add = tools["calc-add"].tool_schema["function"]
     assert add["description"] == "Add two integers."
     assert add["parameters"]["required"] == ["a", "b"]
@@ -81,8 +81,8 @@ async def test_tool_agent_calls_mcp_tools_concurrently_and_sees_results(tmp_path
     assert '"name": "calc-slow_echo"' in prompt_text
 
 
-async def test_server_exiting_mid_rollout_is_restarted_once(tmp_path, tokenizer):
-    tools = load_mcp_servers(write_config(tmp_path))
+async def test_server_exiting_mid_rollout_is_restarted_up_to_max_restarts(tmp_path, tokenizer):
+    tools = load_mcp_servers(write_config(tmp_path, max_restarts=1))
     turns = [
         call("calc-crash"),
         call("calc-add", a=1, b=1),
@@ -96,7 +96,8 @@ async def test_server_exiting_mid_rollout_is_restarted_once(tmp_path, tokenizer)
         "Error: MCP server 'calc' failed on 'crash': MCPError: Connection closed",
         "2",  # restarted on this call
         "Error: MCP server 'calc' failed on 'crash': MCPError: Connection closed",
-        "Error: MCP server 'calc' is down (already restarted once)",
+        "Error: MCP server 'calc' is down (restarted 1 time(s); max_restarts in its entry of "
+        "the MCP config allows more)",
     ]
     assert out.extra["stop_reason"] == "no_tool_call"
     assert out.extra["tool_error_kinds"] == ["tool_infra"] * 3
@@ -118,8 +119,23 @@ def test_missing_server_command_fails_at_start_up(tmp_path):
         ('{"servers": {}}', 'expected {"mcpServers": {name: {...}}}'),
         ('{"mcpServers": {"a": {"args": []}}}', "server 'a' needs either command (+ args) or url"),
         ('{"mcpServers": {"a": {"command": "x", "args": "y"}}}', "server 'a': args must be a list"),
+        (
+            '{"mcpServers": {"a": {"command": "x", "max_restarts": -1}}}',
+            "server 'a': max_restarts must be an integer >= 0",
+        ),
+        (
+            '{"mcpServers": {"a": {"command": "x", "ping_timeout_s": "5"}}}',
+            "server 'a': ping_timeout_s must be a number > 0",
+        ),
     ],
-    ids=["bad_json", "no_mcpServers", "no_command_or_url", "args_not_list"],
+    ids=[
+        "bad_json",
+        "no_mcpServers",
+        "no_command_or_url",
+        "args_not_list",
+        "bad_max_restarts",
+        "bad_ping_timeout",
+    ],
 )
 def test_bad_mcp_config_is_named(tmp_path, content, message):
     path = tmp_path / "mcp.json"
@@ -169,7 +185,7 @@ async def test_http_transports_list_and_call_tools(tmp_path, transport, path):
         config = tmp_path / "mcp.json"
         config.write_text(json.dumps({"mcpServers": {"web": spec}}))
         tools = load_mcp_servers(config)
-        assert sorted(tools) == ["web-add", "web-crash", "web-pid", "web-slow_echo"]
+        assert sorted(tools) == ["web-add", "web-crash", "web-hang", "web-pid", "web-slow_echo"]
         assert (await tools["web-add"].execute("i", {"a": 4, "b": 5})).text == "9"
     finally:
         proc.terminate()
