@@ -11,25 +11,75 @@ Layout (verl's names)::
         actor/huggingface/                 # transformers folder (``hf_model``)
 
 A checkpoint is written into ``.global_step_N.tmp`` and renamed when complete, so a run killed
-while saving never leaves a folder that resume would pick up.
+while saving never leaves a folder that resume would pick up. A save that fails (disk full,
+folder gone read-only) removes its partial folder and raises ``CheckpointSaveError``; at
+start-up the folder must be writable and hold one checkpoint (``check_free_space``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["CheckpointManager", "LATEST_FILE"]
+__all__ = ["CheckpointManager", "CheckpointSaveError", "LATEST_FILE", "checkpoint_bytes"]
 
 logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; nothing of it was kept."""
+
+
+def checkpoint_bytes(model_path: str | Path, contents: list[str]) -> int:
+    """About how many bytes one checkpoint of the model at ``model_path`` takes (parameter
+    counts from the safetensors headers, no weights read). A tied ``lm_head`` is written
+    again in the sharded model state; the HF export also copies the tokenizer files."""
+    from safetensors import safe_open
+
+    folder = Path(model_path)
+    numel, embed, keys = 0, 0, set()
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                count = math.prod(f.get_slice(key).get_shape())
+                numel += count
+                keys.add(key)
+                if key.endswith("embed_tokens.weight"):
+                    embed = count
+    config = folder / "config.json"
+    tied = config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings", False)
+    model_numel = numel + (embed if tied and "lm_head.weight" not in keys else 0)
+    total = 0
+    if "model" in contents:
+        total += 4 * model_numel
+    if "optimizer" in contents:
+        total += 8 * numel
+    if "hf_model" in contents:
+        others = (f for f in folder.iterdir() if f.is_file() and f.suffix != ".safetensors")
+        total += 4 * numel + sum(f.stat().st_size for f in others)
+    return total
+
+
+def _reason(exc: BaseException) -> str:
+    """The root cause's first line (a Ray task error wraps the rank's own exception, and a
+    torch.distributed.checkpoint failure each rank's)."""
+    cause = getattr(exc, "cause", None) or exc
+    failures = getattr(cause, "failures", None)
+    if isinstance(failures, dict) and failures:
+        cause = next(iter(failures.values()))
+        if isinstance(cause, tuple):  # (exception, traceback frames)
+            cause = cause[0]
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else 'no detail'}"[:400]
 
 
 class _Savable(Protocol):
@@ -54,6 +104,17 @@ class CheckpointManager:
                 "trainer.default_local_dir to a writable folder"
             ) from None
 
+    def check_free_space(self, need_bytes: int) -> None:
+        """Fail at start-up when the folder's disk cannot hold one checkpoint."""
+        free = shutil.disk_usage(self.root).free
+        if free < need_bytes:
+            raise ValueError(
+                f"checkpoint folder {self.root} has {free / 1e6:.1f} MB free but one checkpoint "
+                f"needs about {need_bytes / 1e6:.1f} MB: free space there, set "
+                "trainer.default_local_dir to a bigger disk, or save less "
+                "(actor_rollout_ref.actor.checkpoint.save_contents, trainer.save_freq=-1)"
+            )
+
     def step_dir(self, step: int) -> Path:
         return self.root / f"global_step_{step}"
 
@@ -62,18 +123,35 @@ class CheckpointManager:
     ) -> Path:
         final = self.step_dir(step)
         tmp = self.root / f".global_step_{step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        actor_contents = [c for c in contents if c != "extra"]
-        if actor_contents:
-            workers.save_checkpoint(str(tmp / "actor"), actor_contents)
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
         latest_tmp = self.root / f".{LATEST_FILE}.tmp"
-        latest_tmp.write_text(str(step))
-        os.replace(latest_tmp, self.root / LATEST_FILE)
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            actor_contents = [c for c in contents if c != "extra"]
+            if actor_contents:
+                workers.save_checkpoint(str(tmp / "actor"), actor_contents)
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            latest_tmp.write_text(str(step))
+            os.replace(latest_tmp, self.root / LATEST_FILE)
+        except Exception as exc:
+            from ray.exceptions import RayTaskError
+
+            if not isinstance(exc, OSError | RayTaskError):
+                raise  # not a write failure (e.g. a rank died: its own error says so)
+            free = shutil.disk_usage(self.root).free
+            shutil.rmtree(tmp, ignore_errors=True)
+            latest_tmp.unlink(missing_ok=True)
+            previous = self.latest()
+            kept = f"the last complete one is {previous}" if previous else "none was saved before"
+            raise CheckpointSaveError(
+                f"saving the step-{step} checkpoint in {self.root} failed ({_reason(exc)}; "
+                f"{free / 1e6:.1f} MB were free on its disk); its partial folder was removed "
+                f"and {kept}: free space there or set "
+                "trainer.default_local_dir to another disk"
+            ) from exc
         self._prune(step)
         logger.info("checkpoint saved: %s", final)
         return final

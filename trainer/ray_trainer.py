@@ -27,7 +27,7 @@ from tqdm import tqdm
 from agentloop import TraceContext
 from servers import ServerRestartError
 from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpoint import CheckpointManager, CheckpointSaveError, checkpoint_bytes
 from trainer.config.schema import Config
 from trainer.dataloader import PromptSampler
 from trainer.launch import RolloutSetup, start_rollout, stop_rollout, stop_servers
@@ -83,6 +83,9 @@ class RayPPOTrainer:
         self.total_steps = run.total_training_steps or run.total_epochs * len(self.sampler)
         self.checkpoints = CheckpointManager(run.default_local_dir, run.max_actor_ckpt_to_keep)
         self.checkpoints.check_writable()
+        if run.save_freq > 0:
+            contents = config.actor_rollout_ref.actor.checkpoint.save_contents
+            self.checkpoints.check_free_space(checkpoint_bytes(setup.model_path, contents))
         check_rewards(config)
         self.tracking = Tracking(
             run.logger,
@@ -193,7 +196,7 @@ class RayPPOTrainer:
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
             bar.close()
-        except (TrainerWorkerDiedError, ServerRestartError) as exc:
+        except (TrainerWorkerDiedError, ServerRestartError, CheckpointSaveError) as exc:
             raise RunStoppedError(self._stopped_message(exc, step)) from exc
         finally:
             self.close()
