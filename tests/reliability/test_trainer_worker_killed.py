@@ -3,7 +3,8 @@ gloo ranks, Ray local, multi-turn tool_agent rows. After the step-2 checkpoint o
 process gets SIGKILL; the run stops in step 3 with a message naming the rank, the step, the
 last checkpoint and how to resume, and exits 1. Run again (``trainer.resume_mode=auto``), it
 resumes from step 2: together the two runs log steps 1, 2, 3 exactly once, and after every
-weight sync the server's log-probs match the trainer's."""
+weight sync the server's log-probs match the trainer's, also in step 3, which runs on a
+restarted server: the resumed run's only rollout server is killed as step 3 starts."""
 
 from __future__ import annotations
 
@@ -129,12 +130,12 @@ def steps_logged(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def trainer_ranks(proc: subprocess.Popen) -> list[psutil.Process]:
-    """The run's FSDPWorker actor processes (Ray titles them ``ray::FSDPWorker...``)."""
+def ray_actors(proc: subprocess.Popen, name: str) -> list[psutil.Process]:
+    """The run's actor processes of class ``name`` (Ray titles them ``ray::<name>...``)."""
     found = []
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if "FSDPWorker" in " ".join(child.cmdline()):
+            if f"ray::{name}" in " ".join(child.cmdline()):
                 found.append(child)
         except psutil.NoSuchProcess:
             pass
@@ -157,7 +158,7 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
             assert proc.poll() is None, (tmp_path / "run1.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "run 1 did not reach step 2 in time"
             time.sleep(0.5)
-        ranks = trainer_ranks(proc)
+        ranks = ray_actors(proc, "FSDPWorker")
         assert len(ranks) == 2, [r.cmdline() for r in ranks]
         os.kill(ranks[1].pid, signal.SIGKILL)
         code = proc.wait(timeout=300)
@@ -178,14 +179,32 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     assert not (run_dir / "global_step_3").exists()
     assert [s["step"] for s in steps_logged(run_dir)] == [1, 2]
 
-    # ---- resume: continues at step 3, repeats nothing
-    run2 = subprocess.run(
-        command(task, run_dir), cwd=REPO, env=env(), capture_output=True, text=True, timeout=600
-    )
-    assert run2.returncode == 0, run2.stderr[-3000:]
-    assert "resumed from" in run2.stderr and "at step 2" in run2.stderr
+    # ---- resume: continues at step 3, repeats nothing. Its only rollout server is killed as
+    # step 3 starts: it is restarted and given the step-2 weights (the log-prob gap proves it).
+    log2_path = tmp_path / "run2.log"
+    with log2_path.open("w") as log2:
+        proc = subprocess.Popen(
+            command(task, run_dir), cwd=REPO, env=env(), stdout=log2, stderr=log2
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while "resumed from" not in log2_path.read_text():
+                assert proc.poll() is None, log2_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "run 2 did not resume in time"
+                time.sleep(0.2)
+            (server,) = ray_actors(proc, "AsyncServer")
+            server.kill()
+            code = proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            remove_new_segments(shm_before)
+    text = log2_path.read_text()
+    assert code == 0, text[-3000:]
+    assert "at step 2" in text and "server 0 restarted (1 of 3)" in text
     logged = steps_logged(run_dir)
     assert [s["step"] for s in logged] == [1, 2, 3]
+    assert logged[2]["rollout/server_restarts"] == 1
     for record in logged:
         missing = [k for k in PER_STEP if k not in record]
         assert not missing, f"step {record['step']} lacks {missing}"
