@@ -19,14 +19,13 @@ from pathlib import Path
 import pytest
 import ray
 
+from tests.unit.trainer.test_train_startup import USER, run
 from trainer.checkpoint import CheckpointManager, CheckpointSaveError, checkpoint_bytes
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
-from trainer.main import main
 from trainer.workers import WorkerGroup, WorkerSpec
 
 pytestmark = pytest.mark.integration
 
-USER = [{"role": "user", "content": "Add 2 and 3."}]
 CONTENTS = ["model", "optimizer", "extra", "hf_model"]  # the default save_contents
 
 
@@ -50,20 +49,7 @@ def mounts(tmp_path) -> Iterator[list[Path]]:
 def start_up_error(capsys, tmp_path: Path, run_dir: Path) -> str:
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": USER}) + "\n" for _ in range(8)))
-    code = main(
-        [
-            "actor_rollout_ref.model.path=tiny-qwen3",
-            f"data.train_files={data}",
-            "data.train_batch_size=4",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "trainer.save_freq=1",
-            f"trainer.default_local_dir={run_dir}",
-        ]
-    )
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    return err
+    return run(capsys, tmp_path, data, "trainer.save_freq=1", run_dir=run_dir)
 
 
 def test_a_read_only_checkpoint_folder_fails_at_start_up(capsys, tmp_path, mounts):
@@ -72,7 +58,7 @@ def test_a_read_only_checkpoint_folder_fails_at_start_up(capsys, tmp_path, mount
     mounts.append(disk)
     err = start_up_error(capsys, tmp_path, disk / "run")
     assert err == (
-        f"agentloop-train: error: checkpoint folder {disk / 'run'} is not writable (Read-only "
+        f"checkpoint folder {disk / 'run'} is not writable (Read-only "
         "file system): set trainer.default_local_dir to a writable folder"
     )
 
@@ -87,7 +73,7 @@ def test_a_disk_without_room_for_one_checkpoint_fails_at_start_up(
     free = shutil.disk_usage(disk).free
     err = start_up_error(capsys, tmp_path, disk / "run")
     assert err == (
-        f"agentloop-train: error: checkpoint folder {disk / 'run'} has {free / 1e6:.1f} MB free "
+        f"checkpoint folder {disk / 'run'} has {free / 1e6:.1f} MB free "
         f"but one checkpoint needs about {need / 1e6:.1f} MB: free space there, set "
         "trainer.default_local_dir to a bigger disk, or save less "
         "(actor_rollout_ref.actor.checkpoint.save_contents, trainer.save_freq=-1)"

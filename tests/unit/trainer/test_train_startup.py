@@ -23,7 +23,8 @@ def data(tmp_path) -> Path:
     return path
 
 
-def run(capsys, tmp_path, data: Path, *overrides: str) -> str:
+def run(capsys, tmp_path, data: Path, *overrides: str, run_dir: Path | None = None) -> str:
+    """``agentloop-train`` with a small valid config plus ``overrides``; its one-line error."""
     code = main(
         [
             "actor_rollout_ref.model.path=tiny-qwen3",
@@ -31,7 +32,7 @@ def run(capsys, tmp_path, data: Path, *overrides: str) -> str:
             "data.train_batch_size=4",
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            f"trainer.default_local_dir={tmp_path / 'run'}",
+            f"trainer.default_local_dir={run_dir or tmp_path / 'run'}",
             *overrides,
         ]
     )
