@@ -161,14 +161,27 @@ def _drop_trailing_comma(out: list[str]) -> None:
         del out[j]
 
 
+def _loads(text: str) -> Any:
+    """``json.loads`` whose every failure is a ``json.JSONDecodeError``: model text can also
+    nest past the decoder's recursion limit or hold an integer over Python's digit limit."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
+    except ValueError:  # int("1" * 5000): Python's limit on integer digits
+        raise json.JSONDecodeError("a number has too many digits", text, 0) from None
+
+
 def loads_tolerant(text: str) -> tuple[Any, bool]:
     """``json.loads``; on failure retry once on a repaired copy. Returns (value, repaired) or
     raises the original ``json.JSONDecodeError``."""
     try:
-        return json.loads(text), False
+        return _loads(text), False
     except json.JSONDecodeError as first:
         try:
-            return json.loads(_repair(text)), True
+            return _loads(_repair(text)), True
         except json.JSONDecodeError:
             raise first from None
 

@@ -3,6 +3,7 @@ parser over the running ``AsyncLLM`` (reuse beats a hand-written copy)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from servers.http import error_body
@@ -44,10 +45,10 @@ class VLLMChat:
             ChatCompletionResponse,
         )
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-        from vllm.exceptions import VLLMClientError
+        from vllm.exceptions import GenerationError, VLLMClientError
 
         try:
-            request = ChatCompletionRequest.model_validate(body)
+            request = _validated(ChatCompletionRequest, body)
             result = await self._serving.create_chat_completion(request, raw_request=None)
         except ValidationError as exc:
             first = exc.errors()[0]
@@ -55,8 +56,55 @@ class VLLMChat:
             return 400, error_body(f"{field}: {first.get('msg')}", param=field or None)
         except (VLLMClientError, ValueError) as exc:
             return 400, error_body(str(exc))
+        except RecursionError:  # e.g. tool-call arguments JSON nested past json's limit
+            return 400, error_body("a JSON string in the request is nested too deeply to parse")
+        except GenerationError:  # the engine ended the request with finish reason "error"
+            if _constrained(request):
+                return 400, error_body(CONSTRAINT_FAILED)
+            return 500, error_body("the engine failed this request: see the server log", code=500)
         if isinstance(result, ErrorResponse):
             return result.error.code, result.model_dump()
         if isinstance(result, ChatCompletionResponse):
             return 200, result.model_dump()
-        return 200, result  # streaming: async iterator of "data: ...\n\n" strings
+        # streaming: async iterator of "data: ...\n\n" strings
+        return 200, _constraint_errors_named(result) if _constrained(request) else result
+
+
+# vLLM checks a grammar before the request starts, but its backends (xgrammar, guidance as
+# the fallback) find some faults only when the engine compiles it (a {"$ref": "#"} cycle, a
+# regex ending in a lone backslash): the request then fails as an engine error.
+CONSTRAINT_FAILED = (
+    "generation failed under this request's structured-output constraint (structured_outputs, "
+    "response_format or a forced tool_choice): the grammar backend could not build or follow "
+    "its regex or JSON schema; simplify it"
+)
+
+
+def _constrained(request: Any) -> bool:
+    """Whether the request asks for grammar-constrained output."""
+    fmt = getattr(request.response_format, "type", "text")
+    return (
+        request.structured_outputs is not None
+        or fmt != "text"
+        or request.tool_choice not in (None, "none", "auto")
+    )
+
+
+async def _constraint_errors_named(chunks: Any) -> Any:
+    """A stream reports a failure after it started as an in-band error event; under a
+    constraint that is the constraint's fault (see ``CONSTRAINT_FAILED``): say so, as a 400."""
+    async for chunk in chunks:
+        if chunk.startswith('data: {"error"'):
+            if json.loads(chunk.removeprefix("data: "))["error"].get("code") == 500:
+                chunk = f"data: {json.dumps(error_body(CONSTRAINT_FAILED))}\n\n"
+        yield chunk
+
+
+def _validated(model: Any, body: dict[str, Any]) -> Any:
+    """``model.model_validate(body)``. vLLM's ``mode="before"`` validators read fields before
+    pydantic checks their types, so junk such as ``"messages": null`` raises TypeError (or
+    AttributeError, KeyError) there instead of a ValidationError: bad input all the same."""
+    try:
+        return model.model_validate(body)
+    except (TypeError, AttributeError, LookupError) as exc:
+        raise ValueError(f"request body has a value of the wrong type ({exc})") from None

@@ -275,6 +275,34 @@ def test_arguments_string_that_is_not_json_is_a_bad_arguments_error():
     )
 
 
+@pytest.mark.parametrize(
+    "body", ["[" * 5000, '{"name": "f", "arguments": ' + "[" * 5000 + "]" * 5000 + "}"]
+)
+def test_json_nested_past_the_decoder_limit_is_a_bad_json_error(body):
+    error = only_error(block(body))
+    assert error.kind == "bad_json"
+    assert error.to_message()["content"] == (
+        f"Error: tool call 1 is not valid JSON (nested too deeply at char 0); {CALL_HINT}"
+    )
+
+
+def test_arguments_string_nested_past_the_decoder_limit_is_a_bad_arguments_error():
+    error = only_error(block(json.dumps({"name": "f", "arguments": "[" * 5000})))
+    assert error.kind == "bad_arguments"
+    assert error.to_message()["content"] == (
+        "Error: arguments of tool call 1 (f) are not valid JSON (nested too deeply)"
+    )
+
+
+def test_an_integer_over_the_digit_limit_is_a_bad_json_error():
+    error = only_error(block('{"name": "f", "arguments": {"x": ' + "7" * 5000 + "}}"))
+    assert error.kind == "bad_json"
+    assert error.to_message()["content"] == (
+        f"Error: tool call 1 is not valid JSON (a number has too many digits at char 0); "
+        f"{CALL_HINT}"
+    )
+
+
 # ---- checks against the tool set -------------------------------------------------------------
 def test_check_calls_reports_an_unknown_tool_with_the_available_tools_sorted():
     turn = parse(block('{"name": "search", "arguments": {"q": "x"}}'))
