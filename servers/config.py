@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -45,6 +46,13 @@ class ServerConfig:
     """HTTP port; 0 picks a free one."""
     http: bool = True
     """Start the HTTP front (OpenAI chat, /generate, /health, /metrics)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Bearer token the HTTP front requires on every route but ``GET /health``
+    (``Authorization: Bearer <key>``); None reads ``AGENTLOOP_API_KEY`` from the environment,
+    and neither set means no auth. Ray calls to the actor are not affected."""
+    max_concurrent_requests: int = 256
+    """Requests admitted at once over HTTP (``/generate`` and ``/v1/chat/completions``); more
+    get 503 with ``Retry-After`` (no waiting queue). Ray calls to the actor are not counted."""
 
     @property
     def model_name(self) -> str:
@@ -66,3 +74,11 @@ class ServerConfig:
             raise ValueError("logprobs_mode must be 'processed_logprobs' or 'raw_logprobs'")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.api_key is None:
+            self.api_key = os.environ.get("AGENTLOOP_API_KEY") or None
+        elif not self.api_key.strip():
+            raise ValueError("api_key must be a non-empty string (None turns auth off)")
+        if self.max_concurrent_requests < 1:
+            raise ValueError(
+                f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}"
+            )

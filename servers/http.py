@@ -3,11 +3,17 @@
 Routes: ``POST /generate`` (token ids in; ids, log-probs, finish reason out), ``POST
 /v1/chat/completions`` (OpenAI-compatible, ``tools`` in, ``tool_calls`` out), ``GET /health``,
 ``GET /metrics`` (Prometheus text). Bad input answers 400 with an OpenAI-style error body.
+
+In front of every route sits ``_Guard``: with ``ServerConfig.api_key`` set, every route but
+``GET /health`` needs ``Authorization: Bearer <key>`` (else 401), and at most
+``max_concurrent_requests`` calls of ``/generate`` and ``/v1/chat/completions`` run at once
+(more get 503 with ``Retry-After: 1`` at once; there is no waiting queue).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -15,6 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from servers.core import ServerCore
 from servers.types import GenerateInputError
@@ -24,6 +31,9 @@ __all__ = ["build_app", "HttpFront", "error_body"]
 logger = logging.getLogger(__name__)
 
 ChatHandler = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
+
+# Routes that run the engine: the ones the in-flight limit counts.
+_LIMITED_PATHS = frozenset({"/generate", "/v1/chat/completions"})
 
 
 def error_body(message: str, *, param: str | None = None, code: int = 400) -> dict[str, Any]:
@@ -40,13 +50,101 @@ async def _json_object(request: Request) -> dict[str, Any] | JSONResponse:
         body = await request.json()
     except ValueError:
         return _bad("request body must be JSON")
+    except RecursionError:  # json's C decoder gives up at ~1000 levels of [ or {
+        return _bad("request body is nested too deeply to parse as JSON")
     if not isinstance(body, dict):
         return _bad("request body must be a JSON object")
+    lone = _lone_surrogate(body)
+    if lone is not None:
+        return _bad(
+            f"request body holds a lone UTF-16 surrogate ({lone!r} in a string): send valid "
+            "Unicode (escape pairs like \\ud83d\\ude00 are fine)"
+        )
     return body
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string (key or value) that is not valid Unicode: JSON lets ``\\ud800`` through
+    but the tokenizer, the engine's IPC and our JSON responses all fail on it."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return item[exc.start : exc.end]
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+class _Guard:
+    """ASGI middleware: bearer-token check, then the in-flight limit. A request counts from
+    admission until its response (streamed or not) is fully sent or the client is gone."""
+
+    def __init__(self, app: ASGIApp, *, core: ServerCore) -> None:
+        self.app = app
+        key = core.config.api_key
+        self._key = key.encode() if key else None
+        self.limit = core.config.max_concurrent_requests
+        self.in_flight = 0
+        self.metrics = core.metrics
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                # compare_digest: the time taken does not tell how much of the key matched
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        is_health = path == "/health" and scope["method"] in ("GET", "HEAD")
+        if self._key is not None and not is_health and not self._authorized(scope):
+            self.metrics.rejected.labels("unauthorized").inc()
+            message = (
+                "missing or wrong bearer token: send 'Authorization: Bearer <key>' "
+                "(the server's api_key / AGENTLOOP_API_KEY)"
+            )
+            reply = JSONResponse(
+                error_body(message, code=401),
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await reply(scope, receive, send)
+            return
+        if path not in _LIMITED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            self.metrics.rejected.labels("overloaded").inc()
+            message = (
+                f"server overloaded: {self.in_flight} requests in flight (limit "
+                f"max_concurrent_requests={self.limit}); retry later or raise the limit"
+            )
+            reply = JSONResponse(
+                error_body(message, code=503), status_code=503, headers={"Retry-After": "1"}
+            )
+            await reply(scope, receive, send)
+            return
+        self.in_flight += 1  # no await since the check: admission cannot overshoot the limit
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
 
 def build_app(core: ServerCore, chat: ChatHandler | None = None) -> FastAPI:
     app = FastAPI(title="agentloop-rl server", docs_url=None, redoc_url=None)
+    app.add_middleware(_Guard, core=core)
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:

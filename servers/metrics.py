@@ -27,6 +27,13 @@ class ServerMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.rejected = Counter(
+            "agentloop_http_rejected",
+            "HTTP requests turned away before running: 'overloaded' (503, over "
+            "max_concurrent_requests) or 'unauthorized' (401, missing or wrong bearer token)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.prompt_tokens = Counter(
             "agentloop_prompt_tokens", "Prompt tokens received", registry=self.registry
         )

@@ -92,6 +92,18 @@ def serve_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--cpu-kvcache-space-gib", type=int, default=1)
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer <key>' on every route but GET /health "
+        "(default $AGENTLOOP_API_KEY; unset means no auth)",
+    )
+    parser.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=256,
+        help="HTTP requests generating at once; more get 503 with Retry-After (default 256)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -110,6 +122,8 @@ def serve_main(argv: list[str] | None = None) -> int:
             gpu_memory_utilization=args.gpu_memory_utilization,
             cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
             served_model_name=args.served_model_name,
+            api_key=args.api_key,
+            max_concurrent_requests=args.max_concurrent_requests,
         )
     except ValueError as exc:
         sys.stderr.write(f"agentloop-serve: error: {exc}\n")

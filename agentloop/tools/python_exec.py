@@ -1,10 +1,20 @@
 """``python_exec``: run model-written Python in a separate process with limits.
 
-Each call gets a fresh temporary working directory, a CPU-time limit (RLIMIT_CPU), a memory
-limit (RLIMIT_AS), a wall-clock timeout (the process group is killed), truncated output and
-no network: a fresh network namespace (``unshare -rn``: only a loopback that is down) where
-the OS allows it, otherwise socket creation is blocked inside the child before the code runs.
-``network_isolation()`` says which applies on this machine.
+Each call gets a fresh temporary working directory (removed afterwards), a CPU-time limit
+(RLIMIT_CPU), a memory limit (RLIMIT_AS), a file-size limit (RLIMIT_FSIZE), a wall-clock
+timeout, truncated output, an environment of its own (``PATH``, ``HOME`` = the temp dir,
+``PYTHONIOENCODING``; nothing of the parent's) and no network: a fresh network namespace
+(``unshare -rn``: only a loopback that is down) where the OS allows it, otherwise socket
+creation is blocked inside the child before the code runs. ``network_isolation()`` says which
+applies on this machine. The child's process group is killed when the call ends, so
+background processes it started do not outlive the call (unless they left the group with
+``setsid``).
+
+Not isolated: the filesystem (the child runs as the same user and can read and write whatever
+that user can; as root that is everything), the number of processes (RLIMIT_NPROC counts all
+of a user's processes and root ignores it), and other local processes (same PID namespace).
+The ``block`` fallback is a Python-level guard that code can get around (``_socket``), not a
+boundary. Run untrusted code in a container or VM for that.
 """
 
 from __future__ import annotations
@@ -65,12 +75,17 @@ class PythonExecConfig:
     """Address-space limit (RLIMIT_AS)."""
     max_output_chars: int = 4000
     """Output kept (the middle is cut)."""
+    max_file_mb: int = 64
+    """Largest file the code may write (RLIMIT_FSIZE); a bigger write fails with ``OSError:
+    [Errno 27] File too large``."""
     network: Literal["auto", "namespace", "block"] = "auto"
     """``auto``: a network namespace if ``unshare -rn`` works here, else blocked sockets."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.cpu_time_s < 1 or self.memory_mb < 64:
             raise ValueError("python_exec needs timeout_s > 0, cpu_time_s >= 1, memory_mb >= 64")
+        if self.max_file_mb < 1:
+            raise ValueError(f"python_exec needs max_file_mb >= 1, got {self.max_file_mb}")
 
 
 @functools.cache
@@ -85,9 +100,10 @@ def network_isolation() -> Literal["namespace", "block"]:
     return "namespace" if probe.returncode == 0 else "block"
 
 
-def _limits(cpu_s: int, memory_bytes: int) -> None:  # runs in the child before exec
+def _limits(cpu_s: int, memory_bytes: int, file_bytes: int) -> None:  # in the child, pre-exec
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
@@ -130,7 +146,9 @@ class PythonExecTool(BaseTool):
                     "PYTHONIOENCODING": "utf-8",
                 },
                 start_new_session=True,
-                preexec_fn=functools.partial(_limits, opts.cpu_time_s, opts.memory_mb << 20),
+                preexec_fn=functools.partial(
+                    _limits, opts.cpu_time_s, opts.memory_mb << 20, opts.max_file_mb << 20
+                ),
             )
             try:
                 out, _ = await asyncio.wait_for(proc.communicate(), opts.timeout_s)
@@ -144,6 +162,8 @@ class PythonExecTool(BaseTool):
             except asyncio.CancelledError:
                 _kill_group(proc.pid)
                 raise
+            # Background processes the code started (same group) do not outlive the call.
+            _kill_group(proc.pid)
         text = truncate_text(out.decode("utf-8", "replace"), opts.max_output_chars, "middle")
         rc = proc.returncode
         if rc == -signal.SIGXCPU or rc == -signal.SIGKILL:

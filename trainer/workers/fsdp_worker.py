@@ -250,7 +250,7 @@ class FSDPWorker:
         else:
             set_model_state_dict(self.model, state["model"])
         if has_optim:
-            extra = torch.load(path / "optim_extra.pt", weights_only=False)
+            extra = torch.load(path / "optim_extra.pt", weights_only=True)
             assert self.scheduler is not None
             self.scheduler.load_state_dict(extra["scheduler"])
             self.updates = int(extra["updates"])

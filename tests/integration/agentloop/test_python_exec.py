@@ -1,8 +1,14 @@
 """python_exec runs code in a real child process: computes, is stopped at the wall-clock,
-CPU-time and memory limits, cannot open a socket (network namespace or blocked sockets),
-and its output is truncated."""
+CPU-time, memory and file-size limits, cannot open a socket (network namespace or blocked
+sockets), sees none of the parent's environment, leaves no background process behind, and its
+output is truncated; the filesystem is not isolated (documented, and proved here)."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
 
 import pytest
 
@@ -79,3 +85,71 @@ async def test_long_output_is_truncated_in_the_middle():
 async def test_runner_and_loader_keys_in_the_tool_config_are_accepted():
     text = await run("print(1)", type="native", max_concurrency=2, timeout_s=5)
     assert text == "1\n"
+
+
+async def test_the_parent_environment_does_not_reach_the_code(monkeypatch):
+    monkeypatch.setenv("AGENTLOOP_TEST_SECRET", "hunter2-do-not-leak")
+    text = await run("import json, os\nprint(json.dumps({**os.environ, 'cwd': os.getcwd()}))")
+    assert "hunter2-do-not-leak" not in text
+    env = json.loads(text)
+    cwd = env.pop("cwd")
+    # LC_CTYPE is Python's own C-locale coercion (PEP 538) in the child, not the parent's
+    assert set(env) <= {"PATH", "HOME", "PYTHONIOENCODING", "LC_CTYPE"}, env
+    assert env["HOME"] == cwd and os.path.basename(cwd).startswith("python_exec-")
+
+
+async def test_each_call_gets_a_fresh_working_dir_that_is_removed_afterwards():
+    code = "import os\nprint(os.listdir('.'))\nopen('left.txt', 'w').write('x')\nprint(os.getcwd())"
+    first = (await run(code)).splitlines()
+    second = (await run(code)).splitlines()
+    assert first[0] == second[0] == "['main.py']"
+    assert first[1] != second[1]
+    assert not os.path.exists(first[1]) and not os.path.exists(second[1])
+
+
+async def test_writing_a_file_past_max_file_mb_fails():
+    code = (
+        "with open('small.bin', 'wb') as f:\n    f.write(bytes(512 * 1024))\nprint('small ok')\n"
+        "with open('big.bin', 'wb') as f:\n    f.write(bytes(2 * 1024 * 1024))\nprint('big ok')"
+    )
+    text = await run(code, max_file_mb=1)
+    assert text.startswith("small ok\n") and "big ok" not in text
+    assert "OSError: [Errno 27] File too large" in text and text.endswith("[exit code 1]")
+
+
+def test_max_file_mb_below_one_is_rejected():
+    with pytest.raises(ValueError) as info:
+        PythonExecTool({"max_file_mb": 0})
+    assert str(info.value) == "python_exec needs max_file_mb >= 1, got 0"
+
+
+async def test_background_processes_do_not_outlive_the_call():
+    code = (
+        "import subprocess\n"
+        "kids = [subprocess.Popen(['sleep', '60'], stdout=subprocess.DEVNULL,\n"
+        "        stderr=subprocess.DEVNULL) for _ in range(3)]\n"
+        "print(' '.join(str(k.pid) for k in kids))"
+    )
+    pids = [int(p) for p in (await run(code)).split()]
+    assert len(pids) == 3
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"still running: {pids}"
+        await asyncio.sleep(0.1)
+
+
+async def test_filesystem_is_not_isolated_code_writes_where_its_user_can(tmp_path):
+    # Documented limit (README "Security"): python_exec confines time, memory, file size,
+    # environment and network, not the filesystem.
+    outside = tmp_path / "outside.txt"
+    text = await run(f"open({str(outside)!r}, 'w').write('written')\nprint('done')")
+    assert text == "done\n" and outside.read_text() == "written"
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its (new) parent to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

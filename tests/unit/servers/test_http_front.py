@@ -56,6 +56,13 @@ async def test_generate_returns_the_token_output_fields(client):
             "sampling_params.top_p must be a number in (0, 1], got 0",
             "sampling_params.top_p",
         ),
+        ("[" * 5000, "request body is nested too deeply to parse as JSON", None),
+        (
+            '{"prompt_ids": [1], "request_id": "a\\ud800"}',
+            "request body holds a lone UTF-16 surrogate ('\\ud800' in a string): send valid "
+            "Unicode (escape pairs like \\ud83d\\ude00 are fine)",
+            None,
+        ),
     ],
 )
 async def test_bad_bodies_get_400_with_openai_error(client, body, message, param):

@@ -1,21 +1,22 @@
-"""Fuzzing ``POST /v1/chat/completions`` of a real server (vLLM CPU engine, tiny-qwen3, the
-HTTP front) with hypothesis: arbitrary JSON, objects with random keys, near-valid chat bodies
-and raw bytes. Every answer is 200 or a 4xx with an OpenAI-style error body, never a 500 and
-never a hang; afterwards the server still answers ``/health`` and a normal chat request.
-Bodies that would otherwise be valid ask for at most 4 tokens, so generation stays quick."""
+"""Fuzzing ``POST /v1/chat/completions`` of a real server (``agentloop-serve``: vLLM CPU
+engine, tiny-qwen3, the HTTP front; shared with the other HTTP modules) with hypothesis:
+arbitrary JSON, objects with random keys, near-valid chat bodies and raw bytes. Every answer
+is 200 or a 4xx with an OpenAI-style error body, never a 500 and never a hang; afterwards the
+server still answers ``/health`` and a normal chat request. Bodies that would otherwise be
+valid ask for at most 4 tokens, so generation stays quick."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servers import ServerConfig, launch_servers
+from tests.reliability.http.conftest import AUTH
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,20 +34,12 @@ def fuzz(n: int) -> settings:
 
 
 @pytest.fixture(scope="module")
-def base_url(tiny_qwen3_path) -> str:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    config = ServerConfig(model=str(tiny_qwen3_path), max_model_len=MAX_MODEL_LEN)
-    (handle,) = launch_servers(config, 1, num_cpus=1)
-    yield ray.get(handle.address.remote())
-    ray.get(handle.shutdown.remote())
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def http(base_url):
+def http(server_url) -> Iterator[httpx.Client]:
     # No keep-alive: a connection the server dropped cannot fail the next example instead.
     limits = httpx.Limits(max_keepalive_connections=0)
-    with httpx.Client(base_url=base_url, timeout=TIMEOUT_S, limits=limits) as client:
+    with httpx.Client(
+        base_url=server_url, timeout=TIMEOUT_S, limits=limits, headers=AUTH
+    ) as client:
         yield client
 
 

@@ -1,0 +1,68 @@
+"""The HTTP front over its request limit: a real ``agentloop-serve`` (tiny-qwen3 on the vLLM
+CPU engine, shared with the other HTTP modules) with ``--max-concurrent-requests 8`` gets 40
+chat completions at once. Requests over the limit are answered 503 at once with the exact
+OpenAI-style body and ``Retry-After: 1``, every admitted one completes (200), none hangs
+(client timeout), the rejections are counted in ``/metrics``, and afterwards a normal
+request is served."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.reliability.http.conftest import AUTH, LIMIT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+N_REQUESTS = 40
+CHAT = {
+    "model": "tiny-qwen3",
+    "messages": [{"role": "user", "content": "Count to ten."}],
+    "max_tokens": 32,
+    "ignore_eos": True,  # every admitted request holds its slot for 32 decode steps
+}
+OVERLOADED = {
+    "error": {
+        "message": f"server overloaded: {LIMIT} requests in flight (limit "
+        f"max_concurrent_requests={LIMIT}); retry later or raise the limit",
+        "type": "server_error",
+        "param": None,
+        "code": 503,
+    }
+}
+
+
+def _rejected(metrics: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith('agentloop_http_rejected_total{reason="overloaded"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_requests_over_the_limit_get_503_and_the_admitted_ones_complete(server_url):
+    timeout = httpx.Timeout(120.0)  # a hung request fails the test with a timeout error
+    limits = httpx.Limits(max_connections=N_REQUESTS)
+    async with httpx.AsyncClient(
+        base_url=server_url, timeout=timeout, limits=limits, headers=AUTH
+    ) as client:
+        before = _rejected((await client.get("/metrics")).text)
+        replies = await asyncio.gather(
+            *[client.post("/v1/chat/completions", json=CHAT) for _ in range(N_REQUESTS)]
+        )
+        ok = [r for r in replies if r.status_code == 200]
+        busy = [r for r in replies if r.status_code == 503]
+        assert len(ok) + len(busy) == N_REQUESTS, [r.status_code for r in replies]
+        # nothing is in flight when the first LIMIT arrive, so at least those are admitted
+        assert len(ok) >= LIMIT and len(busy) >= 1, (len(ok), len(busy))
+        for r in busy:
+            assert r.json() == OVERLOADED
+            assert r.headers["retry-after"] == "1"
+        for r in ok:
+            assert r.json()["usage"]["completion_tokens"] == 32
+        metrics = (await client.get("/metrics")).text
+        assert _rejected(metrics) - before == len(busy)
+        assert "agentloop_requests_in_flight 0.0" in metrics
+        after = await client.post("/v1/chat/completions", json=CHAT)
+        assert after.status_code == 200 and after.json()["choices"][0]["finish_reason"] == "length"

@@ -1,0 +1,197 @@
+"""The HTTP front's guard over real uvicorn + httpx, with scripted engine adapters: the bearer
+token (``ServerConfig.api_key`` / ``AGENTLOOP_API_KEY``) and the in-flight request limit
+(``max_concurrent_requests``: 503 at once with ``Retry-After``, counted in the metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from servers import ServerConfig, ServerCore, TokenOutput
+from servers.http import HttpFront, build_app
+
+KEY = "s3cret-key"
+UNAUTHORIZED = {
+    "error": {
+        "message": "missing or wrong bearer token: send 'Authorization: Bearer <key>' "
+        "(the server's api_key / AGENTLOOP_API_KEY)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": 401,
+    }
+}
+
+
+def overloaded(limit: int) -> dict:
+    return {
+        "error": {
+            "message": f"server overloaded: {limit} requests in flight (limit "
+            f"max_concurrent_requests={limit}); retry later or raise the limit",
+            "type": "server_error",
+            "param": None,
+            "code": 503,
+        }
+    }
+
+
+class GatedEngine:
+    """Each generate waits at the gate; ``waiting`` counts the ones parked there."""
+
+    vocab_size = 50
+    max_model_len = 32
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def generate(self, prompt_ids, params, request_id):
+        self.waiting += 1
+        await self.gate.wait()
+        self.waiting -= 1
+        return TokenOutput(token_ids=[1], log_probs=[-1.0], finish_reason="length")
+
+    async def health(self):
+        return {"backend": "gated"}
+
+
+async def _front(config: ServerConfig, engine, chat=None):
+    core = ServerCore(config, engine=engine)
+    front = HttpFront(build_app(core, chat), "127.0.0.1", 0)
+    return front, await front.start()
+
+
+@pytest.fixture
+async def keyed():
+    engine = GatedEngine()
+    engine.gate.set()
+    front, url = await _front(ServerConfig(model="gated", api_key=KEY), engine)
+    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+        yield c
+    await front.stop()
+
+
+GENERATE = {"prompt_ids": [1, 2], "sampling_params": {"max_tokens": 1}}
+
+
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("POST", "/generate"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/metrics"),
+        ("GET", "/no-such-route"),
+        ("POST", "/health"),
+    ],
+)
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer wrong", f"Basic {KEY}", KEY, f"Bearer {KEY}x"]
+)
+async def test_every_route_but_get_health_needs_the_bearer_token(
+    keyed, method, path, authorization
+):
+    headers = {"Authorization": authorization} if authorization else {}
+    r = await keyed.request(method, path, json=GENERATE, headers=headers)
+    assert r.status_code == 401
+    assert r.json() == UNAUTHORIZED
+    assert r.headers["www-authenticate"] == "Bearer"
+
+
+async def test_the_right_token_is_served_and_health_needs_none(keyed):
+    assert (await keyed.get("/health")).json() == {"status": "ok", "backend": "gated"}
+    await keyed.post("/generate", json=GENERATE)  # one 401 for the metrics below
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = await keyed.post("/generate", json=GENERATE, headers=auth)
+    assert r.status_code == 200 and r.json()["token_ids"] == [1]
+    r = await keyed.post("/generate", json=GENERATE, headers={"authorization": f"bearer {KEY}"})
+    assert r.status_code == 200  # the scheme is case-insensitive (RFC 7235)
+    metrics = await keyed.get("/metrics", headers=auth)
+    assert metrics.status_code == 200
+    assert 'agentloop_http_rejected_total{reason="unauthorized"} 1.0' in metrics.text
+
+
+def test_api_key_comes_from_the_environment_when_not_given(monkeypatch):
+    monkeypatch.setenv("AGENTLOOP_API_KEY", "from-env")
+    assert ServerConfig(model="x").api_key == "from-env"
+    assert ServerConfig(model="x", api_key="given").api_key == "given"
+    assert "from-env" not in repr(ServerConfig(model="x"))  # keys stay out of logs
+    monkeypatch.setenv("AGENTLOOP_API_KEY", "")
+    assert ServerConfig(model="x").api_key is None
+    monkeypatch.delenv("AGENTLOOP_API_KEY")
+    assert ServerConfig(model="x").api_key is None
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"api_key": " "}, "api_key must be a non-empty string (None turns auth off)"),
+        ({"max_concurrent_requests": 0}, "max_concurrent_requests must be >= 1, got 0"),
+    ],
+)
+def test_bad_guard_settings_are_rejected(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        ServerConfig(model="x", **kwargs)
+    assert str(info.value) == message
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_requests_over_the_limit_get_503_at_once_and_the_rest_complete():
+    engine = GatedEngine()
+    front, url = await _front(ServerConfig(model="gated", max_concurrent_requests=2), engine)
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            admitted = [asyncio.create_task(c.post("/generate", json=GENERATE)) for _ in range(2)]
+            await _until(lambda: engine.waiting == 2)
+            over = await c.post("/generate", json=GENERATE)
+            assert over.status_code == 503
+            assert over.json() == overloaded(2)
+            assert over.headers["retry-after"] == "1"
+            chat = await c.post("/v1/chat/completions", json={"messages": []})
+            assert chat.status_code == 503  # the limit counts both engine routes together
+            # health and metrics are not limited: probes still answer during overload
+            assert (await c.get("/health")).status_code == 200
+            metrics = (await c.get("/metrics")).text
+            assert 'agentloop_http_rejected_total{reason="overloaded"} 2.0' in metrics
+            assert "agentloop_requests_in_flight 2.0" in metrics
+            engine.gate.set()
+            assert [r.status_code for r in await asyncio.gather(*admitted)] == [200, 200]
+            assert (await c.post("/generate", json=GENERATE)).status_code == 200
+    finally:
+        await front.stop()
+
+
+async def test_a_streamed_chat_response_holds_its_slot_until_the_stream_ends():
+    release = asyncio.Event()
+
+    async def chat(body):
+        async def stream():
+            yield "data: first\n\n"
+            await release.wait()
+            yield "data: [DONE]\n\n"
+
+        return 200, stream()
+
+    engine = GatedEngine()
+    engine.gate.set()
+    config = ServerConfig(model="gated", max_concurrent_requests=1)
+    front, url = await _front(config, engine, chat)
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            async with c.stream("POST", "/v1/chat/completions", json={"stream": True}) as s:
+                assert s.status_code == 200
+                lines = s.aiter_lines()
+                assert await anext(lines) == "data: first"
+                busy = await c.post("/generate", json=GENERATE)
+                assert busy.status_code == 503 and busy.json() == overloaded(1)
+                release.set()
+                assert [line async for line in lines if line] == ["data: [DONE]"]
+            assert (await c.post("/generate", json=GENERATE)).status_code == 200
+    finally:
+        await front.stop()
