@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,18 @@ def _restore_agent_loop_registry():
     yield
     base._REGISTRY.clear()
     base._REGISTRY.update(saved)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_mlflow_tracking_uri():
+    """``mlflow.set_tracking_uri`` (the tracer, trace tests) also sets MLFLOW_TRACKING_URI in
+    ``os.environ``; left there it would send later modules' subprocess runs to that store."""
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if saved is not None:
+        os.environ["MLFLOW_TRACKING_URI"] = saved
+        return
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        mlflow.set_tracking_uri(None)
