@@ -69,9 +69,10 @@ class WorkerGroup:
 
     def _gather(self, method: str, refs: list[Any]) -> list[Any]:
         """Every rank's result; a rank that died raises ``TrainerWorkerDiedError`` at once
-        (the other ranks would wait for it in a collective until the process-group timeout)."""
+        (the other ranks would wait for it in a collective until the process-group timeout).
+        A rank that fails because its peer died (gloo: connection closed) is reported as the
+        death of that peer."""
         import ray
-        from ray.exceptions import RayActorError, RayTaskError
 
         pending = list(refs)
         while pending:
@@ -79,12 +80,40 @@ class WorkerGroup:
             for ref in done:
                 try:
                     ray.get(ref)
-                except RayActorError as exc:
-                    if isinstance(exc, RayTaskError):
-                        raise  # the rank is alive; something it called died
+                except Exception as exc:
+                    died = self._dead_rank(method, refs, exc)
+                    if died is None:
+                        raise
                     self.broken = True
-                    raise TrainerWorkerDiedError(refs.index(ref), method, exc) from exc
+                    raise died from died.__cause__
         return ray.get(refs)
+
+    @staticmethod
+    def _dead_rank(
+        method: str, refs: list[Any], exc: BaseException, wait_s: float = 10.0
+    ) -> TrainerWorkerDiedError | None:
+        """The first rank whose actor died (``exc``'s or another's, waiting up to ``wait_s``
+        for Ray to notice), or None when every rank is alive."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        def death(error: BaseException) -> bool:
+            # A task error wrapping an actor error means the rank is alive: something it
+            # called (a rollout server) died.
+            return isinstance(error, RayActorError) and not isinstance(error, RayTaskError)
+
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0 if death(exc) else wait_s)
+        for rank, ref in enumerate(refs):
+            if ref not in ready:
+                continue
+            try:
+                ray.get(ref)
+            except Exception as error:  # noqa: BLE001 - only deaths are picked out
+                if death(error):
+                    died = TrainerWorkerDiedError(rank, method, error)
+                    died.__cause__ = error
+                    return died
+        return None
 
     def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         parts = self._scatter("compute_log_prob", batch)
