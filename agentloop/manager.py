@@ -60,7 +60,6 @@ class AgentLoopManager:
             servers = self.group.handles
         self.on_server_restart: Callable[[list[Any]], None] | None = None
         """Called with the new handles after a restart (the trainer pushes its weights)."""
-        self.server_restarts = 0
         self.config = config
         # Load user loops here too, so a bad _target_ fails in the driver with its message.
         if config.agent.agent_loop_config_path:
@@ -91,7 +90,6 @@ class AgentLoopManager:
     ) -> RolloutBatch:
         """Roll out every row ``n`` times (default ``rollout.n``) and pad into a batch.
         ``trace``: step and validation flag the traces are tagged with."""
-
         samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
         validate_rows(samples, self.tool_names, self.config.agent.default_agent_loop)
         restarts = self.server_restarts
@@ -120,6 +118,11 @@ class AgentLoopManager:
         batch.metrics["rollout/requests_retried"] = float(self._retried_requests() - retried)
         return batch
 
+    @property
+    def server_restarts(self) -> int:
+        """Servers restarted over the manager's life (its group's count)."""
+        return self.group.restarts if self.group is not None else 0
+
     def _gather(self, refs: list[Any]) -> list[Any]:
         """Results of every worker, checking the servers while waiting; a worker's failure
         is raised as soon as it comes."""
@@ -147,7 +150,6 @@ class AgentLoopManager:
             if self.on_server_restart is not None:
                 self.on_server_restart([handle])
             ray.get([w.replace_server.remote(index, handle) for w in self.workers])
-            self.server_restarts += 1
             logger.warning(
                 "server %d replaced (%d restart(s) so far); rollout goes on",
                 index,
