@@ -45,7 +45,7 @@ bench: install
 # The rollout traces of the newest run under ./checkpoints in the MLflow UI (127.0.0.1:5000);
 # TRACES_ARGS="--run-dir /tmp/run" for another run.
 traces: install
-	$(PY) -m trainer.traces_cli $(TRACES_ARGS)
+	$(PY) -m trainer.cli.traces $(TRACES_ARGS)
 
 # Train a tool-using model on CPU end to end (recipes/calculator/demo.py): base model -> SFT
 # warm start -> GRPO with tool_agent, then a table of accuracy and valid tool calls.

@@ -2,10 +2,10 @@
 HTTP front, and the client-side ``AsyncLLMServerManager``. Knows nothing of agents or training.
 """
 
-from servers.actor import AsyncServer, launch_servers
+from servers.actor import AsyncServer
 from servers.config import ServerConfig
 from servers.core import ServerCore
-from servers.group import ServerGroup, ServerRestartError
+from servers.group import ServerGroup, ServerRestartError, launch_servers, stop_servers
 from servers.manager import AsyncLLMServerManager, NoHealthyServerError
 from servers.types import EngineDeadError, GenerateInputError, TokenOutput
 
@@ -21,4 +21,5 @@ __all__ = [
     "ServerRestartError",
     "TokenOutput",
     "launch_servers",
+    "stop_servers",
 ]

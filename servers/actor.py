@@ -14,21 +14,22 @@ import torch
 
 from servers.config import ServerConfig
 from servers.core import ServerCore
+from servers.engines import make_engine
 from servers.http import HttpFront, build_app
 from servers.types import TokenOutput
 from servers.weights import bucketize
 
-__all__ = ["AsyncServer", "launch_servers"]
+__all__ = ["AsyncServer"]
 
 logger = logging.getLogger(__name__)
 
 
 class AsyncServer:
-    """Plain class; ``launch_servers`` wraps it with ``ray.remote``. Usable in-process too."""
+    """Plain class; ``ServerGroup`` wraps it with ``ray.remote``. Usable in-process too."""
 
     def __init__(self, config: ServerConfig | dict[str, Any]) -> None:
         self.config = config if isinstance(config, ServerConfig) else ServerConfig(**config)
-        self.core = ServerCore(self.config)
+        self.core = ServerCore(self.config, make_engine(self.config))
         self._http: HttpFront | None = None
 
     async def start(self) -> dict[str, Any]:
@@ -92,24 +93,3 @@ class AsyncServer:
             await self._http.stop()
             self._http = None
         self.core.engine.shutdown()
-
-
-def launch_servers(
-    config: ServerConfig,
-    num_servers: int = 1,
-    *,
-    num_cpus: float = 1,
-    num_gpus: float | None = None,
-    name_prefix: str | None = None,
-) -> list[Any]:
-    """Create and start ``num_servers`` ``AsyncServer`` actors; returns their handles (a
-    ``ServerGroup``'s, for callers that do not restart servers).
-
-    ``num_gpus`` defaults to ``tensor_parallel_size`` when CUDA is visible, else 0.
-    """
-    from servers.group import ServerGroup
-
-    group = ServerGroup(
-        config, num_servers, num_cpus=num_cpus, num_gpus=num_gpus, name_prefix=name_prefix
-    )
-    return group.handles

@@ -1,59 +1,27 @@
 """``ServerCore``: one engine adapter plus metrics; what the Ray actor, the HTTP front and
-the ``agentloop-serve`` CLI all drive."""
+the ``agentloop-serve`` CLI all drive. It knows no backend: the engine is handed to it
+(``servers.engines.make_engine`` builds one from a ``ServerConfig``)."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
-from typing import Any, Protocol
-
-import torch
+from typing import Any
 
 from servers.config import ServerConfig
+from servers.engines import EngineAdapter
 from servers.metrics import ServerMetrics
 from servers.types import GenerateInputError, TokenOutput, validate_request
 
-__all__ = ["EngineAdapter", "ServerCore", "make_engine"]
-
-
-class EngineAdapter(Protocol):
-    vocab_size: int
-    max_model_len: int
-
-    async def start(self) -> None: ...
-    async def generate(
-        self, prompt_ids: list[int], params: dict[str, Any], request_id: str
-    ) -> TokenOutput:
-        """``params`` are already validated and normalised by ``validate_request``."""
-        ...
-
-    async def abort(self, request_id: str) -> None: ...
-    async def begin_weight_update(self) -> None: ...
-    async def update_weights_bucket(self, named: Iterable[tuple[str, torch.Tensor]]) -> int: ...
-    async def finish_weight_update(self) -> int: ...
-    async def sleep(self) -> None: ...
-    async def wake_up(self) -> None: ...
-    async def health(self) -> dict[str, Any]: ...
-    def shutdown(self) -> None: ...
-
-
-def make_engine(config: ServerConfig) -> EngineAdapter:
-    if config.backend == "vllm":
-        from servers.vllm import VLLMEngine
-
-        return VLLMEngine(config)
-    from servers.sglang import SGLangEngine
-
-    return SGLangEngine(config)
+__all__ = ["ServerCore"]
 
 
 class ServerCore:
     """Validates every request, counts it in the metrics and gives it an engine request id."""
 
-    def __init__(self, config: ServerConfig, engine: EngineAdapter | None = None) -> None:
+    def __init__(self, config: ServerConfig, engine: EngineAdapter) -> None:
         self.config = config
-        self.engine = engine if engine is not None else make_engine(config)
+        self.engine = engine
         self.metrics = ServerMetrics()
 
     async def start(self) -> None:

@@ -12,9 +12,10 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
+from servers.actor import AsyncServer
 from servers.config import ServerConfig
 
-__all__ = ["ServerGroup", "ServerRestartError"]
+__all__ = ["ServerGroup", "ServerRestartError", "launch_servers", "stop_servers"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,6 @@ class ServerGroup:
     def _create(self, index: int) -> Any:
         import ray
 
-        from servers.actor import AsyncServer
-
         options = dict(self._options)
         if self._name_prefix:
             options["name"] = f"{self._name_prefix}-{index}-r{self.restarts}"
@@ -92,9 +91,8 @@ class ServerGroup:
         if self.restarts >= self.max_restarts:
             raise ServerRestartError(
                 f"server {index} died and {self.restarts} restart(s) were already spent "
-                f"(actor_rollout_ref.rollout.recovery.max_server_restarts={self.max_restarts}); "
-                "the run stops here: look at the server's log (OOM kill? engine error?), then "
-                "resume from the last checkpoint with trainer.resume_mode=auto"
+                f"(max_restarts={self.max_restarts}): look at the server's log (OOM kill? "
+                "engine error?)"
             )
         self.restarts += 1
         ray.kill(self.handles[index], no_restart=True)
@@ -114,3 +112,35 @@ class ServerGroup:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def launch_servers(
+    config: ServerConfig,
+    num_servers: int = 1,
+    *,
+    num_cpus: float = 1,
+    num_gpus: float | None = None,
+    name_prefix: str | None = None,
+) -> list[Any]:
+    """Create and start ``num_servers`` ``AsyncServer`` actors; returns their handles (a
+    ``ServerGroup``'s, for callers that do not restart servers).
+
+    ``num_gpus`` defaults to ``tensor_parallel_size`` when CUDA is visible, else 0.
+    """
+    group = ServerGroup(
+        config, num_servers, num_cpus=num_cpus, num_gpus=num_gpus, name_prefix=name_prefix
+    )
+    return group.handles
+
+
+def stop_servers(servers: list[Any]) -> None:
+    """Shut every server's engine down and kill its actor (a dead one is just killed)."""
+    import ray
+
+    for server in servers:
+        try:
+            ray.get(server.shutdown.remote())
+        except Exception:  # noqa: BLE001 - a dead server has nothing left to shut down
+            pass
+        finally:
+            ray.kill(server)

@@ -24,9 +24,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from servers.core import ServerCore
-from servers.types import GenerateInputError
+from servers.types import GenerateInputError, error_body
 
-__all__ = ["build_app", "HttpFront", "error_body"]
+__all__ = ["build_app", "HttpFront"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +34,6 @@ ChatHandler = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
 
 # Routes that run the engine: the ones the in-flight limit counts.
 _LIMITED_PATHS = frozenset({"/generate", "/v1/chat/completions"})
-
-
-def error_body(message: str, *, param: str | None = None, code: int = 400) -> dict[str, Any]:
-    kind = "invalid_request_error" if code < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _bad(message: str, param: str | None = None) -> JSONResponse:

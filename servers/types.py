@@ -17,6 +17,7 @@ __all__ = [
     "GenerateInputError",
     "EngineDeadError",
     "SAMPLING_KEYS",
+    "error_body",
     "validate_request",
 ]
 
@@ -168,3 +169,9 @@ def validate_request(
     params["max_tokens"] = min(params.get("max_tokens", room), room)
     params["logprobs"] = params.get("logprobs", True) is not False
     return params
+
+
+def error_body(message: str, *, param: str | None = None, code: int = 400) -> dict[str, Any]:
+    """The OpenAI error object every HTTP route answers with (``code`` is the HTTP status)."""
+    kind = "invalid_request_error" if code < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

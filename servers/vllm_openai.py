@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from servers.http import error_body
+from servers.types import error_body
 
 __all__ = ["VLLMChat"]
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from servers import stop_servers
+
 __all__ = [
     "RolloutSetup",
     "load_split",
@@ -14,7 +16,6 @@ __all__ = [
     "start_judge",
     "start_rollout",
     "stop_rollout",
-    "stop_servers",
 ]
 
 
@@ -32,7 +33,7 @@ def prepare_rollout(config: Any) -> RolloutSetup:
 
     from agentloop import get_agent_loop, load_agent_loop_config
     from agentloop.tools import load_tool_config
-    from trainer.cli import resolve_model
+    from trainer.models import resolve_model
 
     rollout = config.actor_rollout_ref.rollout
     model_path = resolve_model(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
@@ -111,7 +112,7 @@ def start_judge(judge: Any, device: str) -> tuple[list[Any], Any, Any]:
     from transformers import AutoTokenizer
 
     from servers import AsyncLLMServerManager, ServerConfig, launch_servers
-    from trainer.cli import resolve_model
+    from trainer.models import resolve_model
 
     path = resolve_model(judge.model_path, "reward_model.judge.model_path")
     server_config = ServerConfig(
@@ -128,18 +129,6 @@ def start_judge(judge: Any, device: str) -> tuple[list[Any], Any, Any]:
         server_config, judge.num_servers, num_cpus=0 if device == "cpu" else 1, num_gpus=gpus
     )
     return servers, AsyncLLMServerManager(servers), AutoTokenizer.from_pretrained(path)
-
-
-def stop_servers(servers: list[Any]) -> None:
-    import ray
-
-    for server in servers:
-        try:
-            ray.get(server.shutdown.remote())
-        except Exception:  # noqa: BLE001 - a dead server has nothing left to shut down
-            pass
-        finally:
-            ray.kill(server)
 
 
 def stop_rollout(servers: list[Any], manager: Any) -> None:

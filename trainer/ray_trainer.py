@@ -25,19 +25,19 @@ import torch
 from tqdm import tqdm
 
 from agentloop import TraceContext
-from servers import ServerRestartError
+from servers import ServerRestartError, stop_servers
 from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
 from trainer.checkpoint import CheckpointManager, CheckpointSaveError, checkpoint_bytes
 from trainer.config.schema import Config
 from trainer.dataloader import PromptSampler
-from trainer.launch import RolloutSetup, start_rollout, stop_rollout, stop_servers
+from trainer.launch import RolloutSetup, start_rollout, stop_rollout
 from trainer.rewards import RewardManager, build_rewards, check_rewards
 from trainer.trace_tags import TraceTagger
 from trainer.tracking import Tracking
 from trainer.weight_sync import WeightSync
 from trainer.workers import TrainBatch, TrainerWorkerDiedError, WorkerGroup, WorkerSpec
 
-__all__ = ["RayPPOTrainer", "RunStoppedError"]
+__all__ = ["RayPPOTrainer", "RunStoppedError", "stopped_message"]
 
 logger = logging.getLogger("agentloop.train")
 
@@ -63,6 +63,24 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
 class RunStoppedError(RuntimeError):
     """A fault the run cannot go on from (a trainer rank died, a server past its restart
     budget); the message says which, where the run stopped and how to resume."""
+
+
+def stopped_message(exc: BaseException, step: int, checkpoints: CheckpointManager) -> str:
+    """What stopped the run (with the config key that bounds it), where, and how to resume."""
+    cause = str(exc)
+    if isinstance(exc, ServerRestartError):
+        cause += " (the budget is actor_rollout_ref.rollout.recovery.max_server_restarts)"
+    latest = checkpoints.latest()
+    if latest is None:
+        saved = "no checkpoint was saved yet (trainer.save_freq), so a new run starts over"
+    else:
+        done = CheckpointManager.load_state(latest)["step"]
+        saved = f"the last checkpoint is {latest} (step {done})"
+    where = f"in step {step}" if step else "before its first step"
+    return (
+        f"{cause}; the run stopped {where}: {saved}. Run the same command again "
+        "(trainer.resume_mode=auto) to go on from the last checkpoint."
+    )
 
 
 class RayPPOTrainer:
@@ -203,17 +221,7 @@ class RayPPOTrainer:
         return metrics
 
     def _stopped_message(self, exc: BaseException, step: int) -> str:
-        latest = self.checkpoints.latest()
-        if latest is None:
-            saved = "no checkpoint was saved yet (trainer.save_freq), so a new run starts over"
-        else:
-            done = CheckpointManager.load_state(latest)["step"]
-            saved = f"the last checkpoint is {latest} (step {done})"
-        where = f"in step {step}" if step else "before its first step"
-        return (
-            f"{exc}; the run stopped {where}: {saved}. Run the same command again "
-            "(trainer.resume_mode=auto) to go on from the last checkpoint."
-        )
+        return stopped_message(exc, step, self.checkpoints)
 
     def _due(self, freq: int, step: int) -> bool:
         return freq > 0 and (step % freq == 0 or step == self.total_steps)

@@ -1,17 +1,11 @@
-"""``agentloop-sft``: multi-turn supervised fine-tuning on chat conversations with tool calls,
-the warm start of small models before RL::
-
-    agentloop-sft data.train_files=data/sft.jsonl model.path=smollm2-135m-instruct \\
-        data.train_batch_size=16 optim.lr=1e-5 trainer.total_epochs=2
+"""Multi-turn SFT on the RL workers: start-up checks (``prepare``) and the training loop
+(``train``) behind ``agentloop-sft`` (``trainer/cli/sft.py``).
 
 Each row's conversation becomes the token trajectory RL would produce for it
 (``trainer.sft_data``); the loss is the token-mean NLL of the assistant tokens
 (``trainer.workers.sft_step``), one optimizer step per ``data.train_batch_size`` conversations,
 on the same FSDP2 workers as RL. Checkpoints use the RL layout
-(``global_step_N/actor/{dcp,huggingface}``); the last step is always saved and its
-``huggingface`` folder, printed as the last line on stdout, is the
-``actor_rollout_ref.model.path`` of the RL run. ``trainer.resume_mode=auto`` continues from
-the newest checkpoint (optimizer step and data position).
+(``global_step_N/actor/{dcp,huggingface}``).
 """
 
 from __future__ import annotations
@@ -19,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +25,7 @@ from trainer.checkpoint import CheckpointManager
 from trainer.config.sft import SFTConfig
 from trainer.sft_data import SFTSample, collate_sft, encode_rows, epoch_order
 
-__all__ = ["SFTSetup", "main", "prepare", "train"]
+__all__ = ["SFTSetup", "prepare", "train"]
 
 if TYPE_CHECKING:
     from trainer.tracking import Tracking
@@ -96,7 +89,7 @@ def prepare(cfg: SFTConfig) -> SFTSetup:
     worker starts; every problem is a ``ValueError`` saying what to set."""
     from transformers import AutoTokenizer
 
-    from trainer.cli import resolve_model
+    from trainer.models import resolve_model
 
     trainer = cfg.trainer
     model_path = resolve_model(cfg.model.path, "model.path")
@@ -263,24 +256,3 @@ def _fit(
             "checkpoint %s is at step %d, past the %d steps asked", last_dir, step, total
         )
     return last_dir / "actor" / "huggingface"
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer.cli import cli_error, hydra_argv
-    from trainer.config.sft import load_sft_config
-
-    argv = hydra_argv(argv, __doc__)
-    if argv is None:
-        return 0
-    try:
-        cfg = load_sft_config(argv)
-        setup = prepare(cfg)
-    except ValueError as exc:
-        return cli_error("agentloop-sft", str(exc))
-    hf_dir = train(cfg, setup)
-    sys.stdout.write(f"{hf_dir}\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -12,7 +12,7 @@ DATA=${DATA:-data/gsm8k_tool}
 RUN=${RUN:-checkpoints/gsm8k_tool}
 PY=${PY:-.venv/bin/python}
 
-$PY -m trainer.main \
+$PY -m trainer.cli.train \
   data.train_files="$DATA/train.parquet" \
   data.val_files="$DATA/test.parquet" \
   data.return_raw_chat=True \

@@ -10,7 +10,7 @@ DATA=${DATA:-data/gsm8k_tool}
 RUN=${RUN:-checkpoints/gsm8k_tool_gpu}
 PY=${PY:-python}
 
-$PY -m trainer.main \
+$PY -m trainer.cli.train \
   data.train_files="$DATA/train.parquet" \
   data.val_files="$DATA/test.parquet" \
   data.return_raw_chat=True \

@@ -70,7 +70,7 @@ def evaluate(model: str, data: Path, out: Path) -> dict[str, float]:
     _run(
         [
             "-m",
-            "trainer.rollout_cli",
+            "trainer.cli.rollout",
             f"data.train_files={data / 'train.jsonl'}",
             f"data.val_files={data / 'val.jsonl'}",
             f"actor_rollout_ref.model.path={model}",
@@ -135,7 +135,7 @@ def main() -> int:
     out = _run(
         [
             "-m",
-            "trainer.sft",
+            "trainer.cli.sft",
             f"data.train_files={data / 'sft.jsonl'}",
             "data.train_batch_size=16",
             "data.micro_batch_size_per_gpu=4",
@@ -154,7 +154,7 @@ def main() -> int:
     _run(
         [
             "-m",
-            "trainer.main",
+            "trainer.cli.train",
             f"data.train_files={data / 'train.jsonl'}",
             "data.train_batch_size=8",
             f"actor_rollout_ref.model.path={sft_model}",

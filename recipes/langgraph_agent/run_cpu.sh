@@ -17,7 +17,7 @@ export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 [ -f "$DATA/sft.jsonl" ] || $PY -m recipes.langgraph_agent.data --out "$DATA" --sft 512
 
 if [ "$SFT_STEPS" -gt 0 ]; then
-  MODEL=$($PY -m trainer.sft \
+  MODEL=$($PY -m trainer.cli.sft \
     data.train_files="$DATA/sft.jsonl" \
     data.train_batch_size=16 \
     data.micro_batch_size_per_gpu=4 \
@@ -29,7 +29,7 @@ if [ "$SFT_STEPS" -gt 0 ]; then
   echo "SFT warm start: $MODEL"
 fi
 
-$PY -m trainer.main \
+$PY -m trainer.cli.train \
   data.train_files="$DATA/train.jsonl" \
   data.val_files="$DATA/val.jsonl" \
   data.return_raw_chat=True \

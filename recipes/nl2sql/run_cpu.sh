@@ -12,7 +12,7 @@ export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 
 [ -f "$DATA/train.jsonl" ] || $PY -m recipes.nl2sql.data --out "$DATA" --train 64 --val 16
 
-$PY -m trainer.main \
+$PY -m trainer.cli.train \
   data.train_files="$DATA/train.jsonl" \
   data.val_files="$DATA/val.jsonl" \
   data.return_raw_chat=True \

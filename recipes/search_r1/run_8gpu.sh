@@ -11,7 +11,7 @@ RUN=${RUN:-checkpoints/search_r1_8gpu}
 PY=${PY:-python}
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 
-$PY -m trainer.main \
+$PY -m trainer.cli.train \
   data.train_files="$DATA/train.jsonl" \
   data.val_files="$DATA/val.jsonl" \
   data.return_raw_chat=True \

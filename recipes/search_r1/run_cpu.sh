@@ -13,7 +13,7 @@ export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 
 [ -f "$DATA/mcp_search.json" ] || $PY -m recipes.search_r1.data --out "$DATA" --synthetic
 
-$PY -m trainer.main \
+$PY -m trainer.cli.train \
   data.train_files="$DATA/train.jsonl" \
   data.val_files="$DATA/val.jsonl" \
   data.return_raw_chat=True \

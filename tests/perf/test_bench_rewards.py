@@ -21,10 +21,11 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
+from servers import stop_servers
 from tests.ray_local import init_local_ray
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.config.reward import JudgeConfig, RewardFunctionConfig, RewardModelConfig
-from trainer.launch import start_judge, stop_servers
+from trainer.launch import start_judge
 from trainer.rewards import JudgeReward, RewardManager
 
 REPO = Path(__file__).resolve().parents[2]

@@ -55,7 +55,7 @@ def test_bench_trainer_step_breakdown(tmp_path, smollm2_path):
     )
     run_dir = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "trainer.main",
+        sys.executable, "-m", "trainer.cli.train",
         f"actor_rollout_ref.model.path={smollm2_path}",
         f"data.train_files={tmp_path / 'train.jsonl'}",
         "data.train_batch_size=4",

@@ -142,8 +142,6 @@ def test_a_death_past_the_restart_budget_fails_the_batch_clearly(rollout):
         manager.generate_sequences(_rows("d"), sampling_params=PARAMS)
     killer.join()
     assert str(err.value) == (
-        "server 0 died and 3 restart(s) were already spent "
-        "(actor_rollout_ref.rollout.recovery.max_server_restarts=3); the run stops here: "
-        "look at the server's log (OOM kill? engine error?), then resume from the last "
-        "checkpoint with trainer.resume_mode=auto"
+        "server 0 died and 3 restart(s) were already spent (max_restarts=3): look at the "
+        "server's log (OOM kill? engine error?)"
     )

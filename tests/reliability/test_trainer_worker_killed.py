@@ -92,7 +92,7 @@ def command(task: Path, run_dir: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "trainer.main",
+        "trainer.cli.train",
         "actor_rollout_ref.model.path=tiny-qwen3",
         f"data.train_files={task / 'train.jsonl'}",
         f"data.val_files={task / 'val.jsonl'}",

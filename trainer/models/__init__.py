@@ -8,6 +8,7 @@ written by the project that support tool calls.
 from trainer.models.cache import default_cache_dir
 from trainer.models.errors import ModelAssetError, ModelSourceMissingError, UnknownModelError
 from trainer.models.registry import MODELS, ModelSpec, known_models, prepare
+from trainer.models.resolve import resolve_model
 
 __all__ = [
     "MODELS",
@@ -18,4 +19,5 @@ __all__ = [
     "default_cache_dir",
     "known_models",
     "prepare",
+    "resolve_model",
 ]

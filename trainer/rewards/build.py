@@ -16,7 +16,7 @@ __all__ = ["build_rewards", "check_rewards"]
 def check_rewards(config: Any) -> None:
     """Every reward file imports and has its function, weights name configured rewards, the
     judge config is whole and its model exists; raises ValueError saying what to set."""
-    from trainer.cli import resolve_model
+    from trainer.models import resolve_model
 
     rm = config.reward_model
     rm.check()

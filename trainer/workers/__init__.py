@@ -1,14 +1,14 @@
 """FSDP2 trainer ranks (Ray actors) and the math they run."""
 
-from trainer.workers.actor import (
+from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
+from trainer.workers.fsdp_worker import FSDPWorker, WorkerSpec
+from trainer.workers.group import TrainerWorkerDiedError, WorkerGroup
+from trainer.workers.policy_math import (
     LossSpec,
     forward_log_probs,
     log_probs_in_micro_batches,
     update_policy,
 )
-from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
-from trainer.workers.fsdp_worker import FSDPWorker, WorkerSpec
-from trainer.workers.group import TrainerWorkerDiedError, WorkerGroup
 
 __all__ = [
     "FSDPWorker",

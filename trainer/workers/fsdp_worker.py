@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
-from trainer.workers.actor import log_probs_in_micro_batches, update_policy
 from trainer.workers.batch import TrainBatch
 from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
+from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
 
 __all__ = ["FSDPWorker", "WorkerSpec"]
 

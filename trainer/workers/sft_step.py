@@ -1,7 +1,7 @@
 """One SFT optimizer step on a rank: masked token-mean negative log-likelihood of the
 assistant tokens (``response_mask``) over the whole global batch.
 
-Normalisation, as in the PPO update (``trainer.workers.actor``): every micro-batch adds
+Normalisation, as in the PPO update (``trainer.workers.policy_math``): every micro-batch adds
 ``sum(-log p * mask)`` divided by the mask-token count of the global batch (all ranks), so
 the micro-batches of all ranks sum to exactly the global token mean; FSDP averages gradients
 over ranks, hence the factor ``world_size``. The result does not depend on how the batch is
@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from trainer.algos import agg_numerator
-from trainer.workers.actor import (
+from trainer.workers.batch import TrainBatch
+from trainer.workers.policy_math import (
     _all_reduce,
     _clip_and_step,
     _micro_batches,
@@ -22,7 +23,6 @@ from trainer.workers.actor import (
     forward_log_probs,
     global_denominator,
 )
-from trainer.workers.batch import TrainBatch
 
 __all__ = ["sft_update"]
 

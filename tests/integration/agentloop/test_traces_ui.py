@@ -79,7 +79,7 @@ def test_the_traces_page_lists_a_rollout_trace(tmp_path, tiny_qwen3_path):
         [
             sys.executable,
             "-m",
-            "trainer.traces_cli",
+            "trainer.cli.traces",
             "--run-dir",
             str(run_dir),
             "--port",

@@ -11,8 +11,8 @@ import torch
 
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers import TrainBatch, WorkerGroup, WorkerSpec, log_probs_in_micro_batches
-from trainer.workers.actor import update_policy
 from trainer.workers.fsdp import load_model
+from trainer.workers.policy_math import update_policy
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from tests.integration.agentloop.helpers import ECHO_SCHEMA
-from trainer.rollout_cli import main
+from trainer.cli.rollout import main
 
 REPO = Path(__file__).resolve().parents[3]
 USER = [{"role": "user", "content": "Add 2 and 3."}]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import sys
 
 from servers import ServerConfig
-from trainer import cli, traces_cli
+from trainer.cli import serve as serve_cli
+from trainer.cli import traces as traces_cli
 
 
 def test_serve_cli_binds_loopback_with_auth_and_limit_options(monkeypatch, tmp_path):
@@ -16,11 +17,11 @@ def test_serve_cli_binds_loopback_with_auth_and_limit_options(monkeypatch, tmp_p
     async def fake_serve(config):
         served.append(config)
 
-    monkeypatch.setattr(cli, "_serve", fake_serve)
+    monkeypatch.setattr(serve_cli, "_serve", fake_serve)
     monkeypatch.delenv("AGENTLOOP_API_KEY", raising=False)
-    assert cli.serve_main(["--model", str(tmp_path)]) == 0
+    assert serve_cli.main(["--model", str(tmp_path)]) == 0
     assert (
-        cli.serve_main(
+        serve_cli.main(
             ["--model", str(tmp_path), "--api-key", "k", "--max-concurrent-requests", "8"]
         )
         == 0
@@ -32,9 +33,9 @@ def test_serve_cli_binds_loopback_with_auth_and_limit_options(monkeypatch, tmp_p
 
 
 def test_serve_cli_rejects_a_zero_request_limit(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cli, "_serve", None)  # never reached
+    monkeypatch.setattr(serve_cli, "_serve", None)  # never reached
     argv = ["--model", str(tmp_path), "--max-concurrent-requests", "0"]
-    assert cli.serve_main(argv) == 2
+    assert serve_cli.main(argv) == 2
     assert capsys.readouterr().err == (
         "agentloop-serve: error: max_concurrent_requests must be >= 1, got 0\n"
     )

@@ -1,4 +1,4 @@
-"""The PPO update on one rank (``trainer.workers.actor``) with a tiny random Qwen3: masked
+"""The PPO update on one rank (``trainer.workers.policy_math``) with a tiny random Qwen3: masked
 (tool/padding) tokens contribute no gradient, micro-batching does not change the update, the
 reported loss is the policy loss of the batch, and padded log-probs equal unpadded ones."""
 
@@ -19,13 +19,13 @@ from trainer.algos import (
     policy_loss,
 )
 from trainer.config.actor import ActorConfig
-from trainer.workers.actor import (
+from trainer.workers.batch import TrainBatch, balanced_micro_batches
+from trainer.workers.policy_math import (
     LossSpec,
     _micro_loss,
     log_probs_in_micro_batches,
     update_policy,
 )
-from trainer.workers.batch import TrainBatch, balanced_micro_batches
 
 N, P, R = 6, 6, 10
 

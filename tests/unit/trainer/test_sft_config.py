@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from trainer.cli.sft import main
 from trainer.config import ConfigError
 from trainer.config.sft import load_sft_config
-from trainer.sft import main
 
 BASE = ["model.path=tiny-qwen3", "data.train_files=d.jsonl"]
 CONVERSATION = [

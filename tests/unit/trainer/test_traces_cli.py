@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.traces_cli import find_store, main
+from trainer.cli.traces import find_store, main
 
 
 def test_no_run_under_the_root_is_a_clear_error(tmp_path, capsys):

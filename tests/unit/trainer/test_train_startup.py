@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.main import main
+from trainer.cli.train import main
 
 USER = [{"role": "user", "content": "Add 2 and 3."}]
 

@@ -1,4 +1,4 @@
-"""``agentloop-train`` / ``python -m trainer.main``: GRPO/PPO on agent-loop trajectories.
+"""``agentloop-train`` / ``python -m trainer.cli.train``: GRPO/PPO on agent-loop trajectories.
 
     agentloop-train data.train_files=train.parquet actor_rollout_ref.model.path=tiny-qwen3 \\
         actor_rollout_ref.rollout.n=4 trainer.total_training_steps=10
@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.cli import cli_error, hydra_argv
+    from trainer.cli.common import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
     from trainer.config.validate import check_train_config, resolve_device
     from trainer.launch import load_split, prepare_rollout

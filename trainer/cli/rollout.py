@@ -60,7 +60,7 @@ def trajectory_records(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.cli import cli_error, hydra_argv
+    from trainer.cli.common import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
     from trainer.launch import load_split, prepare_rollout
 

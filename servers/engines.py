@@ -1,0 +1,47 @@
+"""The engine adapter contract every backend implements, and the one place that picks a
+backend from ``ServerConfig.backend`` (the backend modules import vLLM or SGLang, so they are
+imported only when chosen)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+
+from servers.config import ServerConfig
+from servers.types import TokenOutput
+
+__all__ = ["EngineAdapter", "make_engine"]
+
+
+class EngineAdapter(Protocol):
+    vocab_size: int
+    max_model_len: int
+
+    async def start(self) -> None: ...
+    async def generate(
+        self, prompt_ids: list[int], params: dict[str, Any], request_id: str
+    ) -> TokenOutput:
+        """``params`` are already validated and normalised by ``validate_request``."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+    async def begin_weight_update(self) -> None: ...
+    async def update_weights_bucket(self, named: Iterable[tuple[str, torch.Tensor]]) -> int: ...
+    async def finish_weight_update(self) -> int: ...
+    async def sleep(self) -> None: ...
+    async def wake_up(self) -> None: ...
+    async def health(self) -> dict[str, Any]: ...
+    def shutdown(self) -> None: ...
+
+
+def make_engine(config: ServerConfig) -> EngineAdapter:
+    """The adapter for ``config.backend`` (not started: ``await engine.start()``)."""
+    if config.backend == "vllm":
+        from servers.vllm import VLLMEngine
+
+        return VLLMEngine(config)
+    from servers.sglang import SGLangEngine
+
+    return SGLangEngine(config)

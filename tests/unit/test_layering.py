@@ -1,0 +1,169 @@
+"""The layer rules of docs/architecture.md, read off the source with ``ast`` (imports inside
+functions count: a loop hidden in a function is still a loop):
+
+- no import loops between the project's modules;
+- ``servers`` imports neither ``agentloop`` nor ``trainer``; ``agentloop`` never imports
+  ``trainer``; nothing in the core packages imports ``recipes``;
+- nothing outside ``trainer/cli/`` imports a console-script module;
+- ``servers/`` names no trainer config key.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("servers", "agentloop", "trainer")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules ``name`` imports anywhere in its body (``from a import b`` counts
+    ``a.b`` when that is a module, else ``a``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_pkg else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    return {name: _imports(name, path, known) for name, path in mods.items()}
+
+
+def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted. A package
+    importing its own submodules in ``__init__`` is not a loop unless a submodule imports the
+    package back."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    loops: list[list[str]] = []
+    counter = 0
+
+    def visit(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                loops.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return loops
+
+
+def _submodule_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Edges into a package's ``__init__`` stand for the submodules it re-exports; following
+    them would make every ``from servers import X`` inside ``servers`` a false loop, so a
+    package node only keeps its edges out (what it re-exports), never edges back to it from
+    its own submodules."""
+    out: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        out[mod] = {d for d in deps if not mod.startswith(d + ".")}
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def test_the_import_graph_is_read_from_the_source(graph):
+    # The reader sees imports inside functions (servers.engines picks a backend lazily).
+    assert "servers.vllm" in graph["servers.engines"]
+    assert "servers.sglang" in graph["servers.engines"]
+    assert "trainer.models.resolve" in graph["trainer.models"]
+
+
+def test_no_import_loops(graph):
+    assert import_loops(_submodule_graph(graph)) == []
+
+
+def test_a_loop_hidden_in_a_function_is_found():
+    assert import_loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_layers_import_only_downward(graph):
+    bad = [
+        f"{mod} -> {dep}"
+        for mod, deps in graph.items()
+        for dep in deps
+        if (mod.startswith("servers") and dep.split(".")[0] in ("agentloop", "trainer"))
+        or (mod.startswith("agentloop") and dep.split(".")[0] == "trainer")
+        or dep.split(".")[0] == "recipes"
+    ]
+    assert bad == []
+
+
+def test_only_console_scripts_import_console_scripts(graph):
+    bad = [
+        f"{mod} -> {dep}"
+        for mod, deps in graph.items()
+        for dep in deps
+        if dep.startswith("trainer.cli") and not mod.startswith("trainer.cli")
+    ]
+    assert bad == []
+
+
+def test_servers_name_no_trainer_config_key():
+    key = re.compile(r"actor_rollout_ref|reward_model\.|trainer\.[a-z_]+=|resume_mode")
+    hits = [
+        f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}"
+        for path in sorted((ROOT / "servers").rglob("*.py"))
+        for lineno, line in enumerate(path.read_text().splitlines(), 1)
+        if key.search(line)
+    ]
+    assert hits == []

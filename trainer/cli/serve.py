@@ -1,0 +1,97 @@
+"""``agentloop-serve``: one engine behind the HTTP front (OpenAI ``/v1/chat/completions``,
+``/generate``, ``/health``, ``/metrics``), standalone, no Ray::
+
+    agentloop-serve --model tiny-qwen3 --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainer.cli.common import setup_logging
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``agentloop-serve``: one engine behind the HTTP front, standalone (no Ray)."""
+    import asyncio
+
+    from servers.config import ServerConfig
+    from trainer.models import resolve_model
+
+    parser = argparse.ArgumentParser(
+        prog="agentloop-serve",
+        description="Serve one model: OpenAI /v1/chat/completions, /generate, /health, /metrics.",
+    )
+    parser.add_argument("--model", required=True, help="model folder or asset name")
+    parser.add_argument("--backend", choices=["vllm", "sglang"], default="vllm")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--cpu-kvcache-space-gib", type=int, default=1)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer <key>' on every route but GET /health "
+        "(default $AGENTLOOP_API_KEY; unset means no auth)",
+    )
+    parser.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=256,
+        help="HTTP requests generating at once; more get 503 with Retry-After (default 256)",
+    )
+    args = parser.parse_args(argv)
+    setup_logging()
+    try:
+        model = resolve_model(args.model)
+    except ValueError as exc:
+        raise SystemExit(f"agentloop-serve: error: {exc}") from None
+    try:
+        config = ServerConfig(
+            model=model,
+            backend=args.backend,
+            host=args.host,
+            port=args.port,
+            max_model_len=args.max_model_len,
+            dtype=args.dtype,
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
+            served_model_name=args.served_model_name,
+            api_key=args.api_key,
+            max_concurrent_requests=args.max_concurrent_requests,
+        )
+    except ValueError as exc:
+        sys.stderr.write(f"agentloop-serve: error: {exc}\n")
+        return 2
+    asyncio.run(_serve(config))
+    return 0
+
+
+async def _serve(config) -> None:
+    import asyncio
+    import signal
+
+    from servers.actor import AsyncServer
+
+    server = AsyncServer(config)
+    await server.start()
+    sys.stdout.write(f"serving {config.model} on {server.address()}\n")
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.shutdown()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""``agentloop-sft``: multi-turn supervised fine-tuning on chat conversations with tool calls,
+the warm start of small models before RL::
+
+    agentloop-sft data.train_files=data/sft.jsonl model.path=smollm2-135m-instruct \\
+        data.train_batch_size=16 optim.lr=1e-5 trainer.total_epochs=2
+
+Each row's conversation becomes the token trajectory RL would produce for it
+(``trainer.sft_data``); the loss is the token-mean NLL of the assistant tokens
+(``trainer.workers.sft_step``), one optimizer step per ``data.train_batch_size`` conversations,
+on the same FSDP2 workers as RL. Checkpoints use the RL layout
+(``global_step_N/actor/{dcp,huggingface}``); the last step is always saved and its
+``huggingface`` folder, printed as the last line on stdout, is the
+``actor_rollout_ref.model.path`` of the RL run. ``trainer.resume_mode=auto`` continues from
+the newest checkpoint (optimizer step and data position).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from trainer.cli.common import cli_error, hydra_argv
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = hydra_argv(argv, __doc__)
+    if argv is None:
+        return 0
+    from trainer.config.sft import load_sft_config
+    from trainer.sft import prepare, train
+
+    try:
+        cfg = load_sft_config(argv)
+        setup = prepare(cfg)
+    except ValueError as exc:
+        return cli_error("agentloop-sft", str(exc))
+    hf_dir = train(cfg, setup)
+    sys.stdout.write(f"{hf_dir}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
