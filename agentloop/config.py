@@ -138,7 +138,7 @@ class RolloutConfig:
     """-1: no top-k limit."""
     prompt_length: int = 1024
     """Prompt tokens kept per sample (left-padded to this)."""
-    response_length: int = 1024
+    response_length: int = 512
     """Response budget over all turns, tool tokens included (right-padded to this)."""
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5

@@ -158,8 +158,11 @@ class VerifyConfig:
 
 @dataclass(kw_only=True, slots=True)
 class RewardModelConfig:
-    weights: dict[str, float] = field(default_factory=dict)
-    """Weight of each named reward that is on, in the sum (default 1.0); 0 turns one off."""
+    weights: dict[str, float] = field(
+        default_factory=lambda: {"rule": 1.0, "judge": 1.0, "verify": 1.0}
+    )
+    """Weight of each named reward that is on, in the sum; 0 turns one off. A reward not
+    named here (an extra rule) weighs 1.0."""
     rules: list[RuleRewardConfig] = field(default_factory=list)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)

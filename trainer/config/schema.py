@@ -1,5 +1,6 @@
 """Typed config tree (verl key names). Each component gets only its own subtree; the
-rollout subtree is ``agentloop.RolloutConfig``."""
+rollout subtree is ``agentloop.RolloutConfig``. ``ppo_trainer.yaml`` holds every field of this
+tree with the same default (a test walks both), so a new field goes into both."""
 
 from __future__ import annotations
 
