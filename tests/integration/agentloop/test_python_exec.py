@@ -139,7 +139,7 @@ async def test_background_processes_do_not_outlive_the_call():
 
 
 async def test_filesystem_is_not_isolated_code_writes_where_its_user_can(tmp_path):
-    # Documented limit (README "Security"): python_exec confines time, memory, file size,
+    # Documented limit (docs/security.md): python_exec confines time, memory, file size,
     # environment and network, not the filesystem.
     outside = tmp_path / "outside.txt"
     text = await run(f"open({str(outside)!r}, 'w').write('written')\nprint('done')")
