@@ -20,6 +20,7 @@ from agentloop.batch import RolloutBatch, collate, rollout_metrics
 from agentloop.config import AgentConfig, MultiTurnConfig, RolloutConfig, from_dict
 from agentloop.manager import AgentLoopManager
 from agentloop.parsers import ToolCall, ToolCallError, get_parser, register_parser
+from agentloop.records import SampleRecord, ToolCallRecord
 from agentloop.single_turn import SingleTurnAgentLoop
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
@@ -37,11 +38,13 @@ __all__ = [
     "MultiTurnConfig",
     "RolloutBatch",
     "RolloutConfig",
+    "SampleRecord",
     "SingleTurnAgentLoop",
     "TemplateDeltaError",
     "ToolAgentLoop",
     "ToolCall",
     "ToolCallError",
+    "ToolCallRecord",
     "Trajectory",
     "collate",
     "encode_delta",

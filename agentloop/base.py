@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import difflib
 import importlib
 import time
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 import yaml
 
 from agentloop.config import RolloutConfig
+from agentloop.records import SAMPLE_RECORD_FIELDS, SampleRecord
 from agentloop.tokens import Trajectory, encode_delta, encode_prompt
 from agentloop.tools.base import BaseTool
 from agentloop.tools.config import import_target
@@ -59,8 +61,11 @@ class AgentLoopOutput:
     num_turns: int
     """Conversation turns: the prompt, each model turn and each tool/user turn appended."""
     reward_score: float | None = None
+    record: SampleRecord = field(default_factory=SampleRecord)
+    """What the trainer reads besides tokens: stop and per-turn finish reasons, turns, tool
+    calls, errors and rewards, trace id."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Per-turn finish reasons, stop reason, tool-call counts/errors, tool rewards."""
+    """A user loop's own data; agentloop and the trainer never read it."""
     metrics: dict[str, float] = field(default_factory=dict)
     """``generate_s``, ``tool_s``, ``total_s`` of this sample."""
 
@@ -163,13 +168,38 @@ class AgentLoopBase(abc.ABC):
         traj.add_sampled(out.token_ids, out.log_probs)
         return out
 
-    def output(self, traj: Trajectory, num_turns: int, **extra: Any) -> AgentLoopOutput:
+    def output(
+        self,
+        traj: Trajectory,
+        num_turns: int,
+        *,
+        record: SampleRecord | None = None,
+        **extra: Any,
+    ) -> AgentLoopOutput:
+        """The sample's output. ``record`` holds what the trainer reads (a misspelt field
+        raises ``TypeError`` where it is built). ``extra`` is the loop's own data: a key that
+        names a ``SampleRecord`` field goes into the record instead (``stop_reason="done"``
+        works without building one), and a key that looks like a misspelt field raises
+        ``TypeError`` rather than being kept where nothing reads it."""
+        fields = {k: extra.pop(k) for k in list(extra) if k in SAMPLE_RECORD_FIELDS}
+        if fields and record is not None:
+            raise TypeError(
+                f"output() got record= and {', '.join(sorted(fields))}: set them on the record"
+            )
+        for key in extra:
+            close = difflib.get_close_matches(key, SAMPLE_RECORD_FIELDS, n=1, cutoff=0.8)
+            if close:
+                raise TypeError(
+                    f"output() got {key!r}, close to the SampleRecord field {close[0]!r}: "
+                    "fix the name, or give the loop's own data a name unlike the fields"
+                )
         return AgentLoopOutput(
             prompt_ids=traj.prompt_ids,
             response_ids=traj.response_ids,
             response_mask=traj.response_mask,
             response_log_probs=traj.response_log_probs,
             num_turns=num_turns,
+            record=record if record is not None else SampleRecord(**fields),
             extra=extra,
             metrics=dict(self.metrics),
         )

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from agentloop.base import AgentLoopOutput
+from agentloop.records import SampleRecord
 
 __all__ = ["RolloutBatch", "collate", "rollout_metrics"]
 
@@ -43,7 +44,8 @@ class RolloutBatch:
     tool_calls: list[int]
     tool_errors: list[int]
     reward_score: list[float | None]
-    extra: list[dict[str, Any]]
+    records: list[SampleRecord]
+    """Each sample's record (stop reason, turns, tool calls, tool rewards, trace id)."""
     metrics: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -82,7 +84,7 @@ def collate(
         logp[i, :nr] = out.response_log_probs
     attention = np.concatenate([prompt_mask, resp_attn], axis=1)
     position = np.clip(np.cumsum(attention, axis=1) - 1, 0, None)
-    extras = [o.extra for o in outputs]
+    records = [o.record for o in outputs]
     return RolloutBatch(
         prompts=torch.from_numpy(prompts),
         responses=torch.from_numpy(responses),
@@ -95,10 +97,10 @@ def collate(
         rows=rows,
         agent_name=[str(row["agent_name"]) for row in rows],
         num_turns=[o.num_turns for o in outputs],
-        tool_calls=[int(e.get("tool_calls", 0)) for e in extras],
-        tool_errors=[int(e.get("tool_errors", 0)) for e in extras],
+        tool_calls=[int(r.tool_calls) for r in records],
+        tool_errors=[int(r.tool_errors) for r in records],
         reward_score=[o.reward_score for o in outputs],
-        extra=extras,
+        records=records,
     )
 
 
@@ -121,10 +123,8 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
         metrics |= _spread(f"agent_loop/{key}", [o.metrics.get(key, 0.0) for o in outputs])
     metrics |= _spread("agent_loop/num_turns", [o.num_turns for o in outputs])
     metrics |= _spread("agent_loop/response_length", [len(o.response_ids) for o in outputs])
-    metrics |= _spread("agent_loop/tool_calls", [o.extra.get("tool_calls", 0) for o in outputs])
-    metrics["agent_loop/tool_errors/mean"] = float(
-        np.mean([o.extra.get("tool_errors", 0) for o in outputs])
-    )
+    metrics |= _spread("agent_loop/tool_calls", [o.record.tool_calls for o in outputs])
+    metrics["agent_loop/tool_errors/mean"] = float(np.mean([o.record.tool_errors for o in outputs]))
     slowest = max(range(len(outputs)), key=lambda i: outputs[i].metrics.get("total_s", 0.0))
     out = outputs[slowest]
     metrics |= {

@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 from agentloop.base import AgentLoopBase, AgentLoopOutput, register
+from agentloop.records import SampleRecord
 from agentloop.tokens import Trajectory
 
 __all__ = ["SingleTurnAgentLoop"]
@@ -22,8 +23,5 @@ class SingleTurnAgentLoop(AgentLoopBase):
         return self.output(
             traj,
             num_turns=2,
-            finish_reasons=[out.finish_reason],
-            stop_reason=out.finish_reason,
-            tool_calls=0,
-            tool_errors=0,
+            record=SampleRecord(finish_reasons=[out.finish_reason], stop_reason=out.finish_reason),
         )

@@ -95,13 +95,14 @@ class ToolAgentLoop(AgentLoopBase):
         return self.output(
             traj,
             num_turns=1 + assistant_turns + user_turns,
-            finish_reasons=finish_reasons,
-            turn_ends=turn_ends,
-            stop_reason=stop,
-            assistant_turns=assistant_turns,
-            user_turns=user_turns,
-            tool_rewards=tool_rewards,
-            **session.extra(),
+            record=session.sample_record(
+                finish_reasons=finish_reasons,
+                turn_ends=turn_ends,
+                stop_reason=stop,
+                assistant_turns=assistant_turns,
+                user_turns=user_turns,
+                tool_rewards=tool_rewards,
+            ),
         )
 
     async def _call_tools(

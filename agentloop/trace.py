@@ -139,8 +139,8 @@ class SampleTrace:
                 outputs = {
                     "num_turns": out.num_turns,
                     "response_tokens": len(out.response_ids),
-                    "stop_reason": out.extra.get("stop_reason"),
-                    "tool_calls": out.extra.get("tool_calls"),
+                    "stop_reason": out.record.stop_reason,
+                    "tool_calls": out.record.tool_calls,
                 }
                 if self.tracer.token2text:
                     outputs["response"] = self.tracer.tokenizer.decode(out.response_ids)

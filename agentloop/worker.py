@@ -163,5 +163,5 @@ class AgentLoopWorker:
             ) from exc
         out.metrics["total_s"] = time.perf_counter() - start
         if loop.trace is not None:
-            out.extra["trace_id"] = loop.trace.finish(out)
+            out.record.trace_id = loop.trace.finish(out)
         return out

@@ -5,9 +5,15 @@ rollout servers and the AgentLoopManager."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agentloop.config import RolloutConfig
 from servers import stop_servers
+from trainer.config.reward import JudgeConfig
+from trainer.config.schema import Config
+
+if TYPE_CHECKING:
+    from agentloop import AgentLoopManager
 
 __all__ = [
     "RolloutSetup",
@@ -21,13 +27,16 @@ __all__ = [
 
 @dataclass(slots=True)
 class RolloutSetup:
+    """What ``prepare_rollout`` checked and loaded; nothing runs yet."""
+
     model_path: str
+    """The resolved model folder (an asset name becomes its path)."""
     tokenizer: Any
     tool_names: list[str]
     tool_schemas: list[dict[str, Any]]
 
 
-def prepare_rollout(config: Any) -> RolloutSetup:
+def prepare_rollout(config: Config) -> RolloutSetup:
     """Everything that can be wrong about the model, agent loops and tools; raises ValueError."""
     from transformers import AutoTokenizer
 
@@ -50,7 +59,7 @@ def prepare_rollout(config: Any) -> RolloutSetup:
     )
 
 
-def load_split(config: Any, setup: RolloutSetup, split: str) -> list[dict[str, Any]]:
+def load_split(config: Config, setup: RolloutSetup, split: str) -> list[dict[str, Any]]:
     """Rows of ``data.train_files`` or ``data.val_files``, length-filtered and checked."""
     from agentloop import validate_rows
     from trainer.data import load_rows
@@ -71,10 +80,11 @@ def load_split(config: Any, setup: RolloutSetup, split: str) -> list[dict[str, A
 
 
 def start_rollout(
-    config: Any, model_path: str, gpu_share: float | None = None
-) -> tuple[list[Any], Any]:
+    rollout: RolloutConfig, model_path: str, gpu_share: float | None = None
+) -> tuple[list[Any], AgentLoopManager]:
     """Ray (local unless already connected), the AsyncServers and the AgentLoopManager (which
-    restarts a server that dies; the handles list is updated in place).
+    restarts a server that dies; the handles list is updated in place), from
+    ``actor_rollout_ref.rollout``.
 
     ``gpu_share``: GPUs per tensor-parallel rank a server asks Ray for (None: whole GPUs;
     a fraction lets colocated trainer ranks share them)."""
@@ -83,7 +93,6 @@ def start_rollout(
     from agentloop import AgentLoopManager
     from servers import ServerConfig, ServerGroup
 
-    rollout = config.actor_rollout_ref.rollout
     server_config = ServerConfig(
         model=model_path,
         backend=rollout.name,
@@ -103,7 +112,7 @@ def start_rollout(
     return group.handles, AgentLoopManager(rollout, group, model_path)
 
 
-def start_judge(judge: Any, device: str) -> tuple[list[Any], Any, Any]:
+def start_judge(judge: JudgeConfig, device: str) -> tuple[list[Any], Any, Any]:
     """The judge's own AsyncServer group (``reward_model.judge``): its servers, the load
     balancer over them and the judge tokenizer. On GPU each server takes
     ``tensor_model_parallel_size`` GPUs of its own; on CPU it shares the node (no CPU claimed
@@ -131,7 +140,8 @@ def start_judge(judge: Any, device: str) -> tuple[list[Any], Any, Any]:
     return servers, AsyncLLMServerManager(servers), AutoTokenizer.from_pretrained(path)
 
 
-def stop_rollout(servers: list[Any], manager: Any) -> None:
+def stop_rollout(servers: list[Any], manager: AgentLoopManager) -> None:
+    """Stop the agent-loop workers (flushing their traces), then the servers."""
     try:
         manager.shutdown()
     finally:

@@ -10,6 +10,10 @@
 
 Old log-probs are recomputed by the trainer (not taken from the engine), so the PPO ratio
 is exact; the gap between the two is logged (``rollout/logprob_gap_*``) as a health check.
+
+The trainer builds nothing: ``trainer.assembly.build_run`` starts the servers, ranks, rewards
+and weight sync once and hands them over as ``RunParts``; the trainer drives them and stops
+them in ``close``.
 """
 
 from __future__ import annotations
@@ -18,24 +22,19 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from agentloop import TraceContext
-from servers import ServerRestartError, stop_servers
+from servers import ServerRestartError
 from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
-from trainer.checkpoint import CheckpointManager, CheckpointSaveError, checkpoint_bytes
+from trainer.assembly import RunParts, needs_ref_policy
+from trainer.checkpoint import CheckpointManager, CheckpointSaveError
 from trainer.config.schema import Config
 from trainer.dataloader import PromptSampler
-from trainer.launch import RolloutSetup, start_rollout, stop_rollout
-from trainer.rewards import RewardManager, build_rewards, check_rewards
-from trainer.trace_tags import TraceTagger
-from trainer.tracking import Tracking
-from trainer.weight_sync import WeightSync
-from trainer.workers import TrainBatch, TrainerWorkerDiedError, WorkerGroup, WorkerSpec
+from trainer.workers import TrainBatch, TrainerWorkerDiedError
 
 __all__ = ["RayPPOTrainer", "RunStoppedError", "stopped_message"]
 
@@ -84,97 +83,29 @@ def stopped_message(exc: BaseException, step: int, checkpoints: CheckpointManage
 
 
 class RayPPOTrainer:
+    """Owns the loop (``fit``, ``train_step``, validation, checkpoints) over parts built by
+    ``trainer.assembly.build_run``; ``close`` (also at the end of ``fit``) stops them."""
+
     def __init__(
         self,
         config: Config,
-        setup: RolloutSetup,
-        train_rows: list[dict[str, Any]],
-        val_rows: list[dict[str, Any]] | None,
-        device: str,
+        parts: RunParts,
+        sampler: PromptSampler,
+        val_rows: list[dict[str, Any]] | None = None,
     ) -> None:
-        self.config, self.setup, self.device = config, setup, device
+        self.config, self.parts, self.sampler = config, parts, sampler
         self.val_rows = val_rows or []
-        data, run = config.data, config.trainer
-        self.sampler = PromptSampler(
-            train_rows, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
-        )
-        self.total_steps = run.total_training_steps or run.total_epochs * len(self.sampler)
-        self.checkpoints = CheckpointManager(run.default_local_dir, run.max_actor_ckpt_to_keep)
-        self.checkpoints.check_writable()
-        if run.save_freq > 0:
-            contents = config.actor_rollout_ref.actor.checkpoint.save_contents
-            self.checkpoints.check_free_space(checkpoint_bytes(setup.model_path, contents))
-        check_rewards(config)
-        self.tracking = Tracking(
-            run.logger,
-            project=run.project_name,
-            experiment=run.experiment_name,
-            run_dir=self.checkpoints.root,
-            config=asdict(config),
-        )
-        self.need_ref = (
-            config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
-        )
-        self.servers: list[Any] = []
-        self.judge_servers: list[Any] = []
-        self.tagger: TraceTagger | None = None
-        self.rewards: RewardManager | None = None
-        self.manager: Any = None
-        self.workers: WorkerGroup | None = None
-        self.sync: WeightSync | None = None
-
-    # ---- set-up ---------------------------------------------------------------------------
-    def start(self) -> None:
-        ref = self.config.actor_rollout_ref
-        colocated = ref.hybrid_engine and self.device == "cuda"
-        # Colocated: a server and a trainer rank each take half of the same GPU in Ray's
-        # accounting; the server sleeps while the trainer computes.
-        share = 0.5 if colocated else None
-        self._configure_traces()
-        self.servers, self.manager = start_rollout(self.config, self.setup.model_path, share)
-        self.rewards, self.judge_servers = build_rewards(
-            self.config, self.setup.tokenizer, self.device
-        )
-        world = self.config.trainer.world_size
-        spec = WorkerSpec(
-            model_path=self.setup.model_path,
-            model=ref.model,
-            actor=ref.actor,
-            ref=ref.ref,
-            need_ref=self.need_ref,
-            device=self.device,
-            temperature=ref.rollout.temperature or 1.0,
-            threads=max(1, (os.cpu_count() or 1) // world),
-            gpu_share=share or 1.0,
-        )
-        self.workers = WorkerGroup(spec, world)
-        self.sync = WeightSync(
-            self.workers,
-            self.servers,
-            bucket_mb=self.config.trainer.weight_sync_bucket_mb,
-            colocated=colocated,
-        )
-        self.manager.on_server_restart = self.sync.push_to
-
-    def _configure_traces(self) -> None:
-        """Rollout traces go to the training run's MLflow store and experiment, linked to its
-        run (``trainer.logger`` with mlflow); else to ``MLFLOW_TRACKING_URI`` or
-        ``sqlite:///<run dir>/mlruns.db``."""
-        trace = self.config.actor_rollout_ref.rollout.trace
-        if trace.backend is None:
-            return
-        run = self.config.trainer
-        trace.run_id = trace.run_id or self.tracking.mlflow_run_id
-        trace.experiment_name = trace.experiment_name or run.project_name
-        if not trace.tracking_uri:
-            trace.tracking_uri = self.tracking.mlflow_tracking_uri or os.environ.get(
-                "MLFLOW_TRACKING_URI",
-                f"sqlite:///{(self.checkpoints.root / 'mlruns.db').resolve()}",
-            )
-        self.tagger = TraceTagger(trace.tracking_uri)
-        logger.info(
-            "rollout traces -> %s (experiment %r)", trace.tracking_uri, trace.experiment_name
-        )
+        run = config.trainer
+        self.total_steps = run.total_training_steps or run.total_epochs * len(sampler)
+        self.need_ref = needs_ref_policy(config)
+        # The parts the loop drives, by their short names.
+        self.manager = parts.manager
+        self.workers = parts.workers
+        self.rewards = parts.rewards
+        self.sync = parts.sync
+        self.tracking = parts.tracking
+        self.checkpoints = parts.checkpoints
+        self.tagger = parts.tagger
 
     def _resume(self) -> int:
         """Load the checkpoint to continue from (per ``trainer.resume_mode``); returns its step."""
@@ -185,7 +116,6 @@ class RayPPOTrainer:
         if path is None:
             return 0
         state = CheckpointManager.load_state(path)
-        assert self.workers is not None and self.sync is not None
         self.workers.load_checkpoint(os.path.join(path, "actor"))
         self.sampler.load_state_dict(state["sampler"])
         self.sync.push()  # the servers started from the base model
@@ -194,7 +124,8 @@ class RayPPOTrainer:
 
     # ---- the loop -------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
-        self.start()
+        """Resume (per ``trainer.resume_mode``), then train up to ``total_steps``; the parts
+        are closed at the end, also on failure. Returns the last step's metrics."""
         metrics: dict[str, float] = {}
         step = 0
         try:
@@ -227,7 +158,7 @@ class RayPPOTrainer:
         return freq > 0 and (step % freq == 0 or step == self.total_steps)
 
     def train_step(self, step: int) -> dict[str, float]:
-        assert self.workers is not None and self.sync is not None
+        """One step of the loop in the module docstring; returns its metrics."""
         cfg = self.config
         metrics: dict[str, float] = {"training/step": float(step)}
         start = time.perf_counter()
@@ -237,13 +168,12 @@ class RayPPOTrainer:
         metrics |= rollout.metrics
         metrics["timing_s/tools"] = rollout.metrics.get("agent_loop/tool_s/mean", 0.0)
         self.sync.release_servers()
-        assert self.rewards is not None
         with _timer(metrics, "reward"):
             reward = self.rewards.score(rollout)
         metrics |= reward.metrics
         scores = reward.scores
         if self.tagger is not None:
-            self.tagger.submit(rollout.extra, scores.tolist(), reward.components)
+            self.tagger.submit(rollout.records, scores.tolist(), reward.components)
         batch = TrainBatch(
             input_ids=rollout.input_ids,
             attention_mask=rollout.attention_mask,
@@ -314,11 +244,10 @@ class RayPPOTrainer:
         batch = self.manager.generate_sequences(
             self.val_rows, n=1, trace=TraceContext(step=step, validate=True)
         )
-        assert self.rewards is not None
         reward = self.rewards.score(batch)
         scores = reward.scores
         if self.tagger is not None:
-            self.tagger.submit(batch.extra, scores.tolist(), reward.components)
+            self.tagger.submit(batch.records, scores.tolist(), reward.components)
         out = {
             "val/reward/mean": float(scores.mean()),
             "val/num_turns/mean": float(sum(batch.num_turns) / len(batch)),
@@ -333,24 +262,9 @@ class RayPPOTrainer:
         return out
 
     def _save(self, step: int) -> None:
-        assert self.workers is not None
         contents = self.config.actor_rollout_ref.actor.checkpoint.save_contents
         self.checkpoints.save(step, self.workers, contents, {"sampler": self.sampler.state_dict()})
 
     def close(self) -> None:
-        self.tracking.finish()
-        if self.tagger is not None:
-            self.tagger.close()
-            self.tagger = None
-        if self.rewards is not None:
-            self.rewards.close()
-            self.rewards = None
-        if self.judge_servers:
-            stop_servers(self.judge_servers)
-            self.judge_servers = []
-        if self.workers is not None:
-            self.workers.shutdown()
-            self.workers = None
-        if self.manager is not None:
-            stop_rollout(self.servers, self.manager)
-            self.manager = None
+        """Stop every part (loggers, rewards, judge, ranks, rollout); later calls do nothing."""
+        self.parts.close()

@@ -9,7 +9,10 @@ import logging
 import queue
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentloop.records import SampleRecord
 
 __all__ = ["TraceTagger"]
 
@@ -28,11 +31,11 @@ class TraceTagger:
         self._thread.start()
         self.failed = 0
 
-    def submit(self, extras: list[dict[str, Any]], total: list[float], parts: dict) -> int:
+    def submit(self, records: list[SampleRecord], total: list[float], parts: dict) -> int:
         """Queue the reward tags of every traced sample; returns how many were queued."""
         queued = 0
-        for i, extra in enumerate(extras):
-            trace_id = extra.get("trace_id")
+        for i, record in enumerate(records):
+            trace_id = record.trace_id
             if not trace_id:
                 continue
             tags = {"reward": f"{total[i]:.6g}"}

@@ -4,7 +4,7 @@
 Subclasses supply LangChain tools (``langchain_tools``) on top of the rollout's configured
 tools (``multi_turn.tool_config_path``, run through the worker's ``ToolRunner`` with the row's
 ``tools_kwargs``), and may supply their own graph (``build_graph``). The output has the same
-fields as ``tool_agent``'s: a two-call episode gives the same ids, mask and ``extra``.
+fields as ``tool_agent``'s: a two-call episode gives the same ids, mask and ``record``.
 """
 
 from __future__ import annotations
@@ -164,13 +164,14 @@ class ReactAgentLoop(AgentLoopBase):
         return self.output(
             traj,
             num_turns=1 + state["assistant_turns"] + state["user_turns"],
-            finish_reasons=state["finish_reasons"],
-            turn_ends=state["turn_ends"],
-            stop_reason=stop,
-            assistant_turns=state["assistant_turns"],
-            user_turns=state["user_turns"],
-            tool_rewards=tool_rewards,
-            **self.session.extra(),
+            record=self.session.sample_record(
+                finish_reasons=state["finish_reasons"],
+                turn_ends=state["turn_ends"],
+                stop_reason=stop,
+                assistant_turns=state["assistant_turns"],
+                user_turns=state["user_turns"],
+                tool_rewards=tool_rewards,
+            ),
         )
 
     # ---- tools ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ class ToolResult:
     text: str
     """What the model sees as the tool message."""
     reward: float | None = None
-    """Optional step reward (collected into the sample's ``extra``)."""
+    """Optional step reward (kept as the call's ``ToolCallRecord.reward``)."""
     metrics: dict[str, Any] = field(default_factory=dict)
 
 

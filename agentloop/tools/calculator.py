@@ -121,7 +121,7 @@ def format_value(value: Fraction) -> str:
 class CalculatorTool(BaseTool):
     """Stateless per call; a row may pass ``create_kwargs: {ground_truth: "31"}``, and then
     ``calc_reward`` is 1.0 when some result of the sample equaled it (the tool reward in
-    ``extra.tool_rewards``: did the model compute the answer with the tool)."""
+    ``SampleRecord.tool_rewards``: did the model compute the answer with the tool)."""
 
     schema = CALCULATOR_SCHEMA
 

@@ -1,7 +1,7 @@
 """The tools of one sample: instances created on first use (with the row's ``create_kwargs``),
 calls run through the worker's ``ToolRunner``, every call and error recorded for rewards and
 metrics, instances rewarded and released at the end. Shared by ``tool_agent`` and
-``react_agent`` so both report the same ``extra`` fields."""
+``react_agent`` so both report the same ``SampleRecord`` fields."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from agentloop.config import MultiTurnConfig
 from agentloop.parsers import ToolCall
+from agentloop.records import SampleRecord, ToolCallRecord
 from agentloop.tools.base import BaseTool
 from agentloop.tools.runner import CallOutcome, ToolRunner, truncate_text
 
@@ -35,7 +36,7 @@ class ToolSession:
         self.tools_kwargs = tools_kwargs or {}
         self.trace = trace
         self.instances: dict[str, str] = {}
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[ToolCallRecord] = []
         self.error_kinds: list[str] = []
 
     def truncate(self, text: str) -> str:
@@ -53,15 +54,15 @@ class ToolSession:
         if not outcome.ok:
             self.error_kinds.append(outcome.error_kind or "tool_failed")
         self.calls.append(
-            {
-                "name": call.name,
-                "arguments": call.arguments,
-                "ok": outcome.ok,
-                "seconds": outcome.seconds,
-                "repaired": call.repaired,
-                "reward": outcome.reward,
-                "turn": turn,
-            }
+            ToolCallRecord(
+                name=call.name,
+                arguments=call.arguments,
+                ok=outcome.ok,
+                seconds=outcome.seconds,
+                repaired=call.repaired,
+                reward=outcome.reward,
+                turn=turn,
+            )
         )
 
     async def execute(self, calls: Sequence[ToolCall], turn: int) -> list[CallOutcome]:
@@ -120,11 +121,13 @@ class ToolSession:
             raise first
         return rewards
 
-    def extra(self) -> dict[str, Any]:
-        """The ``AgentLoopOutput.extra`` fields about tools (rewards read ``calls``)."""
-        return {
-            "tool_calls": sum(c["ok"] for c in self.calls),
-            "tool_errors": len(self.error_kinds),
-            "tool_error_kinds": self.error_kinds,
-            "calls": self.calls,
-        }
+    def sample_record(self, **fields: Any) -> SampleRecord:
+        """The sample's record: this session's tool fields plus the loop's ``fields`` (its
+        turns and stop reason; a misspelt name raises ``TypeError``)."""
+        return SampleRecord(
+            tool_calls=sum(c.ok for c in self.calls),
+            tool_errors=len(self.error_kinds),
+            tool_error_kinds=self.error_kinds,
+            calls=self.calls,
+            **fields,
+        )

@@ -28,7 +28,7 @@ def compute_score(
     answer = final_answer(solution_str)
     correct = answer is not None and answer == int(ground_truth)
     ops = int(extra_info.get("ops", 1)) or 1
-    calls = [c for c in extra_info.get("calls", []) if c["name"] == "custom_op" and c["ok"]]
+    calls = [c for c in extra_info["calls"] if c["name"] == "custom_op" and c["ok"]]
     tool_use = min(len(calls), ops) / ops
     score = 1.0 if correct else 0.1 * (answer is not None) + 0.2 * tool_use
     return {"score": score, "correct": float(correct), "tool_use": tool_use}

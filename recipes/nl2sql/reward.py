@@ -27,8 +27,8 @@ def final_sql(solution_str: str, calls: list[dict[str, Any]]) -> str | None:
         if found and found[-1].strip():
             return found[-1].strip()
     for call in reversed(calls):
-        if call.get("name") == "run_sql" and call.get("ok"):
-            return str((call.get("arguments") or {}).get("query", "")) or None
+        if call["name"] == "run_sql" and call["ok"]:
+            return str((call["arguments"] or {}).get("query", "")) or None
     return None
 
 
@@ -37,7 +37,7 @@ def _norm(row: list[Any]) -> tuple[Any, ...]:
 
 
 async def verify(sample: Any, tools: Any) -> dict[str, float]:
-    sql = final_sql(sample.solution_str, sample.extra_info.get("calls") or [])
+    sql = final_sql(sample.solution_str, sample.extra_info["calls"])
     if sql is None:
         return {"score": 0.0, "executed": 0.0}
     gold = await tools.call("run_sql", {"query": sample.ground_truth})

@@ -34,7 +34,7 @@ def compute_score(
     golds = [golds] if isinstance(golds, str) else list(golds)
     answer = final_answer(solution_str)
     em = answer is not None and normalize(answer) in {normalize(g) for g in golds}
-    searched = any(c.get("ok") for c in extra_info.get("calls", []))
+    searched = any(c["ok"] for c in extra_info["calls"])
     formatted = answer is not None
     score = 1.0 if em else 0.1 * formatted + 0.1 * (formatted and searched)
     return {"score": score, "em": float(em), "format": float(formatted)}

@@ -73,7 +73,7 @@ def test_bench_react_agent_vs_tool_agent(tmp_path):
                 start = time.perf_counter()
                 batch = manager.generate_sequences(rows(name, N))
                 walls[name].append(time.perf_counter() - start)
-                turns[name] = sum(e["assistant_turns"] for e in batch.extra)
+                turns[name] = sum(r.assistant_turns for r in batch.records)
         manager.shutdown()
         ray.get(server.shutdown.remote())
     finally:

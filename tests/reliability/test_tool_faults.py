@@ -66,8 +66,8 @@ async def test_a_hung_mcp_server_times_out_is_restarted_and_the_rollout_goes_on(
     assert first_pid.isdigit() and second_pid.isdigit() and second_pid != first_pid
     assert added == "5"
     assert tools["calc-pid"].connection.restarts == 1
-    assert out.extra["tool_error_kinds"] == ["tool_timeout"]
-    assert out.extra["stop_reason"] == "no_tool_call" and out.num_turns == 10
+    assert out.record.tool_error_kinds == ["tool_timeout"]
+    assert out.record.stop_reason == "no_tool_call" and out.num_turns == 10
 
 
 async def test_a_slow_mcp_call_times_out_but_the_server_that_answers_pings_is_kept(
@@ -93,7 +93,7 @@ async def test_a_crashed_mcp_server_past_its_restarts_errors_every_call_and_the_
         "Error: MCP server 'calc' is down (restarted 0 time(s); max_restarts in its entry of "
         "the MCP config allows more)",
     ]
-    assert out.extra["stop_reason"] == "no_tool_call"
+    assert out.record.stop_reason == "no_tool_call"
 
 
 async def test_a_python_exec_child_killed_by_a_signal_is_a_tool_message(tmp_path, tokenizer):
@@ -107,4 +107,4 @@ async def test_a_python_exec_child_killed_by_a_signal_is_a_tool_message(tmp_path
     turns = [call("python_exec", code=code), call("python_exec", code="print(6 * 7)"), "done"]
     out, messages = await rollout(tokenizer, tools, turns, timeout_s=20)
     assert messages == ["before\n\n[exit code -11]", "42\n"]
-    assert out.extra["stop_reason"] == "no_tool_call"
+    assert out.record.stop_reason == "no_tool_call"

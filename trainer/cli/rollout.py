@@ -8,13 +8,17 @@ and write one JSON line per trajectory. Same Hydra config as training, plus extr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from trainer.config.schema import Config
 
 __all__ = ["main", "trajectory_records"]
 
@@ -32,7 +36,7 @@ def trajectory_records(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
         prompt_ids = batch.prompts[i][attn[:p]].tolist()
         n = int(attn[p:].sum())
         response_ids = batch.responses[i, :n].tolist()
-        row, extra = batch.rows[i], batch.extra[i]
+        row, record = batch.rows[i], batch.records[i]
         records.append(
             {
                 "uid": batch.uid[i],
@@ -41,13 +45,13 @@ def trajectory_records(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
                 "data_source": row.get("data_source"),
                 "agent_name": batch.agent_name[i],
                 "num_turns": batch.num_turns[i],
-                "stop_reason": extra.get("stop_reason"),
-                "finish_reasons": extra.get("finish_reasons"),
+                "stop_reason": record.stop_reason,
+                "finish_reasons": record.finish_reasons,
                 "tool_calls": batch.tool_calls[i],
                 "tool_errors": batch.tool_errors[i],
-                "tool_error_kinds": extra.get("tool_error_kinds", []),
-                "calls": extra.get("calls", []),
-                "tool_rewards": extra.get("tool_rewards", {}),
+                "tool_error_kinds": record.tool_error_kinds,
+                "calls": [dataclasses.asdict(c) for c in record.calls],
+                "tool_rewards": record.tool_rewards,
                 "prompt_text": tokenizer.decode(prompt_ids, skip_special_tokens=False),
                 "response_text": tokenizer.decode(response_ids, skip_special_tokens=False),
                 "prompt_ids": prompt_ids,
@@ -91,12 +95,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(
-    config: Any, model_path: str, rows: list[dict[str, Any]], tokenizer: Any, output: Path
+    config: Config, model_path: str, rows: list[dict[str, Any]], tokenizer: Any, output: Path
 ) -> int:
     from trainer.launch import start_rollout, stop_rollout
 
     rollout = config.actor_rollout_ref.rollout
-    servers, manager = start_rollout(config, model_path)
+    servers, manager = start_rollout(rollout, model_path)
     batch_size = config.data.train_batch_size
     output.parent.mkdir(parents=True, exist_ok=True)
     written = 0

@@ -16,10 +16,9 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trainer.assembly import build_run, plan_run
     from trainer.cli.common import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
-    from trainer.config.validate import check_train_config, resolve_device
-    from trainer.launch import load_split, prepare_rollout
     from trainer.ray_trainer import RayPPOTrainer, RunStoppedError
     from trainer.rewards import JudgeUnavailableError, RewardFunctionError
 
@@ -30,15 +29,11 @@ def main(argv: list[str] | None = None) -> int:
         config, extras = load_config(argv)
         if extras:
             raise ConfigError(f"unknown extra +{sorted(extras)[0]}: agentloop-train takes none")
-        check_train_config(config)
-        device = resolve_device(config.trainer.device)
-        setup = prepare_rollout(config)
-        train_rows = load_split(config, setup, "train")
-        val_rows = load_split(config, setup, "val") if config.data.val_files else None
-        trainer = RayPPOTrainer(config, setup, train_rows, val_rows, device)
+        plan = plan_run(config)  # every start-up check; nothing is running yet
     except ValueError as exc:
         return cli_error("agentloop-train", str(exc))
     try:
+        trainer = RayPPOTrainer(config, build_run(config, plan), plan.sampler, plan.val_rows)
         metrics = trainer.fit()
     except (JudgeUnavailableError, RewardFunctionError) as exc:
         # The last checkpoint stays; fix the reward and run again to resume.

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from servers import stop_servers
+from trainer.config.schema import Config
+from trainer.launch import start_judge
 from trainer.rewards.judge import JudgeReward
 from trainer.rewards.manager import RewardManager
 from trainer.rewards.rules import load_reward_function
@@ -13,7 +16,7 @@ from trainer.rewards.verify import VerifyReward
 __all__ = ["build_rewards", "check_rewards"]
 
 
-def check_rewards(config: Any) -> None:
+def check_rewards(config: Config) -> None:
     """Every reward file imports and has its function, weights name configured rewards, the
     judge config is whole and its model exists; raises ValueError saying what to set."""
     from trainer.models import resolve_model
@@ -32,26 +35,29 @@ def check_rewards(config: Any) -> None:
         resolve_model(rm.judge.model_path, "reward_model.judge.model_path")
 
 
-def build_rewards(config: Any, tokenizer: Any, device: str) -> tuple[RewardManager, list[Any]]:
-    """The reward manager and the judge servers it started (empty without a judge)."""
-    from trainer.launch import start_judge
-
+def build_rewards(config: Config, tokenizer: Any, device: str) -> tuple[RewardManager, list[Any]]:
+    """The reward manager and the judge servers it started (empty without a judge); the
+    judge servers are stopped again if the rest cannot be built."""
     rm = config.reward_model
     on = rm.components()
     judge = verify = None
     servers: list[Any] = []
-    if "judge" in on:
-        servers, client, judge_tokenizer = start_judge(rm.judge, device)
-        judge = JudgeReward(rm.judge, client, judge_tokenizer)
-    if "verify" in on:
-        path = config.actor_rollout_ref.rollout.multi_turn.tool_config_path
-        tools: dict[str, Any] = {}
-        if path:
-            from agentloop.tools import load_tool_config
+    try:
+        if "judge" in on:
+            servers, client, judge_tokenizer = start_judge(rm.judge, device)
+            judge = JudgeReward(rm.judge, client, judge_tokenizer)
+        if "verify" in on:
+            path = config.actor_rollout_ref.rollout.multi_turn.tool_config_path
+            tools: dict[str, Any] = {}
+            if path:
+                from agentloop.tools import load_tool_config
 
-            tools = load_tool_config(path)
-        verify = VerifyReward(rm.verify, tools)
-    manager = RewardManager(
-        config.custom_reward_function, rm, tokenizer, judge=judge, verify=verify
-    )
+                tools = load_tool_config(path)
+            verify = VerifyReward(rm.verify, tools)
+        manager = RewardManager(
+            config.custom_reward_function, rm, tokenizer, judge=judge, verify=verify
+        )
+    except BaseException:
+        stop_servers(servers)  # the judge's, if it started
+        raise
     return manager, servers

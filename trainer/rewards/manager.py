@@ -15,6 +15,7 @@ model turn that made the call; those token rewards feed the advantage estimator.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import Coroutine
@@ -23,13 +24,14 @@ from typing import Any, TypeVar
 
 import torch
 
+from agentloop.records import SampleRecord
 from trainer.algos import scores_to_token_rewards
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
 from trainer.rewards.pool import CallPool
 from trainer.rewards.rules import describe_function, load_reward_function
 from trainer.rewards.types import RewardComponent, RewardSample, as_score
 
-__all__ = ["RewardManager", "RewardOutput", "RuleReward", "samples_of"]
+__all__ = ["RewardManager", "RewardOutput", "RuleReward", "reward_info", "samples_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,18 +99,24 @@ def samples_of(batch: Any, tokenizer: Any) -> list[RewardSample]:
     samples = []
     for i, text in enumerate(texts):
         row = batch.rows[i]
-        extra = batch.extra[i]
         info = dict(row.get("extra_info") or {})
-        info.update(
-            tool_rewards=extra.get("tool_rewards", {}),
-            tool_calls=batch.tool_calls[i],
-            num_turns=batch.num_turns[i],
-            calls=extra.get("calls", []),
-            stop_reason=extra.get("stop_reason"),
-        )
+        info.update(reward_info(batch.records[i], batch.tool_calls[i], batch.num_turns[i]))
         truth = (row.get("reward_model") or {}).get("ground_truth")
         samples.append(RewardSample(i, row.get("data_source", ""), text, truth, info, row))
     return samples
+
+
+def reward_info(record: SampleRecord, tool_calls: int, num_turns: int) -> dict[str, Any]:
+    """What reward functions get of a sample's record, merged into the row's ``extra_info``:
+    plain dicts and lists (the verl ``compute_score`` contract; picklable for process
+    pools), each call as the dict of its ``ToolCallRecord`` fields."""
+    return {
+        "tool_rewards": record.tool_rewards,
+        "tool_calls": tool_calls,
+        "num_turns": num_turns,
+        "calls": [dataclasses.asdict(c) for c in record.calls],
+        "stop_reason": record.stop_reason,
+    }
 
 
 class RewardManager:
@@ -242,13 +250,12 @@ class RewardManager:
 
 def process_rewards(batch: Any, coef: float) -> torch.Tensor:
     """[batch, response]: each tool call's reward x ``coef`` at the last token of the model
-    turn that made it (``extra['turn_ends']`` and each call's ``turn``)."""
+    turn that made it (the record's ``turn_ends`` and each call's ``turn``)."""
     out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-    for i, extra in enumerate(batch.extra):
-        ends: list[int] = extra.get("turn_ends") or []
-        for call in extra.get("calls") or []:
-            reward, turn = call.get("reward"), call.get("turn")
-            if reward is None or turn is None or turn >= len(ends):
+    for i, record in enumerate(batch.records):
+        ends = record.turn_ends
+        for call in record.calls:
+            if call.reward is None or call.turn >= len(ends):
                 continue
-            out[i, ends[turn]] += coef * float(reward)
+            out[i, ends[call.turn]] += coef * float(call.reward)
     return out

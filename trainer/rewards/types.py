@@ -25,7 +25,8 @@ class RewardSample:
     ground_truth: Any
     extra_info: dict[str, Any]
     """The row's ``extra_info`` plus ``tool_rewards``, ``tool_calls``, ``num_turns``,
-    ``calls`` (each tool call with its arguments and reward) and ``stop_reason``."""
+    ``calls`` (each tool call as the dict of its ``ToolCallRecord`` fields) and
+    ``stop_reason`` (built by ``trainer.rewards.manager.reward_info``)."""
     row: dict[str, Any] = field(repr=False)
 
     @property

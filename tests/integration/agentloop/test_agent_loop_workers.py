@@ -149,18 +149,18 @@ def test_prompt_is_left_padded_and_response_right_padded(batch):
 def test_tool_rows_take_several_turns_and_their_deltas_are_template_text(batch, tokenizer):
     multi = 0
     for i in range(len(batch)):
-        extra = batch.extra[i]
+        record = batch.records[i]
         if batch.agent_name[i] == "single_turn_agent":
             assert batch.num_turns[i] == 2 and batch.tool_calls[i] == 0
             assert batch.response_mask[i].sum() == batch.attention_mask[i, PROMPT_LEN:].sum()
             continue
-        assert batch.num_turns[i] == 1 + extra["assistant_turns"] + extra["user_turns"]
-        assert batch.tool_calls[i] == extra["user_turns"] and batch.tool_errors[i] == 0
-        multi += extra["user_turns"] >= 2
+        assert batch.num_turns[i] == 1 + record.assistant_turns + record.user_turns
+        assert batch.tool_calls[i] == record.user_turns and batch.tool_errors[i] == 0
+        multi += record.user_turns >= 2
         n = int(batch.attention_mask[i, PROMPT_LEN:].sum())
         ids, mask = batch.responses[i, :n].tolist(), batch.response_mask[i, :n].tolist()
         zero_spans = mask_spans(ids, mask, 0)
-        assert len(zero_spans) == extra["user_turns"]
+        assert len(zero_spans) == record.user_turns
         prefix = f"r{batch.rows[i]['index']}:echo("
         for span in zero_spans:
             text = tokenizer.decode(span, skip_special_tokens=False)

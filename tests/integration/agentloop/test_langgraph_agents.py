@@ -110,13 +110,13 @@ def test_react_rows_take_several_turns_with_tool_deltas_as_template_text(batch, 
     assert batch.agent_name == ["echo_react"] * 6 + ["math_expression"] * 4
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for i in range(6):
-        extra = batch.extra[i]
-        assert extra["user_turns"] >= 1 and extra["tool_errors"] == 0
+        record = batch.records[i]
+        assert record.user_turns >= 1 and record.tool_errors == 0
         # a last round of calls whose results do not fit ends the sample with "length"
-        extra_round = int(extra["stop_reason"] == "length")
-        assert extra["tool_calls"] - extra["user_turns"] in (0, extra_round)
-        assert batch.num_turns[i] == 1 + extra["assistant_turns"] + extra["user_turns"]
-        assert extra["stop_reason"] in ("max_assistant_turns", "length")
+        extra_round = int(record.stop_reason == "length")
+        assert record.tool_calls - record.user_turns in (0, extra_round)
+        assert batch.num_turns[i] == 1 + record.assistant_turns + record.user_turns
+        assert record.stop_reason in ("max_assistant_turns", "length")
         n = int(batch.attention_mask[i, PROMPT_LEN:].sum())
         ids, mask = batch.responses[i, :n].tolist(), batch.response_mask[i, :n].tolist()
         prefix = f"r{batch.rows[i]['index']}:echo("
@@ -138,7 +138,7 @@ def test_the_recipe_loop_runs_in_ray_workers_with_its_langchain_tool(batch, toke
     for i in range(6, 10):
         prompt = tokenizer.decode(batch.prompts[i][batch.attention_mask[i, :PROMPT_LEN].bool()])
         assert '"name": "custom_op"' in prompt and "Compute " in prompt
-        assert batch.extra[i]["assistant_turns"] >= 1
+        assert batch.records[i].assistant_turns >= 1
         assert batch.response_mask[i].sum() >= 1
 
 

@@ -75,7 +75,7 @@ async def test_tool_agent_calls_mcp_tools_concurrently_and_sees_results(tmp_path
     out = await loop.run({"temperature": 1.0}, raw_prompt=PROMPT)
     elapsed = time.perf_counter() - start
     assert tool_messages(tokenizer, server) == ["echo: t0", "echo: t1", "echo: t2", "5"]
-    assert out.extra["tool_calls"] == 4 and out.extra["tool_errors"] == 0
+    assert out.record.tool_calls == 4 and out.record.tool_errors == 0
     assert elapsed < 1.5  # three 0.6 s calls overlapped
     prompt_text = tokenizer.decode(out.prompt_ids, skip_special_tokens=False)
     assert '"name": "calc-slow_echo"' in prompt_text
@@ -99,8 +99,8 @@ async def test_server_exiting_mid_rollout_is_restarted_up_to_max_restarts(tmp_pa
         "Error: MCP server 'calc' is down (restarted 1 time(s); max_restarts in its entry of "
         "the MCP config allows more)",
     ]
-    assert out.extra["stop_reason"] == "no_tool_call"
-    assert out.extra["tool_error_kinds"] == ["tool_infra"] * 3
+    assert out.record.stop_reason == "no_tool_call"
+    assert out.record.tool_error_kinds == ["tool_infra"] * 3
 
 
 def test_missing_server_command_fails_at_start_up(tmp_path):

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from agentloop.records import SampleRecord
 from agentloop.tools import load_tool_config
 from recipes.nl2sql.data import make_rows
 from recipes.nl2sql.database import build_database
-from tests.unit.trainer.rewards.batch import make_batch
+from tests.unit.trainer.rewards.batch import make_batch, tool_call
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig, VerifyConfig
 from trainer.rewards import RewardManager, VerifyReward
 
@@ -51,13 +52,13 @@ def manager_for(tokenizer, hook: Path, name: str = "verify", **verify: Any) -> R
 
 def batch_of(tokenizer, db: Path, answers: list[str], golds: list[str], calls=None):
     info = [{"tools_kwargs": {"run_sql": {"create_kwargs": {"db_path": str(db)}}}} for _ in golds]
-    extras = [{"calls": c} for c in (calls or [[] for _ in golds])]
+    records = [SampleRecord(calls=c) for c in (calls or [[] for _ in golds])]
     return make_batch(
         tokenizer,
         answers,
         truths=golds,
         data_source="nl2sql",
-        extras=extras,
+        records=records,
         extra_info=info,
         response_length=256,
     )
@@ -99,9 +100,9 @@ def db_rows(db: Path, sql: str) -> list[Any]:
 def test_without_a_sql_block_the_last_successful_tool_query_counts(tokenizer, db):
     calls = [
         [
-            {"name": "run_sql", "arguments": {"query": "SELECT 1"}, "ok": True},
-            {"name": "run_sql", "arguments": {"query": GOLD}, "ok": True},
-            {"name": "run_sql", "arguments": {"query": "SELEC"}, "ok": False},
+            tool_call("run_sql", arguments={"query": "SELECT 1"}, ok=True),
+            tool_call("run_sql", arguments={"query": GOLD}, ok=True),
+            tool_call("run_sql", arguments={"query": "SELEC"}, ok=False),
         ]
     ]
     manager = manager_for(tokenizer, RECIPE / "reward.py")

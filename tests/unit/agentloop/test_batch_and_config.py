@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop import AgentLoopOutput, MultiTurnConfig, RolloutConfig, collate, from_dict
+from agentloop import (
+    AgentLoopOutput,
+    MultiTurnConfig,
+    RolloutConfig,
+    SampleRecord,
+    collate,
+    from_dict,
+)
 from agentloop.batch import rollout_metrics
 from agentloop.manager import expand_rows
 
@@ -17,7 +24,7 @@ def output(prompt, response, mask, total_s=1.0) -> AgentLoopOutput:
         response_mask=mask,
         response_log_probs=[-0.5 if m else 0.0 for m in mask],
         num_turns=2,
-        extra={"tool_calls": sum(1 - m for m in mask), "tool_errors": 0},
+        record=SampleRecord(tool_calls=sum(1 - m for m in mask), tool_errors=0),
         metrics={"generate_s": total_s / 2, "tool_s": 0.1, "total_s": total_s},
     )
 

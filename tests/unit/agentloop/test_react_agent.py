@@ -48,7 +48,7 @@ def run_both(tokenizer, turns, *, loop_cls=ReactAgentLoop, tools=None, **config_
 
 
 def same_extra(a, b, keys):
-    return {k: a.extra[k] for k in keys} == {k: b.extra[k] for k in keys}
+    return {k: getattr(a.record, k) for k in keys} == {k: getattr(b.record, k) for k in keys}
 
 
 TOOL_KEYS = ["stop_reason", "finish_reasons", "turn_ends", "assistant_turns", "user_turns"]
@@ -68,10 +68,10 @@ def test_two_tool_call_episode_matches_tool_agent_ids_mask_and_extra(tokenizer):
     assert react_out.response_log_probs == tool_out.response_log_probs
     assert react_out.num_turns == tool_out.num_turns == 6
     assert same_extra(react_out, tool_out, TOOL_KEYS + CALL_KEYS)
-    assert react_out.extra["stop_reason"] == "no_tool_call"
+    assert react_out.record.stop_reason == "no_tool_call"
     strip = [
-        {k: c[k] for k in ("name", "arguments", "ok", "reward", "turn")}
-        for c in react_out.extra["calls"]
+        {k: getattr(c, k) for k in ("name", "arguments", "ok", "reward", "turn")}
+        for c in react_out.record.calls
     ]
     assert strip == [
         {"name": "calc", "arguments": {"a": 2, "b": 3}, "ok": True, "reward": 0.5, "turn": 0},
@@ -103,7 +103,7 @@ def test_malformed_unknown_and_schema_failing_calls_answer_in_order_like_tool_ag
     assert react_out.response_ids == tool_out.response_ids
     assert react_out.response_mask == tool_out.response_mask
     assert same_extra(react_out, tool_out, TOOL_KEYS + ["tool_calls", "tool_errors"])
-    assert sorted(react_out.extra["tool_error_kinds"]) == sorted(
+    assert sorted(react_out.record.tool_error_kinds) == sorted(
         ["bad_json", "unknown_tool", "schema", "tool_failed"]
     )
 
@@ -133,8 +133,8 @@ def test_too_many_calls_per_turn_are_answered_with_errors_like_tool_agent(tokeni
     turns = ["\n".join(call("calc", a=i, b=1) for i in range(3)), "ok"]
     (tool_out, react_out), _ = run_both(tokenizer, turns, multi_turn={"max_parallel_calls": 2})
     assert react_out.response_ids == tool_out.response_ids
-    assert react_out.extra["tool_error_kinds"] == ["too_many_calls"]
-    assert react_out.extra["tool_calls"] == 2
+    assert react_out.record.tool_error_kinds == ["too_many_calls"]
+    assert react_out.record.tool_calls == 2
 
 
 def test_max_assistant_turns_ends_the_graph_without_running_the_last_calls(tokenizer):
@@ -143,8 +143,8 @@ def test_max_assistant_turns_ends_the_graph_without_running_the_last_calls(token
         tokenizer, turns, multi_turn={"max_assistant_turns": 2}
     )
     assert react_out.response_ids == tool_out.response_ids
-    assert react_out.extra["stop_reason"] == "max_assistant_turns"
-    assert react_out.extra["assistant_turns"] == 2 and react_out.extra["tool_calls"] == 1
+    assert react_out.record.stop_reason == "max_assistant_turns"
+    assert react_out.record.assistant_turns == 2 and react_out.record.tool_calls == 1
     assert len(react_srv.requests) == 2
 
 
@@ -153,7 +153,7 @@ def test_a_delta_past_the_response_budget_ends_the_graph_with_the_trajectory_so_
     probe, _ = run_both(tokenizer, turns)
     first_turn = probe[0].response_mask.index(0)  # the first turn's sampled tokens
     for loop_out in run_both(tokenizer, turns, response_length=first_turn + 5)[0]:
-        assert loop_out.extra["stop_reason"] == "length"
+        assert loop_out.record.stop_reason == "length"
         assert loop_out.response_mask == [1] * first_turn
         assert len(loop_out.response_ids) <= first_turn + 5
 
@@ -206,10 +206,10 @@ def test_langchain_tools_errors_and_timeouts_become_tool_messages_and_the_graph_
     server = ScriptedServer(tokenizer, turns)
     loop = WordLoop(AgentLoopContext(server, tokenizer, config, {}))
     out = asyncio.run(loop.run(dict(SAMPLING), raw_prompt=PROMPT))
-    assert out.extra["stop_reason"] == "no_tool_call"
-    assert out.extra["tool_calls"] == 1
-    assert out.extra["tool_error_kinds"] == ["tool_failed", "tool_timeout"]
-    assert [c["name"] for c in out.extra["calls"]] == ["shout", "explode", "dawdle"]
+    assert out.record.stop_reason == "no_tool_call"
+    assert out.record.tool_calls == 1
+    assert out.record.tool_error_kinds == ["tool_failed", "tool_timeout"]
+    assert [c.name for c in out.record.calls] == ["shout", "explode", "dawdle"]
     delta = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m == 0]
     text = tokenizer.decode(delta, skip_special_tokens=False)
     assert "HI" * 30 + "...(truncated)\n</tool_response>" in text
@@ -258,8 +258,8 @@ def test_a_custom_graph_appends_its_human_messages_as_masked_deltas(tokenizer):
     server = ScriptedServer(tokenizer, turns)
     loop = DoubleCheckLoop(AgentLoopContext(server, tokenizer, config, {"calc": CalcTool()}))
     out = asyncio.run(loop.run(dict(SAMPLING), raw_prompt=PROMPT))
-    assert (out.extra["assistant_turns"], out.extra["user_turns"]) == (3, 2)
-    assert out.num_turns == 6 and out.extra["stop_reason"] == "no_tool_call"
+    assert (out.record.assistant_turns, out.record.user_turns) == (3, 2)
+    assert out.num_turns == 6 and out.record.stop_reason == "no_tool_call"
     spans = mask_spans(out.response_ids, out.response_mask, 0)
     assert "Check your answer." in tokenizer.decode(spans[1])
     sampled = mask_spans(out.response_ids, out.response_mask, 1)

@@ -147,7 +147,7 @@ async def test_worker_runs_rows_concurrently_with_default_and_user_loops(tmp_pat
     outs = await worker.generate_sequences(rows)
     elapsed = time.perf_counter() - start
     assert elapsed < 1.0  # six 0.3 s generations overlapped on one event loop
-    assert [o.extra["stop_reason"] for o in outs[:6]] == ["stop"] * 6
+    assert [o.record.stop_reason for o in outs[:6]] == ["stop"] * 6
     assert outs[6].extra["kwargs"] == {"k": 1}
     assert outs[6].extra["row_keys"] == ["agent_name", "data_source"]
     assert all(o.metrics["total_s"] > 0 for o in outs)

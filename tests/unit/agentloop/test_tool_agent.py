@@ -78,14 +78,14 @@ async def test_trajectory_is_prompt_plus_sampled_turns_plus_tool_deltas(tokenize
     # turn 2 was generated on exactly prompt + the response so far
     assert server.requests[1]["prompt_ids"] == prompt + server.sampled[0] + delta
     assert out.num_turns == 4
-    assert out.extra["stop_reason"] == "no_tool_call"
-    assert out.extra["tool_calls"] == 1 and out.extra["tool_errors"] == 0
-    assert out.extra["tool_rewards"] == {"calc": 1.0}
+    assert out.record.stop_reason == "no_tool_call"
+    assert out.record.tool_calls == 1 and out.record.tool_errors == 0
+    assert out.record.tool_rewards == {"calc": 1.0}
     assert out.metrics["generate_s"] > 0
     # where per-turn rewards go: the last token of each model turn; calls know their turn
     first_end = len(server.sampled[0]) - 1
-    assert out.extra["turn_ends"] == [first_end, len(out.response_ids) - 1]
-    assert [c["turn"] for c in out.extra["calls"]] == [0]
+    assert out.record.turn_ends == [first_end, len(out.response_ids) - 1]
+    assert [c.turn for c in out.record.calls] == [0]
 
 
 async def test_every_turn_samples_with_the_configured_params(tokenizer):
@@ -145,10 +145,10 @@ async def test_malformed_call_becomes_error_message_and_rollout_continues(
     loop, server = make_loop(tokenizer, [turn, "ok, final answer"])
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
     assert tool_texts(tokenizer, out) == [message]
-    assert out.extra["tool_error_kinds"] == [kind]
-    assert out.extra["tool_calls"] == 0
+    assert out.record.tool_error_kinds == [kind]
+    assert out.record.tool_calls == 0
     assert len(server.requests) == 2  # the model got a second turn
-    assert out.extra["stop_reason"] == "no_tool_call"
+    assert out.record.stop_reason == "no_tool_call"
 
 
 async def test_repaired_call_runs_and_is_marked(tokenizer):
@@ -156,7 +156,7 @@ async def test_repaired_call_runs_and_is_marked(tokenizer):
     loop, _ = make_loop(tokenizer, [turn, "5"])
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
     assert tool_texts(tokenizer, out) == ["5"]
-    assert out.extra["calls"][0]["repaired"] is True
+    assert out.record.calls[0].repaired is True
 
 
 async def test_tool_exceptions_timeouts_and_non_text_become_error_messages(tokenizer):
@@ -174,7 +174,7 @@ async def test_tool_exceptions_timeouts_and_non_text_become_error_messages(token
         "Error: tool 'broken' failed: TypeError: returned text of type bytes, not str",
         "Error: b must not be 0",
     ]
-    assert out.extra["tool_error_kinds"] == [
+    assert out.record.tool_error_kinds == [
         "tool_failed",
         "tool_timeout",
         "tool_failed",
@@ -201,16 +201,16 @@ async def test_max_assistant_turns_stops_before_running_tools(tokenizer):
     loop, server = make_loop(tokenizer, turns, max_assistant_turns=2)
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
     assert len(server.requests) == 2
-    assert out.extra["stop_reason"] == "max_assistant_turns"
-    assert out.extra["assistant_turns"] == 2 and out.extra["user_turns"] == 1
+    assert out.record.stop_reason == "max_assistant_turns"
+    assert out.record.assistant_turns == 2 and out.record.user_turns == 1
     assert out.response_mask[-1] == 1  # ends on the model's turn, no dangling delta
 
 
 async def test_max_user_turns_stops_after_that_many_tool_turns(tokenizer):
     loop, server = make_loop(tokenizer, [call("calc", a=1, b=1)] * 5, max_user_turns=1)
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
-    assert out.extra["stop_reason"] == "max_user_turns"
-    assert out.extra["user_turns"] == 1 and len(server.requests) == 2
+    assert out.record.stop_reason == "max_user_turns"
+    assert out.record.user_turns == 1 and len(server.requests) == 2
 
 
 @pytest.mark.parametrize("budget", [20, 40, 64, 90, 120])
@@ -220,7 +220,7 @@ async def test_response_never_exceeds_budget_and_never_ends_in_a_template_header
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
     assert len(out.response_ids) <= budget
     assert out.response_mask[-1] == 1  # the last segment is sampled, not a cut delta
-    assert out.extra["stop_reason"] == "length"
+    assert out.record.stop_reason == "length"
 
 
 async def test_tool_response_is_truncated_on_the_configured_side(tokenizer):
@@ -255,7 +255,7 @@ async def test_create_kwargs_from_the_row_reach_the_tool_and_instances_are_relea
 async def test_turn_cut_by_length_ends_the_rollout_without_a_delta(tokenizer):
     loop, _ = make_loop(tokenizer, ["x " * 200 + call("calc", a=1, b=1)], response_length=50)
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
-    assert out.extra["stop_reason"] == "length"
+    assert out.record.stop_reason == "length"
     assert out.response_mask == [1] * 50
 
 
@@ -273,5 +273,5 @@ async def test_engine_context_limit_stops_the_rollout_before_the_response_budget
     loop, server = make_loop(tokenizer, turns, response_length=500, max_model_len=prompt_len + 80)
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
     assert len(out.prompt_ids) + len(out.response_ids) <= prompt_len + 80
-    assert out.extra["stop_reason"] == "length"
+    assert out.record.stop_reason == "length"
     assert all(len(r["prompt_ids"]) + r["max_tokens"] <= prompt_len + 80 for r in server.requests)

@@ -62,7 +62,7 @@ async def test_a_traced_rollout_writes_the_span_tree(tokenizer, store):
     (out,) = await worker.generate_sequences([row], None, TraceContext(step=3), offset=5)
     worker.tracer.flush()
 
-    trace_id = out.extra["trace_id"]
+    trace_id = out.record.trace_id
     got = mlflow.get_trace(trace_id)
     tags = got.info.tags
     assert {k: tags[k] for k in ("step", "sample_index", "rollout_n", "validate")} == {
@@ -116,7 +116,7 @@ async def test_only_the_first_samples_of_a_worker_are_traced(tokenizer, store):
     rows = [{"raw_prompt": PROMPT, "uid": f"u{i}"} for i in range(5)]
     outs = await worker.generate_sequences(rows, None, TraceContext(step=1, validate=True))
     worker.tracer.flush()
-    assert [("trace_id" in o.extra) for o in outs] == [True, True, False, False, False]
+    assert [o.record.trace_id is not None for o in outs] == [True, True, False, False, False]
     found = mlflow.search_traces(
         locations=[worker.tracer.experiment_id],
         filter_string="tags.validate = 'true'",
@@ -129,7 +129,7 @@ async def test_tracing_off_makes_no_tracer_and_no_trace_ids(tokenizer):
     worker = worker_for(tokenizer, [], TraceConfig())
     assert worker.tracer is None
     (out,) = await worker.generate_sequences([{"raw_prompt": PROMPT}], None, TraceContext())
-    assert "trace_id" not in out.extra
+    assert out.record.trace_id is None
 
 
 async def test_a_failing_trace_store_never_fails_the_rollout(tokenizer, store, monkeypatch):
@@ -141,4 +141,4 @@ async def test_a_failing_trace_store_never_fails_the_rollout(tokenizer, store, m
 
     monkeypatch.setattr(mlflow, "start_span_no_context", boom)
     (out,) = await worker.generate_sequences([{"raw_prompt": PROMPT}], None, TraceContext())
-    assert out.extra["tool_calls"] == 1 and "trace_id" not in out.extra
+    assert out.record.tool_calls == 1 and out.record.trace_id is None

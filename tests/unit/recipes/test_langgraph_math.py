@@ -3,6 +3,7 @@ scripted ReAct episode that solves a two-operator expression with the real custo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -118,9 +119,9 @@ async def test_a_scripted_episode_solves_an_expression_with_the_real_tool(tiny_q
     row = make_rows(1, seed=0, split="train")[0]
     assert row["extra_info"]["expression"] == "(7 @ 1) @ 9"
     out = await loop.run({"temperature": 1.0}, raw_prompt=row["prompt"])
-    assert [c["arguments"] for c in out.extra["calls"]] == [{"a": 7, "b": 1}, {"a": 19, "b": 9}]
+    assert [c.arguments for c in out.record.calls] == [{"a": 7, "b": 1}, {"a": 19, "b": 9}]
     text = tokenizer.decode(out.response_ids, skip_special_tokens=False)
     assert "<tool_response>\n19\n</tool_response>" in text
     assert "<tool_response>\n39\n</tool_response>" in text
-    info = {**row["extra_info"], "calls": out.extra["calls"]}
+    info = {**row["extra_info"], "calls": [dataclasses.asdict(c) for c in out.record.calls]}
     assert compute_score("langgraph_math", text, "39", info)["score"] == 1.0

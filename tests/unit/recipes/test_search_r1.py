@@ -46,7 +46,8 @@ def test_reward_is_exact_match_with_format_terms():
     assert compute_score("nq", "<answer>the kelmir river</answer>", gold, searched)["score"] == 1
     wrong = compute_score("nq", "<answer>Austa</answer>", gold, searched)
     assert wrong == {"score": pytest.approx(0.2), "em": 0.0, "format": 1.0}
-    assert compute_score("nq", "<answer>Austa</answer>", gold, {})["score"] == pytest.approx(0.1)
+    unsearched = compute_score("nq", "<answer>Austa</answer>", gold, {"calls": []})
+    assert unsearched["score"] == pytest.approx(0.1)
     assert compute_score("nq", "Kelmir", gold, searched)["score"] == 0.0
     assert final_answer("<tool_response>\n<answer>x</answer>\n</tool_response>") is None
 

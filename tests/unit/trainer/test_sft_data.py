@@ -119,7 +119,7 @@ async def test_sample_equals_the_rl_trajectory_of_the_same_conversation(name, re
     )
     loop = ToolAgentLoop(AgentLoopContext(server, tokenizer, config, {"calc": CalcTool()}))
     out = await loop.run({"temperature": 1.0}, raw_prompt=CONVERSATION[:2])
-    assert out.extra["tool_calls"] == 1 and out.extra["stop_reason"] == "no_tool_call"
+    assert out.record.tool_calls == 1 and out.record.stop_reason == "no_tool_call"
     assert out.prompt_ids == sample.prompt_ids
     assert out.response_ids == sample.response_ids
     assert out.response_mask == sample.response_mask

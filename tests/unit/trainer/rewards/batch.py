@@ -6,6 +6,7 @@ from typing import Any
 
 from agentloop.base import AgentLoopOutput
 from agentloop.batch import RolloutBatch, collate
+from agentloop.records import SampleRecord, ToolCallRecord
 
 
 def make_batch(
@@ -14,7 +15,7 @@ def make_batch(
     truths: list[Any] | None = None,
     reward_scores: list[float | None] | None = None,
     data_source: str = "gsm8k",
-    extras: list[dict[str, Any]] | None = None,
+    records: list[SampleRecord] | None = None,
     extra_info: list[dict[str, Any]] | None = None,
     response_length: int = 48,
 ) -> RolloutBatch:
@@ -22,7 +23,7 @@ def make_batch(
     n = len(responses)
     truths = truths or ["42"] * n
     reward_scores = reward_scores or [None] * n
-    extras = extras or [{"tool_calls": 1, "tool_rewards": {"calc": 0.5}} for _ in range(n)]
+    records = records or [SampleRecord(tool_calls=1, tool_rewards={"calc": 0.5}) for _ in range(n)]
     extra_info = extra_info or [{} for _ in range(n)]
     outputs, rows = [], []
     for i in range(n):
@@ -36,7 +37,7 @@ def make_batch(
                 response_log_probs=[0.0] * len(response),
                 num_turns=2,
                 reward_score=reward_scores[i],
-                extra=extras[i],
+                record=records[i],
             )
         )
         rows.append(
@@ -50,3 +51,11 @@ def make_batch(
             }
         )
     return collate(outputs, rows, prompt_length=16, response_length=response_length, pad_token_id=0)
+
+
+def tool_call(name: str, **fields: Any) -> ToolCallRecord:
+    """A call record with defaults for what a test does not care about."""
+    defaults: dict[str, Any] = dict(
+        arguments={}, ok=True, seconds=0.0, repaired=False, reward=None, turn=0
+    )
+    return ToolCallRecord(name=name, **(defaults | fields))

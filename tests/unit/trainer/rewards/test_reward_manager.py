@@ -16,7 +16,8 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
-from tests.unit.trainer.rewards.batch import make_batch
+from agentloop.records import SampleRecord
+from tests.unit.trainer.rewards.batch import make_batch, tool_call
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig, RuleRewardConfig
 from trainer.rewards import RewardFunctionError, RewardManager, default_compute_score
 
@@ -70,6 +71,54 @@ def test_a_custom_file_scores_and_sees_row_and_rollout_fields(tmp_path, tokenize
     assert source == "mine" and truth == "42"
     assert info["tool_rewards"] == {"calc": 0.5}
     assert info["tool_calls"] == 1 and info["num_turns"] == 2
+
+
+def test_extra_info_has_exactly_the_row_keys_and_the_rollout_keys_as_plain_dicts(tokenizer):
+    seen: list[dict[str, Any]] = []
+
+    def fn(source, text, truth, info):
+        seen.append(info)
+        return 1.0
+
+    call = tool_call(
+        "calc", arguments={"a": 2}, ok=True, seconds=0.25, repaired=True, reward=0.5, turn=1
+    )
+    record = SampleRecord(
+        stop_reason="no_tool_call",
+        finish_reasons=["stop", "stop"],
+        turn_ends=[3, 9],
+        assistant_turns=2,
+        user_turns=1,
+        tool_calls=1,
+        tool_errors=1,
+        tool_error_kinds=["bad_json"],
+        calls=[call],
+        tool_rewards={"calc": 1.0},
+        trace_id="tr-1",
+    )
+    batch = make_batch(tokenizer, ["42"], records=[record], extra_info=[{"split": "train"}])
+    score(manager_with(fn, tokenizer), batch)
+    (info,) = seen
+    assert info == {
+        "index": 0,
+        "split": "train",
+        "tool_rewards": {"calc": 1.0},
+        "tool_calls": 1,
+        "num_turns": 2,
+        "calls": [
+            {
+                "name": "calc",
+                "arguments": {"a": 2},
+                "ok": True,
+                "seconds": 0.25,
+                "repaired": True,
+                "reward": 0.5,
+                "turn": 1,
+            }
+        ],
+        "stop_reason": "no_tool_call",
+    }
+    assert type(info["calls"][0]) is dict
 
 
 def test_the_function_sees_the_decoded_response_without_special_tokens(tokenizer):
@@ -310,19 +359,19 @@ def test_bad_reward_composition_is_a_clear_error(tokenizer, config, message):
 
 
 def test_process_rewards_land_on_the_last_token_of_the_calling_turn(tokenizer):
-    extras = [
-        {
-            "turn_ends": [3, 9],
-            "calls": [
-                {"name": "calc", "reward": 0.5, "turn": 0},
-                {"name": "calc", "reward": -0.25, "turn": 0},
-                {"name": "calc", "reward": None, "turn": 1},  # no reward from this tool
+    records = [
+        SampleRecord(
+            turn_ends=[3, 9],
+            calls=[
+                tool_call("calc", reward=0.5, turn=0),
+                tool_call("calc", reward=-0.25, turn=0),
+                tool_call("calc", reward=None, turn=1),  # no reward from this tool
             ],
-        },
-        {"turn_ends": [5], "calls": []},
+        ),
+        SampleRecord(turn_ends=[5], calls=[]),
     ]
     text = "#### 42 and some more words to fill ten tokens"
-    batch = make_batch(tokenizer, [text, text], extras=extras)
+    batch = make_batch(tokenizer, [text, text], records=records)
     manager = RewardManager(
         RewardFunctionConfig(), RewardModelConfig(process_reward_coef=2.0), tokenizer
     )

@@ -1,0 +1,74 @@
+"""Typed records of what a sample did, the contract between agent loops and the trainer.
+
+An agent loop returns its tokens plus one ``SampleRecord`` (stop and finish reasons, turns,
+tool calls with their outcomes, tool rewards, trace id); ``RolloutBatch`` carries one per
+sample. Named fields instead of dict keys: a misspelt field raises ``TypeError`` where the
+record is built instead of reading back as an empty default. Reward functions keep the verl
+contract and see plain dicts (``dataclasses.asdict`` of these, built in ``trainer/rewards``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SAMPLE_RECORD_FIELDS", "SampleRecord", "ToolCallRecord"]
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolCallRecord:
+    """One tool call that ran, or failed to start (calls that never ran, such as unparsable
+    ones, only count in ``SampleRecord.tool_error_kinds``)."""
+
+    name: str
+    """The tool's name."""
+    arguments: dict[str, Any]
+    """The parsed arguments the tool was called with."""
+    ok: bool
+    """The tool returned a result (False: it raised, timed out or could not start)."""
+    seconds: float
+    """Wall time of the call."""
+    repaired: bool
+    """The call's JSON only parsed after repair (trailing comma, single quotes, ...)."""
+    reward: float | None
+    """The tool's step reward for this call; None when the tool gives none."""
+    turn: int
+    """The model turn (0-based) that made the call; with ``SampleRecord.turn_ends`` it places
+    the call's process reward on that turn's last token."""
+
+
+@dataclass(slots=True, kw_only=True)
+class SampleRecord:
+    """What the trainer reads of one sample besides its tokens. Every field has a default, so a
+    user loop sets only what it knows."""
+
+    stop_reason: str | None = None
+    """Why the loop stopped: a finish reason (``stop``, ``length``, ``abort``), or
+    ``stop_token``, ``no_tool_call``, ``max_assistant_turns``, ``max_user_turns``, ... ;
+    None when the loop does not say."""
+    finish_reasons: list[str] | None = None
+    """The engine's finish reason of each model turn; None when the loop does not say."""
+    turn_ends: list[int] = field(default_factory=list)
+    """Each model turn's last response index (where per-turn process rewards land)."""
+    assistant_turns: int = 0
+    """Model turns sampled."""
+    user_turns: int = 0
+    """Tool/user turns appended."""
+    tool_calls: int = 0
+    """Tool calls that succeeded."""
+    tool_errors: int = 0
+    """Tool calls that failed or never ran (``len(tool_error_kinds)``)."""
+    tool_error_kinds: list[str] = field(default_factory=list)
+    """The kind of each tool error, in order (``bad_json``, ``unknown_tool``, ``schema``,
+    ``too_many_calls``, ``tool_failed``, ``tool_timeout``, ``tool_infra``, ...)."""
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    """Every call that ran (or failed to start), in order."""
+    tool_rewards: dict[str, float] = field(default_factory=dict)
+    """Each used tool's ``calc_reward`` at the end of the sample, by tool name."""
+    trace_id: str | None = None
+    """The sample's MLflow trace id, when it was traced (set by the worker)."""
+
+
+SAMPLE_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(SampleRecord))
+"""The names a ``SampleRecord`` takes."""

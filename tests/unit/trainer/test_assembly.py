@@ -1,0 +1,128 @@
+"""``trainer.assembly.build_run`` without Ray: the parts are started in order and wired to each
+other (weight sync over the rollout servers, restarted servers get the weights, the ranks'
+spec from the config), and a part that fails to start stops those already started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import trainer.assembly
+from trainer.assembly import RunPlan, build_run
+from trainer.checkpoint import CheckpointManager
+from trainer.config.actor import ActorConfig, ModelConfig
+from trainer.config.schema import ActorRolloutRefConfig, Config
+from trainer.dataloader import PromptSampler
+from trainer.launch import RolloutSetup
+from trainer.tracking import Tracking
+
+
+class FakeManager:
+    on_server_restart: Any = None
+
+
+class FakeRewards:
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def close(self) -> None:
+        self.events.append("close rewards")
+
+
+class FakeWorkers:
+    specs: list[Any] = []
+
+    def __init__(self, spec: Any, world_size: int) -> None:
+        self.specs.append((spec, world_size))
+
+    def shutdown(self) -> None:
+        pass
+
+
+class RecordingTracking(Tracking):
+    def __init__(self, run_dir: Path, events: list[str]) -> None:
+        super().__init__([], project="p", experiment="e", run_dir=run_dir)
+        self.events = events
+
+    def finish(self) -> None:
+        self.events.append("finish tracking")
+        super().finish()
+
+
+@pytest.fixture()
+def started(monkeypatch) -> list[str]:
+    """Stand-ins for the rollout, rewards and ranks; returns the events they record."""
+    events: list[str] = []
+
+    def start_rollout(rollout: Any, model_path: str, share: float | None):
+        events.append(f"start rollout {model_path} share={share}")
+        return ["server-0"], FakeManager()
+
+    def stop_rollout(servers: list[Any], manager: Any) -> None:
+        assert isinstance(manager, FakeManager)
+        events.append(f"stop rollout {servers}")
+
+    def build_rewards(config: Config, tokenizer: Any, device: str):
+        events.append(f"start rewards on {device}")
+        return FakeRewards(events), []
+
+    monkeypatch.setattr(trainer.assembly, "start_rollout", start_rollout)
+    monkeypatch.setattr(trainer.assembly, "stop_rollout", stop_rollout)
+    monkeypatch.setattr(trainer.assembly, "build_rewards", build_rewards)
+    monkeypatch.setattr(trainer.assembly, "WorkerGroup", FakeWorkers)
+    FakeWorkers.specs = []
+    return events
+
+
+def plan_of(tmp_path: Path, events: list[str]) -> RunPlan:
+    setup = RolloutSetup(model_path="/models/m", tokenizer=None, tool_names=[], tool_schemas=[])
+    return RunPlan(
+        device="cpu",
+        setup=setup,
+        sampler=PromptSampler([{}] * 4, 4),
+        val_rows=[],
+        checkpoints=CheckpointManager(tmp_path / "run"),
+        tracking=RecordingTracking(tmp_path / "run", events),
+    )
+
+
+def config_with(**actor: Any) -> Config:
+    return Config(
+        actor_rollout_ref=ActorRolloutRefConfig(
+            model=ModelConfig(path="m"), actor=ActorConfig(**actor)
+        )
+    )
+
+
+def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
+    parts = build_run(config_with(use_kl_loss=True), plan_of(tmp_path, started))
+
+    assert started == ["start rollout /models/m share=None", "start rewards on cpu"]
+    ((spec, world),) = FakeWorkers.specs
+    assert (spec.model_path, spec.device, spec.need_ref, spec.gpu_share, world) == (
+        "/models/m",
+        "cpu",
+        True,
+        1.0,
+        1,
+    )
+    assert parts.sync.workers is parts.workers and parts.sync.servers is parts.servers
+    assert parts.servers == ["server-0"] and not parts.sync.colocated
+    assert parts.manager.on_server_restart == parts.sync.push_to
+    assert parts.tagger is None  # rollout.trace.backend is off
+
+    parts.close()
+    parts.close()  # a second close does nothing
+    assert started[2:] == ["finish tracking", "close rewards", "stop rollout ['server-0']"]
+
+
+def test_a_part_that_fails_to_start_stops_those_before_it(tmp_path, started, monkeypatch):
+    def no_ranks(spec: Any, world_size: int) -> None:
+        raise RuntimeError("no room for the trainer ranks")
+
+    monkeypatch.setattr(trainer.assembly, "WorkerGroup", no_ranks)
+    with pytest.raises(RuntimeError, match="no room for the trainer ranks"):
+        build_run(config_with(), plan_of(tmp_path, started))
+    assert started[2:] == ["close rewards", "stop rollout ['server-0']", "finish tracking"]

@@ -1,0 +1,89 @@
+"""``agentloop-rollout``'s JSON lines from a batch of typed sample records: the same keys and
+values as when the records were string-keyed dicts (each call a plain dict)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from agentloop.records import SampleRecord
+from tests.unit.trainer.rewards.batch import make_batch, tool_call
+from trainer.cli.rollout import trajectory_records
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_path):
+    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
+
+
+def test_a_trajectory_line_has_exactly_the_rollout_keys_and_the_record_values(tokenizer):
+    record = SampleRecord(
+        stop_reason="no_tool_call",
+        finish_reasons=["stop", "stop"],
+        turn_ends=[2, 5],
+        assistant_turns=2,
+        user_turns=1,
+        tool_calls=1,
+        tool_errors=1,
+        tool_error_kinds=["schema"],
+        calls=[tool_call("calc", arguments={"a": 2, "b": 3}, seconds=0.5, reward=1.0)],
+        tool_rewards={"calc": 1.0},
+        trace_id="tr-7",
+    )
+    batch = make_batch(tokenizer, ["#### 42", "#### 41"], records=[record, SampleRecord()])
+    lines = trajectory_records(batch, tokenizer)
+    assert list(lines[0]) == [
+        "uid",
+        "rollout_n",
+        "index",
+        "data_source",
+        "agent_name",
+        "num_turns",
+        "stop_reason",
+        "finish_reasons",
+        "tool_calls",
+        "tool_errors",
+        "tool_error_kinds",
+        "calls",
+        "tool_rewards",
+        "prompt_text",
+        "response_text",
+        "prompt_ids",
+        "response_ids",
+        "response_mask",
+        "response_log_probs",
+    ]
+    first = {k: lines[0][k] for k in list(lines[0])[6:13]}
+    assert first == {
+        "stop_reason": "no_tool_call",
+        "finish_reasons": ["stop", "stop"],
+        "tool_calls": 1,
+        "tool_errors": 1,
+        "tool_error_kinds": ["schema"],
+        "calls": [
+            {
+                "name": "calc",
+                "arguments": {"a": 2, "b": 3},
+                "ok": True,
+                "seconds": 0.5,
+                "repaired": False,
+                "reward": 1.0,
+                "turn": 0,
+            }
+        ],
+        "tool_rewards": {"calc": 1.0},
+    }
+    # a loop that reports nothing: the defaults the dict reader used to fill in
+    second = {k: lines[1][k] for k in list(lines[1])[6:13]}
+    assert second == {
+        "stop_reason": None,
+        "finish_reasons": None,
+        "tool_calls": 0,
+        "tool_errors": 0,
+        "tool_error_kinds": [],
+        "calls": [],
+        "tool_rewards": {},
+    }
+    assert json.loads(json.dumps(lines)) == lines

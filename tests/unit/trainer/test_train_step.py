@@ -1,0 +1,446 @@
+"""``RayPPOTrainer.train_step`` in one process, on parts that stand in for the Ray ones: a
+scripted rollout (hand-made ``AgentLoopOutput``s padded by the real ``collate``), a one-process
+policy running the real policy math on a tiny random Qwen3, a real ``RewardManager`` with a
+rule reward, and a weight sync that records its pushes. Proves the phase order, the metrics a
+step logs, and that the update gets the advantages of the step's scores and groups."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+import trainer.ray_trainer
+from agentloop import AgentLoopOutput, RolloutBatch, RolloutConfig, TraceContext, collate
+from agentloop.batch import rollout_metrics
+from agentloop.manager import expand_rows
+from servers import ServerRestartError
+from trainer.algos import compute_advantages
+from trainer.assembly import RunParts
+from trainer.checkpoint import CheckpointManager
+from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig
+from trainer.config.reward import RewardFunctionConfig
+from trainer.config.run import TrainerConfig
+from trainer.config.schema import ActorRolloutRefConfig, Config, DataConfig
+from trainer.dataloader import PromptSampler
+from trainer.ray_trainer import RayPPOTrainer, stopped_message
+from trainer.rewards import RewardManager
+from trainer.tracking import Tracking
+from trainer.workers import TrainBatch
+from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
+
+PROMPTS, N, P, R = 4, 2, 8, 12  # prompts per step, samples per prompt, prompt/response budget
+REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info):\n" + (
+    "    return len(solution_str) / 10\n"
+)
+
+
+# ---- the stand-ins ------------------------------------------------------------------------
+class ScriptedRollout:
+    """Stands in for ``AgentLoopManager``: sample k answers with a model turn, a tool response
+    (mask 0) and a second model turn, of lengths that differ within each group."""
+
+    def __init__(self, config: RolloutConfig, events: list[str]) -> None:
+        self.config, self.events = config, events
+        self.traces: list[TraceContext | None] = []
+        self.batches: list[RolloutBatch] = []
+        self.shut_down = False
+
+    def generate_sequences(
+        self,
+        rows: list[dict[str, Any]],
+        *,
+        n: int | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        trace: TraceContext | None = None,
+    ) -> RolloutBatch:
+        self.events.append("rollout")
+        self.traces.append(trace)
+        samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
+        outputs = [self._output(k, len(row["raw_prompt"])) for k, row in enumerate(samples)]
+        batch = collate(
+            outputs,
+            samples,
+            prompt_length=self.config.prompt_length,
+            response_length=self.config.response_length,
+            pad_token_id=0,
+        )
+        batch.metrics = rollout_metrics(outputs, wall_s=0.25)
+        batch.metrics |= {"rollout/server_restarts": 0.0, "rollout/requests_retried": 0.0}
+        self.batches.append(batch)
+        return batch
+
+    @staticmethod
+    def _output(k: int, turns: int) -> AgentLoopOutput:
+        g = torch.Generator().manual_seed(k)
+        first, tool, second = 2 + k % 4, 2, 1 + k % 3
+        ids = torch.randint(33, 120, (3 + k % 3 + first + tool + second,), generator=g).tolist()
+        prompt, response = ids[: 3 + k % 3], ids[3 + k % 3 :]
+        mask = [1] * first + [0] * tool + [1] * second
+        log_probs = [-0.5 - 0.1 * j if m else 0.0 for j, m in enumerate(mask)]
+        return AgentLoopOutput(
+            prompt_ids=prompt,
+            response_ids=response,
+            response_mask=mask,
+            response_log_probs=log_probs,
+            num_turns=turns + 3,
+            metrics={"generate_s": 0.1 * k, "tool_s": 0.05, "total_s": 0.1 * k + 0.05},
+        )
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+class OneProcessPolicy:
+    """Stands in for ``WorkerGroup``: one rank in this process, running the real policy math
+    (``trainer.workers.policy_math``) on a whole tiny model, as ``FSDPWorker`` does."""
+
+    def __init__(self, model: torch.nn.Module, actor: ActorConfig, events: list[str]) -> None:
+        self.model, self.actor, self.events = model, actor, events
+        self.ref_model = copy.deepcopy(model).requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=actor.optim.lr)
+        self.updates: list[dict[str, Any]] = []
+        self.shut_down = False
+
+    def _log_probs(self, model: torch.nn.Module, batch: TrainBatch, entropy: bool):
+        model.eval()
+        try:
+            return log_probs_in_micro_batches(
+                model,
+                batch,
+                micro_batch_size=self.actor.log_prob_micro_batch_size,
+                with_entropy=entropy,
+            )
+        finally:
+            model.train()
+
+    def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.events.append("old_log_prob")
+        return self._log_probs(self.model, batch, entropy=True)
+
+    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        self.events.append("ref")
+        return self._log_probs(self.ref_model, batch, entropy=False)[0]
+
+    def update_actor(self, batch: TrainBatch, samples_per_mini_batch: int, seed: int) -> dict:
+        self.events.append("update")
+        self.updates.append(
+            {"batch": batch.select(torch.arange(len(batch))), "mini": samples_per_mini_batch}
+            | {"seed": seed}
+        )
+        return update_policy(
+            self.model,
+            self.optimizer,
+            None,
+            batch,
+            self.actor,
+            samples_per_mini_batch=samples_per_mini_batch,
+            seed=seed,
+        )
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+class RecordingWeightSync:
+    """Stands in for ``WeightSync``: each push keeps a copy of the weights it would send."""
+
+    def __init__(self, model: torch.nn.Module, events: list[str]) -> None:
+        self.model, self.events = model, events
+        self.pushed: list[dict[str, torch.Tensor]] = []
+
+    def release_servers(self) -> None:
+        self.events.append("release_servers")
+
+    def push(self) -> dict[str, float]:
+        self.events.append("weight_push")
+        self.pushed.append({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        return {
+            "timing_s/weight_sync": 0.0,
+            "weight_sync/mb": 0.0,
+            "weight_sync/version": float(len(self.pushed)),
+        }
+
+    def push_to(self, servers: list[Any]) -> None:
+        raise AssertionError("no server restarts in these tests")
+
+
+# ---- a run of them --------------------------------------------------------------------------
+def tiny_qwen3() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    return transformers.Qwen3ForCausalLM(config).float()
+
+
+def make_config(tmp_path: Path, model_path: Path, **actor: Any) -> Config:
+    reward = tmp_path / "length_reward.py"
+    reward.write_text(REWARD)
+    return Config(
+        data=DataConfig(train_batch_size=PROMPTS, shuffle=False),
+        actor_rollout_ref=ActorRolloutRefConfig(
+            model=ModelConfig(path=str(model_path)),
+            actor=ActorConfig(
+                ppo_mini_batch_size=2,
+                ppo_micro_batch_size_per_gpu=2,
+                optim=OptimConfig(lr=1e-2),
+                **actor,
+            ),
+            rollout=RolloutConfig(n=N, prompt_length=P, response_length=R),
+        ),
+        custom_reward_function=RewardFunctionConfig(path=str(reward), num_workers=2),
+        trainer=TrainerConfig(
+            logger=["jsonl"], default_local_dir=str(tmp_path / "run"), resume_mode="disable"
+        ),
+    )
+
+
+class Run:
+    """A trainer over the stand-ins, with what they record."""
+
+    def __init__(self, tmp_path: Path, tokenizer: Any, monkeypatch, **actor: Any) -> None:
+        self.config = config = make_config(tmp_path, Path(tokenizer.name_or_path), **actor)
+        self.events: list[str] = []
+        self.model = tiny_qwen3()
+        self.initial = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.rollout = ScriptedRollout(config.actor_rollout_ref.rollout, self.events)
+        self.policy = OneProcessPolicy(self.model, config.actor_rollout_ref.actor, self.events)
+        self.sync = RecordingWeightSync(self.model, self.events)
+        rewards = RewardManager(config.custom_reward_function, config.reward_model, tokenizer)
+        self.scored: list[Any] = []
+        score = rewards.score
+
+        def recorded_score(batch: RolloutBatch) -> Any:
+            self.events.append("reward")
+            self.scored.append(score(batch))
+            return self.scored[-1]
+
+        rewards.score = recorded_score  # type: ignore[method-assign]
+
+        def recorded_advantages(*args: Any, **kwargs: Any) -> torch.Tensor:
+            self.events.append("advantages")
+            return compute_advantages(*args, **kwargs)
+
+        monkeypatch.setattr(trainer.ray_trainer, "compute_advantages", recorded_advantages)
+        run = config.trainer
+        checkpoints = CheckpointManager(run.default_local_dir)
+        parts = RunParts(
+            manager=self.rollout,  # type: ignore[arg-type]
+            servers=[],
+            workers=self.policy,  # type: ignore[arg-type]
+            rewards=rewards,
+            judge_servers=[],
+            sync=self.sync,  # type: ignore[arg-type]
+            tracking=Tracking(
+                run.logger,
+                project=run.project_name,
+                experiment=run.experiment_name,
+                run_dir=checkpoints.root,
+            ),
+            checkpoints=checkpoints,
+        )
+        rows = [
+            {
+                "raw_prompt": [{"role": "user", "content": f"question {i}"}],
+                "data_source": "toy",
+                "reward_model": {"ground_truth": "-"},
+                "extra_info": {"index": i},
+            }
+            for i in range(2 * PROMPTS)
+        ]
+        sampler = PromptSampler(rows, PROMPTS, shuffle=False)
+        self.trainer = RayPPOTrainer(config, parts, sampler)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_path):
+    return transformers.AutoTokenizer.from_pretrained(tiny_qwen3_path)
+
+
+@pytest.fixture()
+def make_run(tmp_path, tokenizer, monkeypatch):
+    runs: list[Run] = []
+
+    def make(**actor: Any) -> Run:
+        runs.append(Run(tmp_path, tokenizer, monkeypatch, **actor))
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        run.trainer.close()
+
+
+STEP_KEYS = {
+    "training/step",
+    "timing_s/tools",
+    "timing_s/reward",
+    "reward/rule",
+    "reward/rule/errors",
+    "reward/mean",
+    "reward/max",
+    "reward/min",
+    "reward/errors",
+    "timing_s/old_log_prob",
+    "rollout/logprob_gap_mean",
+    "rollout/logprob_gap_max",
+    "actor/entropy",
+    "timing_s/adv",
+    "critic/advantages/mean",
+    "critic/advantages/max",
+    "critic/advantages/min",
+    "timing_s/update_actor",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "actor/lr",
+    "actor/optimizer_steps",
+    "timing_s/weight_sync",
+    "weight_sync/mb",
+    "weight_sync/version",
+    "perf/total_tokens",
+    "perf/trainer_tokens_per_s",
+    "timing_s/step",
+}
+"""What a step adds to the rollout's own metrics (``timing_s/gen``, ``agent_loop/*``, ...)."""
+
+
+@pytest.mark.parametrize("use_kl_loss", [False, True], ids=["no_kl", "kl_loss"])
+def test_train_step_runs_the_phases_in_order_and_logs_each(make_run, use_kl_loss):
+    run = make_run(use_kl_loss=use_kl_loss)
+    metrics = run.trainer.train_step(3)
+
+    ref = ["ref"] if use_kl_loss else []
+    assert run.events == [
+        "rollout",
+        "release_servers",
+        "reward",
+        "old_log_prob",
+        *ref,
+        "advantages",
+        "update",
+        "weight_push",
+    ]
+    assert run.rollout.traces == [TraceContext(step=3)]
+    rollout = run.rollout.batches[0]
+    assert "timing_s/gen" in rollout.metrics
+    extra = {"timing_s/ref", "actor/kl_loss"} if use_kl_loss else set()
+    assert set(metrics) == set(rollout.metrics) | STEP_KEYS | extra
+    for key, value in rollout.metrics.items():
+        assert metrics[key] == value, key
+    assert metrics["training/step"] == 3.0
+    assert metrics["timing_s/tools"] == rollout.metrics["agent_loop/tool_s/mean"]
+    assert metrics["perf/total_tokens"] == float(rollout.attention_mask.sum())
+    assert metrics["weight_sync/version"] == 1.0
+    assert all(v >= 0 for k, v in metrics.items() if k.startswith("timing_s/"))
+
+
+def test_train_step_scores_with_the_rule_reward(make_run, tokenizer):
+    run = make_run()
+    metrics = run.trainer.train_step(1)
+    rollout = run.rollout.batches[0]
+    lengths = rollout.attention_mask[:, P:].sum(-1).tolist()
+    texts = [tokenizer.decode(rollout.responses[i, :n]) for i, n in enumerate(lengths)]
+    expected = torch.tensor([len(t) / 10 for t in texts])
+    scores = run.scored[0].scores
+    torch.testing.assert_close(scores, expected)
+    assert metrics["reward/mean"] == pytest.approx(float(expected.mean()))
+    assert metrics["reward/rule"] == pytest.approx(float(expected.mean()))
+    assert (metrics["reward/max"], metrics["reward/min"]) == pytest.approx(
+        (float(expected.max()), float(expected.min()))
+    )
+    assert metrics["reward/errors"] == 0.0
+
+
+@pytest.mark.parametrize("use_kl_loss", [False, True], ids=["no_kl", "kl_loss"])
+def test_update_gets_the_advantages_of_the_scores_and_groups(make_run, use_kl_loss):
+    run = make_run(use_kl_loss=use_kl_loss)
+    metrics = run.trainer.train_step(2)
+    rollout, scores = run.rollout.batches[0], run.scored[0].scores
+    (update,) = run.policy.updates
+    batch: TrainBatch = update["batch"]
+    mask = rollout.response_mask
+
+    # the rollout's tensors, the trainer's own old log-probs, GRPO over the rollout's groups
+    assert torch.equal(batch.input_ids, rollout.input_ids)
+    assert torch.equal(batch.response_mask, mask)
+    assert len(set(rollout.uid)) == PROMPTS and len(rollout.uid) == PROMPTS * N
+    expected = compute_advantages(
+        "grpo", scores, mask, rollout.uid, norm_by_std=True, gamma=1.0, token_rewards=None
+    )
+    assert batch.advantages is not None and batch.advantages.abs().sum() > 0
+    torch.testing.assert_close(batch.advantages, expected)
+    picked = expected[mask.bool()]
+    assert metrics["critic/advantages/mean"] == pytest.approx(float(picked.mean()))
+    assert metrics["critic/advantages/max"] == pytest.approx(float(picked.max()))
+    assert batch.old_log_probs is not None
+    gap = (batch.old_log_probs - rollout.rollout_log_probs).abs()[mask.bool()]
+    assert metrics["rollout/logprob_gap_mean"] == pytest.approx(float(gap.mean()))
+    assert (batch.ref_log_probs is not None) == use_kl_loss
+
+    # mini-batches of ppo_mini_batch_size prompts x rollout.n samples: 2 optimizer steps
+    assert update["mini"] == 2 * N
+    assert metrics["actor/optimizer_steps"] == 2.0
+    assert update["seed"] == run.config.trainer.seed + 2
+
+    # the update changed the weights, and the push sent the updated ones
+    (pushed,) = run.sync.pushed
+    assert any(not torch.equal(pushed[k], run.initial[k]) for k in run.initial)
+    for key, value in run.model.state_dict().items():
+        assert torch.equal(pushed[key], value), key
+
+
+def test_fit_logs_every_step_and_closes_the_parts(make_run):
+    run = make_run()
+    last = run.trainer.fit()
+
+    assert run.trainer.total_steps == 2  # 8 rows, 4 prompts a step, one epoch
+    assert run.events.count("weight_push") == 2
+    logged = [
+        json.loads(line)
+        for line in (run.trainer.checkpoints.root / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [entry["step"] for entry in logged] == [1, 2]
+    assert set(logged[-1]) == {"step"} | set(last)
+    assert logged[-1]["reward/mean"] == pytest.approx(last["reward/mean"])
+    assert run.rollout.shut_down and run.policy.shut_down and run.trainer.parts.closed
+
+
+# ---- how a stopped run explains itself ------------------------------------------------------
+def test_stopped_message_names_the_server_restart_budget(tmp_path):
+    exc = ServerRestartError(
+        "server 0 died and 3 restart(s) were already spent (max_restarts=3): look at the "
+        "server's log (OOM kill? engine error?)"
+    )
+    checkpoints = CheckpointManager(tmp_path / "run")
+    assert stopped_message(exc, 3, checkpoints) == (
+        f"{exc} (the budget is actor_rollout_ref.rollout.recovery.max_server_restarts); "
+        "the run stopped in step 3: no checkpoint was saved yet (trainer.save_freq), so a new "
+        "run starts over. Run the same command again (trainer.resume_mode=auto) to go on from "
+        "the last checkpoint."
+    )
+
+
+def test_stopped_message_names_the_last_checkpoint(tmp_path):
+    checkpoints = CheckpointManager(tmp_path / "run")
+    state = {"sampler": {"epoch": 0, "position": 2}}
+    saved = checkpoints.save(2, None, ["extra"], state)  # type: ignore[arg-type]  (no ranks)
+    message = stopped_message(ServerRestartError("server 1 died"), 0, checkpoints)
+    assert message == (
+        "server 1 died (the budget is actor_rollout_ref.rollout.recovery.max_server_restarts); "
+        f"the run stopped before its first step: the last checkpoint is {saved} (step 2). Run "
+        "the same command again (trainer.resume_mode=auto) to go on from the last checkpoint."
+    )

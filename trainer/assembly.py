@@ -1,0 +1,212 @@
+"""Assembly of a training run, in two phases, so that every start-up check runs before any
+server or trainer rank starts:
+
+1. ``plan_run(config) -> RunPlan``: the checks (config, device, model, agent loops, tools,
+   data, reward functions, checkpoint folder, loggers); nothing runs yet. Raises ValueError
+   with a message that says what to set.
+2. ``build_run(config, plan) -> RunParts``: starts the parts, each once, in a fixed order:
+   rollout traces -> rollout servers + AgentLoopManager -> rewards (+ judge servers) ->
+   trainer ranks -> weight sync. If one fails, those already started are stopped again.
+
+``RayPPOTrainer`` receives the ``RunParts`` and drives them; it builds nothing itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentloop import AgentLoopManager
+from agentloop.config import TraceConfig
+from servers import stop_servers
+from trainer.checkpoint import CheckpointManager, checkpoint_bytes
+from trainer.config.run import TrainerConfig
+from trainer.config.schema import Config
+from trainer.config.validate import check_train_config, resolve_device
+from trainer.dataloader import PromptSampler
+from trainer.launch import RolloutSetup, load_split, prepare_rollout, start_rollout, stop_rollout
+from trainer.rewards.build import build_rewards, check_rewards
+from trainer.rewards.manager import RewardManager
+from trainer.trace_tags import TraceTagger
+from trainer.tracking import Tracking
+from trainer.weight_sync import WeightSync
+from trainer.workers import WorkerGroup, WorkerSpec
+
+__all__ = ["RunParts", "RunPlan", "build_run", "needs_ref_policy", "plan_run"]
+
+logger = logging.getLogger("agentloop.train")
+
+
+@dataclass(slots=True)
+class RunPlan:
+    """A checked training run: what ``plan_run`` loaded and opened; no server or rank runs."""
+
+    device: str
+    """``cpu`` or ``cuda`` (``trainer.device`` resolved)."""
+    setup: RolloutSetup
+    sampler: PromptSampler
+    """Batches of the training rows."""
+    val_rows: list[dict[str, Any]]
+    """Validation rows (empty without ``data.val_files``)."""
+    checkpoints: CheckpointManager
+    """The run folder (checked writable, and big enough when checkpoints are saved)."""
+    tracking: Tracking
+    """The metric loggers, already open (an MLflow run, a W&B run, files)."""
+
+
+@dataclass(slots=True)
+class RunParts:
+    """The running parts of a training run, built once by ``build_run``; ``close`` stops
+    them (idempotent)."""
+
+    manager: AgentLoopManager
+    """Runs the agent loops on the rollout servers (and restarts a server that dies)."""
+    servers: list[Any]
+    """Rollout ``AsyncServer`` handles; the manager replaces a restarted one in place."""
+    workers: WorkerGroup
+    """The trainer ranks."""
+    rewards: RewardManager
+    judge_servers: list[Any]
+    """The judge's own servers (empty without a judge reward)."""
+    sync: WeightSync
+    """Sends the actor's weights to ``servers`` after each update."""
+    tracking: Tracking
+    checkpoints: CheckpointManager
+    tagger: TraceTagger | None = None
+    """Tags rollout traces with their rewards (None without ``rollout.trace.backend``)."""
+    closed: bool = field(default=False, init=False)
+
+    def close(self) -> None:
+        """Loggers, trace tags and rewards first, then the judge servers, the trainer ranks
+        and the rollout (its agent-loop workers flush their traces, then the servers). Each
+        is stopped even if one before it fails."""
+        if self.closed:
+            return
+        self.closed = True
+        with ExitStack() as stops:  # runs its callbacks last-registered first
+            stops.callback(stop_rollout, self.servers, self.manager)
+            stops.callback(self.workers.shutdown)
+            stops.callback(_stop_rewards, self.rewards, self.judge_servers)
+            if self.tagger is not None:
+                stops.callback(self.tagger.close)
+            stops.callback(self.tracking.finish)
+
+
+def plan_run(config: Config) -> RunPlan:
+    """Every start-up check of ``agentloop-train``, in order; raises ValueError saying what to
+    set. The loggers open last, once everything else has passed."""
+    check_train_config(config)
+    device = resolve_device(config.trainer.device)
+    setup = prepare_rollout(config)
+    train_rows = load_split(config, setup, "train")
+    val_rows = load_split(config, setup, "val") if config.data.val_files else []
+    data, run = config.data, config.trainer
+    sampler = PromptSampler(train_rows, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
+    checkpoints = CheckpointManager(run.default_local_dir, run.max_actor_ckpt_to_keep)
+    checkpoints.check_writable()
+    if run.save_freq > 0:
+        contents = config.actor_rollout_ref.actor.checkpoint.save_contents
+        checkpoints.check_free_space(checkpoint_bytes(setup.model_path, contents))
+    check_rewards(config)
+    tracking = Tracking(
+        run.logger,
+        project=run.project_name,
+        experiment=run.experiment_name,
+        run_dir=checkpoints.root,
+        config=asdict(config),
+    )
+    return RunPlan(
+        device=device,
+        setup=setup,
+        sampler=sampler,
+        val_rows=val_rows,
+        checkpoints=checkpoints,
+        tracking=tracking,
+    )
+
+
+def build_run(config: Config, plan: RunPlan) -> RunParts:
+    """Start the parts of a checked run. The parts own the plan's loggers from here on: if a
+    part fails to start, the loggers are finished and what already started is stopped."""
+    ref = config.actor_rollout_ref
+    colocated = ref.hybrid_engine and plan.device == "cuda"
+    # Colocated: a server and a trainer rank each take half of the same GPU in Ray's
+    # accounting; the server sleeps while the trainer computes.
+    share = 0.5 if colocated else None
+    model_path = plan.setup.model_path
+    with ExitStack() as undo:  # stops, newest first, what started if a later part fails
+        undo.callback(plan.tracking.finish)
+        tagger = configure_traces(ref.rollout.trace, config.trainer, plan)
+        if tagger is not None:
+            undo.callback(tagger.close)
+        # Before the servers: the agent-loop workers take the trace settings with them.
+        servers, manager = start_rollout(ref.rollout, model_path, share)
+        undo.callback(stop_rollout, servers, manager)
+        rewards, judge_servers = build_rewards(config, plan.setup.tokenizer, plan.device)
+        undo.callback(_stop_rewards, rewards, judge_servers)
+        world = config.trainer.world_size
+        spec = WorkerSpec(
+            model_path=model_path,
+            model=ref.model,
+            actor=ref.actor,
+            ref=ref.ref,
+            need_ref=needs_ref_policy(config),
+            device=plan.device,
+            temperature=ref.rollout.temperature or 1.0,
+            threads=max(1, (os.cpu_count() or 1) // world),
+            gpu_share=share or 1.0,
+        )
+        workers = WorkerGroup(spec, world)
+        undo.callback(workers.shutdown)
+        sync = WeightSync(
+            workers, servers, bucket_mb=config.trainer.weight_sync_bucket_mb, colocated=colocated
+        )
+        manager.on_server_restart = sync.push_to  # a restarted server gets the current weights
+        undo.pop_all()  # all started: from here ``RunParts.close`` stops them
+    return RunParts(
+        manager=manager,
+        servers=servers,
+        workers=workers,
+        rewards=rewards,
+        judge_servers=judge_servers,
+        sync=sync,
+        tracking=plan.tracking,
+        checkpoints=plan.checkpoints,
+        tagger=tagger,
+    )
+
+
+def needs_ref_policy(config: Config) -> bool:
+    """A KL term (in the loss or in the reward) needs the reference policy's log-probs."""
+    return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+def configure_traces(trace: TraceConfig, run: TrainerConfig, plan: RunPlan) -> TraceTagger | None:
+    """Rollout traces go to the training run's MLflow store and experiment, linked to its
+    run (``trainer.logger`` with mlflow); else to ``MLFLOW_TRACKING_URI`` or
+    ``sqlite:///<run dir>/mlruns.db``. Fills the unset keys of ``trace`` in place; returns the
+    tagger that adds rewards to the traces (None when tracing is off)."""
+    if trace.backend is None:
+        return None
+    tracking = plan.tracking
+    trace.run_id = trace.run_id or tracking.mlflow_run_id
+    trace.experiment_name = trace.experiment_name or run.project_name
+    if not trace.tracking_uri:
+        store = Path(plan.checkpoints.root, "mlruns.db").resolve()
+        trace.tracking_uri = tracking.mlflow_tracking_uri or os.environ.get(
+            "MLFLOW_TRACKING_URI", f"sqlite:///{store}"
+        )
+    logger.info("rollout traces -> %s (experiment %r)", trace.tracking_uri, trace.experiment_name)
+    return TraceTagger(trace.tracking_uri)
+
+
+def _stop_rewards(rewards: RewardManager, judge_servers: list[Any]) -> None:
+    try:
+        rewards.close()
+    finally:
+        if judge_servers:
+            stop_servers(judge_servers)
