@@ -8,8 +8,8 @@ import copy
 
 import pytest
 import torch
-import transformers
 
+from tests.unit.trainer.tiny_model import tiny_qwen3
 from trainer.algos import (
     LOSS_AGG_MODES,
     agg_denominator,
@@ -32,17 +32,7 @@ N, P, R = 6, 6, 10
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.Qwen3Config(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
-    return transformers.Qwen3ForCausalLM(config).float().eval()
+    return tiny_qwen3().eval()
 
 
 def full_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0):

@@ -20,6 +20,7 @@ from agentloop import AgentLoopOutput, RolloutBatch, RolloutConfig, TraceContext
 from agentloop.batch import rollout_metrics
 from agentloop.manager import expand_rows
 from servers import ServerRestartError
+from tests.unit.trainer.tiny_model import tiny_qwen3
 from trainer.algos import compute_advantages
 from trainer.assembly import RunParts
 from trainer.checkpoint import CheckpointManager
@@ -171,18 +172,6 @@ class RecordingWeightSync:
 
 
 # ---- a run of them --------------------------------------------------------------------------
-def tiny_qwen3() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.Qwen3Config(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
-    return transformers.Qwen3ForCausalLM(config).float()
 
 
 def make_config(tmp_path: Path, model_path: Path, **actor: Any) -> Config:
