@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 if TYPE_CHECKING:
+    from agentloop import RolloutBatch
     from trainer.config.schema import Config
 
 __all__ = ["main", "trajectory_records"]
@@ -27,7 +28,7 @@ logger = logging.getLogger("agentloop.rollout")
 EXTRAS = ("output", "split", "max_samples")
 
 
-def trajectory_records(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
+def trajectory_records(batch: RolloutBatch, tokenizer: Any) -> list[dict[str, Any]]:
     """Un-padded JSON-ready trajectories of a ``RolloutBatch``."""
     p = batch.prompts.shape[1]
     records = []
