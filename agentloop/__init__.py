@@ -22,6 +22,7 @@ from agentloop.manager import AgentLoopManager
 from agentloop.parsers import ToolCall, ToolCallError, get_parser, register_parser
 from agentloop.records import SampleRecord, ToolCallRecord
 from agentloop.single_turn import SingleTurnAgentLoop
+from agentloop.stream import FinishedGroup, RolloutStream
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from agentloop.trace import TraceContext
@@ -35,6 +36,8 @@ __all__ = [
     "TraceContext",
     "AgentLoopOutput",
     "AgentLoopWorker",
+    "FinishedGroup",
+    "RolloutStream",
     "MultiTurnConfig",
     "RolloutBatch",
     "RolloutConfig",

@@ -68,6 +68,9 @@ class AgentLoopOutput:
     """A user loop's own data; agentloop and the trainer never read it."""
     metrics: dict[str, float] = field(default_factory=dict)
     """``generate_s``, ``tool_s``, ``total_s`` of this sample."""
+    response_versions: list[int] | None = None
+    """Policy version that sampled each token (-1 where the mask is 0); None: not tracked
+    (every sampled token counts as the current version)."""
 
 
 @dataclass(slots=True)
@@ -164,8 +167,9 @@ class AgentLoopBase(abc.ABC):
         if len(out.token_ids) > params["max_tokens"]:  # never trust a backend with the budget
             n = params["max_tokens"]
             logp = out.log_probs[:n] if out.log_probs is not None else None
-            out = TokenOutput(out.token_ids[:n], logp, "length")
-        traj.add_sampled(out.token_ids, out.log_probs)
+            versions = out.versions[:n] if out.versions is not None else None
+            out = TokenOutput(out.token_ids[:n], logp, "length", versions)
+        traj.add_sampled(out.token_ids, out.log_probs, out.versions)
         return out
 
     def output(
@@ -202,6 +206,7 @@ class AgentLoopBase(abc.ABC):
             record=record if record is not None else SampleRecord(**fields),
             extra=extra,
             metrics=dict(self.metrics),
+            response_versions=traj.response_versions,
         )
 
 

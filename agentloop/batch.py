@@ -7,7 +7,7 @@ offset (the layout verl trainers expect).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -35,21 +35,49 @@ class RolloutBatch:
     """[batch, response_length] 1 where the model sampled the token (the loss mask)."""
     rollout_log_probs: torch.Tensor
     """[batch, response_length] float32 engine log-probs, 0 where response_mask is 0."""
+    rollout_versions: torch.Tensor
+    """[batch, response_length] int64 policy version that sampled each token, -1 where
+    response_mask is 0 (async training: a resumed turn spans versions)."""
     uid: list[str]
     """Group id: samples of the same prompt share it (GRPO groups)."""
     rows: list[dict[str, Any]]
     """The dataset row of each sample (data_source, reward_model, extra_info, ...)."""
     agent_name: list[str]
     num_turns: list[int]
-    tool_calls: list[int]
-    tool_errors: list[int]
     reward_score: list[float | None]
     records: list[SampleRecord]
     """Each sample's record (stop reason, turns, tool calls, tool rewards, trace id)."""
     metrics: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def tool_calls(self) -> list[int]:
+        """Tool calls that ran per sample (from ``records``)."""
+        return [int(r.tool_calls) for r in self.records]
+
+    @property
+    def tool_errors(self) -> list[int]:
+        """Failed or unparsable tool calls per sample (from ``records``)."""
+        return [int(r.tool_errors) for r in self.records]
+
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    @staticmethod
+    def cat(batches: list[RolloutBatch]) -> RolloutBatch:
+        """One batch of several (same prompt/response lengths), in order; metrics of the
+        first (callers set their own)."""
+        if not batches:
+            raise ValueError("RolloutBatch.cat needs at least one batch")
+        out: dict[str, Any] = {}
+        for f in fields(RolloutBatch):
+            values = [getattr(b, f.name) for b in batches]
+            if f.name == "metrics":
+                out[f.name] = dict(values[0])
+            elif isinstance(values[0], torch.Tensor):
+                out[f.name] = torch.cat(values)
+            else:
+                out[f.name] = [x for v in values for x in v]
+        return RolloutBatch(**out)
 
 
 def collate(
@@ -69,6 +97,7 @@ def collate(
     resp_attn = np.zeros((b, r), dtype=np.int64)
     resp_mask = np.zeros((b, r), dtype=np.int64)
     logp = np.zeros((b, r), dtype=np.float32)
+    versions = np.full((b, r), -1, dtype=np.int64)
     for i, out in enumerate(outputs):
         np_, nr = len(out.prompt_ids), len(out.response_ids)
         if np_ > p or nr > r:
@@ -82,9 +111,12 @@ def collate(
         resp_attn[i, :nr] = 1
         resp_mask[i, :nr] = out.response_mask
         logp[i, :nr] = out.response_log_probs
+        if out.response_versions is not None:
+            versions[i, :nr] = out.response_versions
+        else:
+            versions[i, :nr] = np.where(np.asarray(out.response_mask) == 1, 0, -1)
     attention = np.concatenate([prompt_mask, resp_attn], axis=1)
     position = np.clip(np.cumsum(attention, axis=1) - 1, 0, None)
-    records = [o.record for o in outputs]
     return RolloutBatch(
         prompts=torch.from_numpy(prompts),
         responses=torch.from_numpy(responses),
@@ -93,14 +125,13 @@ def collate(
         position_ids=torch.from_numpy(position),
         response_mask=torch.from_numpy(resp_mask),
         rollout_log_probs=torch.from_numpy(logp),
+        rollout_versions=torch.from_numpy(versions),
         uid=[str(row["uid"]) for row in rows],
         rows=rows,
         agent_name=[str(row["agent_name"]) for row in rows],
         num_turns=[o.num_turns for o in outputs],
-        tool_calls=[int(r.tool_calls) for r in records],
-        tool_errors=[int(r.tool_errors) for r in records],
         reward_score=[o.reward_score for o in outputs],
-        records=records,
+        records=[o.record for o in outputs],
     )
 
 

@@ -139,7 +139,7 @@ class Trajectory:
     prompt with no answer would teach nothing and could be a cut header).
     """
 
-    __slots__ = ("prompt_ids", "budget", "_ids", "_mask", "_log_probs")
+    __slots__ = ("prompt_ids", "budget", "_ids", "_mask", "_log_probs", "_versions")
 
     def __init__(self, prompt_ids: Sequence[int], budget: int) -> None:
         if budget < 1:
@@ -149,6 +149,7 @@ class Trajectory:
         self._ids: list[int] = []
         self._mask: list[int] = []
         self._log_probs: list[float] = []
+        self._versions: list[int] = []  # policy version per token; -1 where not sampled
 
     @classmethod
     def restore(
@@ -158,6 +159,7 @@ class Trajectory:
         response_ids: Sequence[int],
         response_mask: Sequence[int],
         response_log_probs: Sequence[float],
+        response_versions: Sequence[int] | None = None,
     ) -> Trajectory:
         """A trajectory continued from saved lists (e.g. a LangChain message's metadata)."""
         if not len(response_ids) == len(response_mask) == len(response_log_probs):
@@ -171,6 +173,10 @@ class Trajectory:
         traj._ids = list(response_ids)
         traj._mask = list(response_mask)
         traj._log_probs = list(response_log_probs)
+        if response_versions is not None and len(response_versions) == len(response_ids):
+            traj._versions = list(response_versions)
+        else:  # saved without versions: sampled tokens count as version 0
+            traj._versions = [0 if m else -1 for m in response_mask]
         return traj
 
     @property
@@ -181,8 +187,14 @@ class Trajectory:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def add_sampled(self, token_ids: Sequence[int], log_probs: Sequence[float] | None) -> None:
-        """Append model tokens exactly as sampled (mask 1) with their engine log-probs."""
+    def add_sampled(
+        self,
+        token_ids: Sequence[int],
+        log_probs: Sequence[float] | None,
+        versions: Sequence[int] | None = None,
+    ) -> None:
+        """Append model tokens exactly as sampled (mask 1) with their engine log-probs and
+        the policy version that sampled each (0 when not tracked)."""
         n = len(token_ids)
         if n > self.room:
             raise ValueError(f"{n} sampled tokens exceed the {self.room} left in the budget")
@@ -191,6 +203,9 @@ class Trajectory:
         self._ids.extend(token_ids)
         self._mask.extend([1] * n)
         self._log_probs.extend(log_probs if log_probs is not None else [0.0] * n)
+        if versions is not None and len(versions) != n:
+            raise ValueError(f"{len(versions)} versions for {n} sampled tokens")
+        self._versions.extend(versions if versions is not None else [0] * n)
 
     def add_template(self, token_ids: Sequence[int]) -> bool:
         """Append non-model tokens (mask 0, log-prob 0) if they leave room to sample; returns
@@ -201,6 +216,7 @@ class Trajectory:
         self._ids.extend(token_ids)
         self._mask.extend([0] * n)
         self._log_probs.extend([0.0] * n)
+        self._versions.extend([-1] * n)
         return True
 
     def context_ids(self) -> list[int]:
@@ -218,6 +234,11 @@ class Trajectory:
     @property
     def response_log_probs(self) -> list[float]:
         return list(self._log_probs)
+
+    @property
+    def response_versions(self) -> list[int]:
+        """Policy version that sampled each token; -1 on tool/user/template tokens."""
+        return list(self._versions)
 
 
 def mask_spans(ids: Sequence[int], mask: Sequence[int], value: int) -> list[list[int]]:

@@ -105,6 +105,22 @@ class AgentLoopWorker:
         """Use a restarted server at ``index`` (async: runs on the loop the turns wait on)."""
         self.context.server.replace_server(index, server)
 
+    async def pause(self, abort: bool) -> int:
+        """Hold new turns; abort the running ones (``abort``) or wait for them. Returns once
+        none runs (the weights may change then); the number aborted."""
+        pause = getattr(self.context.server, "pause", None)
+        return int(await pause(abort=abort)) if pause is not None else 0
+
+    async def resume(self, version: int) -> None:
+        """Turns go on under policy ``version`` (aborted ones from their sampled tokens)."""
+        resume = getattr(self.context.server, "resume", None)
+        if resume is not None:
+            resume(version)
+
+    def resumed_turns(self) -> int:
+        """Turns aborted for a weight update and continued afterwards (worker's life)."""
+        return int(getattr(self.context.server, "resumed_turns", 0))
+
     def retried_requests(self) -> int:
         """Turns re-sent to another server because theirs died (over the worker's life)."""
         return int(getattr(self.context.server, "retried_requests", 0))

@@ -9,6 +9,11 @@
   request is retried on another; bad input (``ValueError``) is the caller's and is raised.
 - With every server dead, a request waits up to ``restart_wait_s`` for one to be replaced
   (``replace_server``, called when the driver has restarted it) and then runs there.
+- Weight updates while rollout runs (async training): ``pause`` holds new turns at a gate and
+  either lets the running ones finish or aborts them (``abort=True``); ``resume(version)``
+  opens the gate under the new policy version. An aborted turn then continues from the
+  tokens it already sampled (kept with their log-probs), so every token of a turn carries
+  the version that sampled it (``TokenOutput.versions``).
 
 Servers are Ray actor handles (``generate.remote``) or in-process objects with ``async
 generate(prompt_ids, sampling_params, request_id)``.
@@ -74,6 +79,13 @@ class AsyncLLMServerManager:
         self._sticky: OrderedDict[str, int] = OrderedDict()
         self._active: dict[str, tuple[int, str]] = {}
         self._dead = _dead_errors()
+        self.version = 0
+        """Policy version the servers hold (set by ``resume``); stamped on sampled tokens."""
+        self.resumed_turns = 0
+        """Turns aborted by ``pause(abort=True)`` and continued after ``resume``."""
+        self._open: asyncio.Event | None = None  # None: never paused (the gate is open)
+        self._paused = False
+        self._aborted_by_pause: set[str] = set()
 
     # ---- routing --------------------------------------------------------------------------
     def _pick(self, request_id: str, exclude: set[int]) -> int:
@@ -109,7 +121,37 @@ class AsyncLLMServerManager:
         sampling_params: dict[str, Any] | None = None,
     ) -> TokenOutput:
         """Generate one turn of trajectory ``request_id``; retried on another server if the
-        chosen one dies."""
+        chosen one dies, continued from its sampled tokens if ``pause`` aborted it."""
+        params = dict(sampling_params or {})
+        budget = params.get("max_tokens")
+        tokens: list[int] = []
+        log_probs: list[float] | None = []
+        versions: list[int] = []
+        while True:
+            if self._paused:
+                await self._wait_open()
+            version = self.version
+            if budget is not None:
+                params["max_tokens"] = budget - len(tokens)
+            out, engine_rid = await self._generate_once(request_id, prompt_ids + tokens, params)
+            tokens.extend(out.token_ids)
+            versions.extend([version] * len(out.token_ids))
+            if log_probs is not None and out.log_probs is not None:
+                log_probs.extend(out.log_probs)
+            else:
+                log_probs = None
+            if out.finish_reason == "abort" and engine_rid in self._aborted_by_pause:
+                self._aborted_by_pause.discard(engine_rid)
+                self.resumed_turns += 1
+                if budget is None or len(tokens) < budget:
+                    continue
+                return TokenOutput(tokens, log_probs, "length", versions)
+            return TokenOutput(tokens, log_probs, out.finish_reason, versions)
+
+    async def _generate_once(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]
+    ) -> tuple[TokenOutput, str]:
+        """One engine request (retried elsewhere if its server dies); with its engine id."""
         tried: set[int] = set()
         while True:
             try:
@@ -145,20 +187,50 @@ class AsyncLLMServerManager:
                 stats.in_flight -= 1
                 self._active.pop(request_id, None)
             stats.generated_tokens += len(out.token_ids)
-            return out
+            return out, engine_rid
 
     async def abort(self, request_id: str) -> bool:
         """Abort the engine request currently running for ``request_id`` (False if none)."""
         active = self._active.get(request_id)
         if active is None:
             return False
-        idx, engine_rid = active
+        await self._abort_engine(*active)
+        return True
+
+    # ---- weight updates during rollout ------------------------------------------------------
+    async def pause(self, *, abort: bool) -> int:
+        """Hold new turns at the gate; abort the running ones (``abort``) or let them finish.
+        Returns once no engine request of this manager runs; returns how many were aborted."""
+        self._paused = True
+        if self._open is None or self._open.is_set():
+            self._open = asyncio.Event()
+        aborted = 0
+        if abort:
+            for idx, engine_rid in list(self._active.values()):
+                self._aborted_by_pause.add(engine_rid)
+                await self._abort_engine(idx, engine_rid)
+                aborted += 1
+        while any(s.in_flight for s in self._stats):
+            await asyncio.sleep(0.005)
+        return aborted
+
+    def resume(self, version: int) -> None:
+        """Open the gate: turns (new, and aborted ones continuing) sample under ``version``."""
+        self.version = version
+        self._paused = False
+        if self._open is not None:
+            self._open.set()
+
+    async def _wait_open(self) -> None:
+        assert self._open is not None
+        await self._open.wait()
+
+    async def _abort_engine(self, idx: int, engine_rid: str) -> None:
         abort = self.servers[idx].abort
         if hasattr(abort, "remote"):
             await abort.remote(engine_rid)
         else:
             await abort(engine_rid)
-        return True
 
     async def _wait_for_replacement(self, request_id: str) -> bool:
         """Wait until ``replace_server`` runs (True) or ``restart_wait_s`` passes (False)."""

@@ -32,9 +32,16 @@ class TokenOutput:
     """Log-prob of each sampled token under the sampling distribution (one per token)."""
     finish_reason: FinishReason
     """``stop`` (EOS/stop token), ``length`` (max_tokens or model length), ``abort``."""
+    versions: list[int] | None = None
+    """Policy version (weight pushes so far) that sampled each token, where the caller
+    knows it (``AsyncLLMServerManager`` stamps it; a turn resumed after a weight update
+    spans two versions). None: not tracked."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if out["versions"] is None:  # the HTTP contract: servers do not track versions
+            del out["versions"]
+        return out
 
 
 class GenerateInputError(ValueError):

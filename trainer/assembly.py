@@ -101,6 +101,11 @@ def plan_run(config: Config) -> RunPlan:
     set. The loggers open last, once everything else has passed."""
     check_train_config(config)
     device = resolve_device(config.trainer.device)
+    if config.async_training.enable and device == "cuda" and config.actor_rollout_ref.hybrid_engine:
+        raise ValueError(
+            "async_training.enable=True needs rollout servers on their own GPUs (they generate "
+            "while the trainer updates): set actor_rollout_ref.hybrid_engine=False"
+        )
     setup = prepare_rollout(config)
     train_rows = load_split(config, setup, "train")
     val_rows = load_split(config, setup, "val") if config.data.val_files else []
@@ -157,6 +162,8 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             need_ref=needs_ref_policy(config),
             device=plan.device,
             temperature=ref.rollout.temperature or 1.0,
+            correction=config.algorithm.rollout_correction.mode,
+            correction_clip=config.algorithm.rollout_correction.clip,
             threads=max(1, (os.cpu_count() or 1) // world),
             gpu_share=share or 1.0,
         )

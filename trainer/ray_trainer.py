@@ -27,14 +27,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from agentloop import TraceContext
+from agentloop import RolloutBatch, TraceContext
 from servers import ServerRestartError
 from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
 from trainer.assembly import RunParts, needs_ref_policy
 from trainer.checkpoint import CheckpointManager, CheckpointSaveError
 from trainer.config.schema import Config
 from trainer.dataloader import PromptSampler
+from trainer.rewards.manager import RewardOutput
 from trainer.workers import TrainBatch, TrainerWorkerDiedError
+from trainer.workers.policy_math import correction_weights
 
 __all__ = ["RayPPOTrainer", "RunStoppedError", "stopped_message"]
 
@@ -56,6 +58,26 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
         f"{prefix}/mean": float(picked.mean()),
         f"{prefix}/max": float(picked.max()),
         f"{prefix}/min": float(picked.min()),
+    }
+
+
+def correction_metrics(
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    clip: float,
+) -> dict[str, float]:
+    """Statistics of the off-policy correction's weights over the sampled tokens."""
+    raw = torch.exp((old_log_probs - rollout_log_probs).clamp(max=20.0))[mask.bool()]
+    if raw.numel() == 0:
+        return {}
+    used = correction_weights(raw, torch.zeros_like(raw), mode, clip)
+    return {
+        "rollout_correction/weight_mean": float(used.mean()),
+        "rollout_correction/weight_max": float(raw.max()),
+        "rollout_correction/weight_min": float(raw.min()),
+        "rollout_correction/clipped_frac": float((raw > clip).float().mean()),
     }
 
 
@@ -159,7 +181,6 @@ class RayPPOTrainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         """One step of the loop in the module docstring; returns its metrics."""
-        cfg = self.config
         metrics: dict[str, float] = {"training/step": float(step)}
         start = time.perf_counter()
         rows = self.sampler.next_batch()
@@ -171,9 +192,19 @@ class RayPPOTrainer:
         with _timer(metrics, "reward"):
             reward = self.rewards.score(rollout)
         metrics |= reward.metrics
-        scores = reward.scores
         if self.tagger is not None:
-            self.tagger.submit(rollout.records, scores.tolist(), reward.components)
+            self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
+        metrics |= self.update(step, rollout, reward)
+        metrics |= self.sync.push()
+        metrics["timing_s/step"] = time.perf_counter() - start
+        return metrics
+
+    def update(self, step: int, rollout: RolloutBatch, reward: RewardOutput) -> dict[str, float]:
+        """Old (and reference) log-probs, advantages and the PPO update of a scored rollout
+        batch; returns their metrics. The weights are not pushed."""
+        cfg = self.config
+        metrics: dict[str, float] = {}
+        scores = reward.scores
         batch = TrainBatch(
             input_ids=rollout.input_ids,
             attention_mask=rollout.attention_mask,
@@ -181,10 +212,19 @@ class RayPPOTrainer:
             response_mask=rollout.response_mask,
         )
         mask = batch.response_mask
-        with _timer(metrics, "old_log_prob"):
-            batch.old_log_probs, entropy = self.workers.compute_log_prob(batch)
-        metrics |= self._gap_metrics(batch.old_log_probs, rollout.rollout_log_probs, mask)
-        metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        correction = cfg.algorithm.rollout_correction
+        if cfg.async_training.use_rollout_log_probs:
+            batch.old_log_probs = rollout.rollout_log_probs
+        else:
+            with _timer(metrics, "old_log_prob"):
+                batch.old_log_probs, entropy = self.workers.compute_log_prob(batch)
+            metrics |= self._gap_metrics(batch.old_log_probs, rollout.rollout_log_probs, mask)
+            metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        if correction.mode != "none":
+            batch.rollout_log_probs = rollout.rollout_log_probs
+            metrics |= correction_metrics(
+                batch.old_log_probs, rollout.rollout_log_probs, mask, correction.mode, correction.clip
+            )
         if self.need_ref:
             with _timer(metrics, "ref"):
                 batch.ref_log_probs = self.workers.compute_ref_log_prob(batch)
@@ -216,13 +256,11 @@ class RayPPOTrainer:
         mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
         with _timer(metrics, "update_actor"):
             metrics |= self.workers.update_actor(batch, mini, seed=cfg.trainer.seed + step)
-        metrics |= self.sync.push()
         tokens = float(batch.attention_mask.sum())
         metrics["perf/total_tokens"] = tokens
         metrics["perf/trainer_tokens_per_s"] = tokens / max(
-            metrics["timing_s/old_log_prob"] + metrics["timing_s/update_actor"], 1e-9
+            metrics.get("timing_s/old_log_prob", 0.0) + metrics["timing_s/update_actor"], 1e-9
         )
-        metrics["timing_s/step"] = time.perf_counter() - start
         return metrics
 
     @staticmethod

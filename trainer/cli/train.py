@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.assembly import build_run, plan_run
     from trainer.cli.common import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
+    from trainer.async_trainer import AsyncPPOTrainer
     from trainer.ray_trainer import RayPPOTrainer, RunStoppedError
     from trainer.rewards import JudgeUnavailableError, RewardFunctionError
 
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         return cli_error("agentloop-train", str(exc))
     try:
-        trainer = RayPPOTrainer(config, build_run(config, plan), plan.sampler, plan.val_rows)
+        cls = AsyncPPOTrainer if config.async_training.enable else RayPPOTrainer
+        trainer = cls(config, build_run(config, plan), plan.sampler, plan.val_rows)
         metrics = trainer.fit()
     except (JudgeUnavailableError, RewardFunctionError) as exc:
         # The last checkpoint stays; fix the reward and run again to resume.

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainer.algos import ADV_ESTIMATORS, KL_TYPES
+from trainer.config.async_training import FilterGroupsConfig, RolloutCorrectionConfig
 from trainer.tracking import BACKENDS as LOGGERS
 
 __all__ = [
@@ -47,6 +48,10 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Off-policy correction from the engine's log-probs (async training, or engine/trainer
+    mismatch in sync training)."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
     def __post_init__(self) -> None:
         if self.adv_estimator not in ADV_ESTIMATORS:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from agentloop.config import RolloutConfig
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
+from trainer.config.async_training import AsyncTrainingConfig
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
 from trainer.config.run import AlgorithmConfig, TrainerConfig
 
@@ -63,3 +64,4 @@ class Config:
     custom_reward_function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trainer.config.schema import Config
 
-__all__ = ["check_train_config", "resolve_device"]
+__all__ = ["async_groups_per_step", "check_async_config", "check_train_config", "resolve_device"]
 
 
 def resolve_device(device: str) -> str:
@@ -59,3 +59,47 @@ def check_train_config(config: Config) -> None:
         )
     if config.trainer.total_training_steps is not None and config.trainer.total_training_steps < 1:
         raise ValueError("trainer.total_training_steps must be >= 1 (or null)")
+    check_async_config(config)
+
+
+def async_groups_per_step(config: Config) -> int:
+    """Prompts (GRPO groups) one async step trains on."""
+    required = config.async_training.require_batches
+    if required is None:
+        return config.data.train_batch_size
+    return required * config.actor_rollout_ref.actor.ppo_mini_batch_size
+
+
+def check_async_config(config: Config) -> None:
+    """The combinations of ``async_training`` and ``algorithm.rollout_correction`` /
+    ``filter_groups`` that cannot work."""
+    run = config.async_training
+    algo = config.algorithm
+    if run.use_rollout_log_probs and algo.rollout_correction.mode != "none":
+        raise ValueError(
+            "async_training.use_rollout_log_probs=True makes the old policy the engine's, so "
+            f"algorithm.rollout_correction.mode={algo.rollout_correction.mode} has nothing to "
+            "correct (every weight is 1): set one of them off"
+        )
+    if not run.enable:
+        if algo.filter_groups.enable:
+            raise ValueError(
+                "algorithm.filter_groups.enable=True refills dropped groups from the rollout "
+                "stream: set async_training.enable=True (staleness_threshold=0 keeps it "
+                "on-policy)"
+            )
+        return
+    actor = config.actor_rollout_ref.actor
+    groups = async_groups_per_step(config)
+    if groups % actor.ppo_mini_batch_size:
+        raise ValueError(
+            f"an async step of {groups} prompts is not divisible by actor_rollout_ref.actor."
+            f"ppo_mini_batch_size={actor.ppo_mini_batch_size}: set async_training."
+            "require_batches (or data.train_batch_size) to a multiple"
+        )
+    if algo.filter_groups.enable and algo.adv_estimator not in ("grpo", "rloo"):
+        raise ValueError(
+            "algorithm.filter_groups.enable=True drops groups whose samples scored alike, which "
+            f"only means 'no signal' for group baselines: use algorithm.adv_estimator=grpo or "
+            f"rloo, not {algo.adv_estimator}"
+        )

@@ -88,6 +88,34 @@ class RewardOutput:
     components: dict[str, list[float]]
     """Each named reward's score per sample (before weighting)."""
 
+    @staticmethod
+    def cat(parts: list[RewardOutput]) -> RewardOutput:
+        """One output of several scored in turn (async training scores group by group):
+        scores in order; ``/errors`` counts summed, ``max``/``min`` over all, every other
+        metric the sample-weighted mean."""
+        scores = torch.cat([p.scores for p in parts])
+        token_rewards = None
+        if all(p.token_rewards is not None for p in parts):
+            token_rewards = torch.cat([p.token_rewards for p in parts])  # type: ignore[misc]
+        sizes = [len(p.scores) for p in parts]
+        total = max(sum(sizes), 1)
+        metrics: dict[str, float] = {}
+        for key in {k for p in parts for k in p.metrics}:
+            values = [(p.metrics[key], n) for p, n in zip(parts, sizes, strict=True) if key in p.metrics]
+            if key.endswith("/errors") or key.endswith("parse_failures"):
+                metrics[key] = sum(v for v, _ in values)
+            elif key.endswith("/max"):
+                metrics[key] = max(v for v, _ in values)
+            elif key.endswith("/min"):
+                metrics[key] = min(v for v, _ in values)
+            else:
+                metrics[key] = sum(v * n for v, n in values) / total
+        components = {
+            name: [x for p in parts for x in p.components.get(name, [])]
+            for name in {k for p in parts for k in p.components}
+        }
+        return RewardOutput(scores, token_rewards, metrics, components)
+
 
 def samples_of(batch: Any, tokenizer: Any) -> list[RewardSample]:
     """The reward view of a rollout batch (responses decoded once)."""
@@ -100,19 +128,19 @@ def samples_of(batch: Any, tokenizer: Any) -> list[RewardSample]:
     for i, text in enumerate(texts):
         row = batch.rows[i]
         info = dict(row.get("extra_info") or {})
-        info.update(reward_info(batch.records[i], batch.tool_calls[i], batch.num_turns[i]))
+        info.update(reward_info(batch.records[i], batch.num_turns[i]))
         truth = (row.get("reward_model") or {}).get("ground_truth")
         samples.append(RewardSample(i, row.get("data_source", ""), text, truth, info, row))
     return samples
 
 
-def reward_info(record: SampleRecord, tool_calls: int, num_turns: int) -> dict[str, Any]:
+def reward_info(record: SampleRecord, num_turns: int) -> dict[str, Any]:
     """What reward functions get of a sample's record, merged into the row's ``extra_info``:
     plain dicts and lists (the verl ``compute_score`` contract; picklable for process
     pools), each call as the dict of its ``ToolCallRecord`` fields."""
     return {
         "tool_rewards": record.tool_rewards,
-        "tool_calls": tool_calls,
+        "tool_calls": int(record.tool_calls),
         "num_turns": num_turns,
         "calls": [dataclasses.asdict(c) for c in record.calls],
         "stop_reason": record.stop_reason,

@@ -33,6 +33,8 @@ class TrainBatch:
     """[batch, R] reference policy log-probs (only with a KL term)."""
     advantages: torch.Tensor | None = None
     """[batch, R]"""
+    rollout_log_probs: torch.Tensor | None = None
+    """[batch, R] the engine's log-probs (behaviour policy; only with a rollout correction)."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -38,6 +38,9 @@ class WorkerSpec:
     need_ref: bool
     device: str
     temperature: float = 1.0
+    correction: str = "none"
+    """``algorithm.rollout_correction.mode``"""
+    correction_clip: float = 2.0
     threads: int = 1
     gpu_share: float = 1.0
     """GPUs per rank requested from Ray (0.5 when colocated with rollout servers)."""
@@ -127,6 +130,8 @@ class FSDPWorker:
             samples_per_mini_batch=samples_per_mini_batch,
             temperature=self.spec.temperature,
             seed=seed,
+            correction=self.spec.correction,
+            correction_clip=self.spec.correction_clip,
         )
         self.updates += int(metrics["actor/optimizer_steps"])
         return metrics

@@ -32,6 +32,7 @@ from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micr
 __all__ = [
     "LossSpec",
     "accumulate_gradients",
+    "correction_weights",
     "forward_log_probs",
     "global_denominator",
     "log_probs_in_micro_batches",
@@ -163,9 +164,18 @@ class LossSpec:
     kl_loss_coef: float
     kl_loss_type: str
     temperature: float = 1.0
+    correction: str = "none"
+    """Off-policy correction (``algorithm.rollout_correction.mode``): none | tis | decoupled."""
+    correction_clip: float = 2.0
 
     @classmethod
-    def from_config(cls, cfg: ActorConfig, temperature: float = 1.0) -> LossSpec:
+    def from_config(
+        cls,
+        cfg: ActorConfig,
+        temperature: float = 1.0,
+        correction: str = "none",
+        correction_clip: float = 2.0,
+    ) -> LossSpec:
         return cls(
             clip_low=cfg.clip_low,
             clip_high=cfg.clip_high,
@@ -176,7 +186,23 @@ class LossSpec:
             kl_loss_coef=cfg.kl_loss_coef,
             kl_loss_type=cfg.kl_loss_type,
             temperature=temperature,
+            correction=correction,
+            correction_clip=correction_clip,
         )
+
+
+def correction_weights(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mode: str, clip: float
+) -> torch.Tensor:
+    """Per-token weight of the PPO loss that corrects for sampling by another policy than
+    the proximal (old) one: w = pi_old / pi_rollout, truncated at ``clip`` (``tis``) or 0
+    above it (``decoupled``: AReaL's decoupled PPO drops such tokens). No gradient."""
+    weight = torch.exp((old_log_probs - rollout_log_probs).clamp(max=20.0)).detach()
+    if mode == "tis":
+        return weight.clamp(max=clip)
+    if mode == "decoupled":
+        return torch.where(weight <= clip, weight, torch.zeros_like(weight))
+    raise ValueError(f"unknown rollout correction mode {mode!r}")
 
 
 def _micro_loss(
@@ -199,6 +225,14 @@ def _micro_loss(
         clip_ratio_high=spec.clip_high,
         clip_ratio_c=spec.clip_ratio_c,
     )
+    if spec.correction != "none":
+        assert mb.rollout_log_probs is not None, "rollout correction needs rollout_log_probs"
+        token_losses = token_losses * correction_weights(
+            mb.old_log_probs.to(device),
+            mb.rollout_log_probs.to(device),
+            spec.correction,
+            spec.correction_clip,
+        )
     pg = agg_numerator(token_losses, mask, mode)
     loss = pg
     stats = {"pg_loss": float(pg.detach()), **counts, "tokens": float(mask.sum())}
@@ -226,10 +260,14 @@ def update_policy(
     samples_per_mini_batch: int,
     temperature: float = 1.0,
     seed: int = 0,
+    correction: str = "none",
+    correction_clip: float = 2.0,
 ) -> dict[str, float]:
     """PPO epochs over mini-batches of this rank's ``batch`` (``samples_per_mini_batch`` rows
-    each, per rank); one optimizer step per mini-batch. Returns mean metrics over steps."""
-    spec = LossSpec.from_config(cfg, temperature)
+    each, per rank); one optimizer step per mini-batch. Returns mean metrics over steps.
+    ``correction``: weight each token's loss by ``correction_weights`` (needs the batch's
+    ``rollout_log_probs``)."""
+    spec = LossSpec.from_config(cfg, temperature, correction, correction_clip)
     world = _world()
     totals: dict[str, float] = {}
     steps = 0

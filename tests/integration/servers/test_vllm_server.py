@@ -262,3 +262,46 @@ async def test_sleep_and_wake_up_are_noops_on_cpu_and_server_still_generates(ser
     await server.wake_up.remote()
     out = await server.generate.remote(prompt, {"max_tokens": 3})
     assert len(out.token_ids) >= 1
+
+
+async def test_a_turn_aborted_for_a_weight_update_resumes_and_each_token_matches_its_version(
+    server, prompt, tiny_qwen3_path
+):
+    """Partial rollout: ``pause(abort=True)`` mid-turn, new weights, ``resume(1)``: the turn
+    continues from the tokens it had, each stamped with the version that sampled it, and
+    each stored log-prob is the trainer's at that version."""
+    original = load_file(str(tiny_qwen3_path / "model.safetensors"))
+    old = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
+    torch.manual_seed(321)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    manager = AsyncLLMServerManager([server])
+    budget = 400
+    params = {"max_tokens": budget, "temperature": 1.0, "ignore_eos": True}
+    task = asyncio.ensure_future(
+        manager.generate("partial-1", prompt_ids=prompt, sampling_params=params)
+    )
+    await asyncio.sleep(3.0)  # engine start-up of the request, then some tokens
+    assert await manager.pause(abort=True) == 1
+    await server.update_weights.remote(list(new.state_dict().items()), 1 << 20)
+    manager.resume(1)
+    try:
+        out = await asyncio.wait_for(task, timeout=120)
+    finally:
+        await server.update_weights.remote(list(original.items()))
+
+    assert out.finish_reason == "length" and len(out.token_ids) == budget
+    assert out.versions is not None and out.log_probs is not None
+    k = out.versions.count(0)
+    assert 0 < k < budget and out.versions == [0] * k + [1] * (budget - k)
+    assert manager.resumed_turns == 1
+    stored = torch.tensor(out.log_probs)
+    before = _hf_logprobs(old, prompt, out.token_ids[:k])
+    after = _hf_logprobs(new, prompt + out.token_ids[:k], out.token_ids[k:])
+    gap = (stored - torch.cat([before, after])).abs()
+    assert gap.max().item() < 1e-3, gap.max().item()
+    # the resumed half is not the old policy's: the stamps matter
+    stale = _hf_logprobs(old, prompt + out.token_ids[:k], out.token_ids[k:])
+    assert (stored[k:] - stale).abs().mean().item() > 1e-2

@@ -1,0 +1,133 @@
+"""``RolloutStream``: rollout as a stream of GRPO groups, for async training.
+
+A group (one prompt x ``rollout.n`` samples) is handed to the agent-loop worker with the
+fewest samples in flight when it is submitted, so no batch is split statically over the
+workers; ``poll`` returns the groups that have finished, in the order they finish, each
+padded into its own ``RolloutBatch`` (same prompt/response lengths, so any of them
+concatenate). While groups run the stream checks the servers (``AgentLoopManager.heal``).
+
+``pause``/``resume`` bracket a weight update: every worker's turns are held (aborted and
+later continued from their sampled tokens with ``abort=True``, else let finish) so that no
+engine request runs while the weights change, and then go on under the new version.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop.base import AgentLoopOutput
+from agentloop.batch import RolloutBatch, collate, rollout_metrics
+from agentloop.manager import AgentLoopManager, expand_rows
+from agentloop.trace import TraceContext
+from agentloop.worker import validate_rows
+
+__all__ = ["FinishedGroup", "RolloutStream"]
+
+
+@dataclass(slots=True)
+class FinishedGroup:
+    key: Any
+    """What the caller submitted the group with (e.g. the prompt's sampler position)."""
+    batch: RolloutBatch
+    """The group's samples, padded; ``metrics`` are the group's rollout metrics."""
+    outputs: list[AgentLoopOutput]
+    submitted_s: float
+    """``time.perf_counter()`` at submission and at the poll that returned it."""
+    finished_s: float
+
+
+@dataclass(slots=True)
+class _Running:
+    key: Any
+    samples: list[dict[str, Any]]
+    worker: int
+    submitted_s: float
+
+
+class RolloutStream:
+    def __init__(self, manager: AgentLoopManager) -> None:
+        self.manager = manager
+        self.config = manager.config
+        self._running: dict[Any, _Running] = {}  # ObjectRef -> group
+        self._load = [0] * len(manager.workers)  # samples in flight per worker
+        self._next_index = 0  # sample_index of the traces
+        self._last_heal = time.perf_counter()
+
+    @property
+    def in_flight(self) -> int:
+        """Groups submitted and not yet returned by ``poll``."""
+        return len(self._running)
+
+    @property
+    def in_flight_samples(self) -> int:
+        return sum(self._load)
+
+    def submit(
+        self,
+        key: Any,
+        row: dict[str, Any],
+        *,
+        n: int | None = None,
+        trace: TraceContext | None = None,
+    ) -> None:
+        """Start ``n`` (default ``rollout.n``) samples of ``row`` on the least loaded worker."""
+        default = self.config.agent.default_agent_loop
+        samples = expand_rows([row], n or self.config.n, default)
+        validate_rows(samples, self.manager.tool_names, default)
+        worker = min(range(len(self._load)), key=self._load.__getitem__)
+        ref = self.manager.workers[worker].generate_sequences.remote(
+            samples, None, trace or TraceContext(), self._next_index
+        )
+        self._next_index += len(samples)
+        self._load[worker] += len(samples)
+        self._running[ref] = _Running(key, samples, worker, time.perf_counter())
+
+    def poll(self, timeout: float) -> list[FinishedGroup]:
+        """The groups that finished within ``timeout`` seconds (at least one unless the
+        time ran out or none runs). A worker's failure is raised here."""
+        import ray
+
+        if not self._running:
+            return []
+        interval = self.config.recovery.health_check_interval_s
+        done, _ = ray.wait(list(self._running), num_returns=1, timeout=timeout)
+        if done:  # everything else that is ready too
+            done, _ = ray.wait(list(self._running), num_returns=len(self._running), timeout=0)
+        now = time.perf_counter()
+        if now - self._last_heal >= interval:
+            self._last_heal = now
+            self.manager.heal()
+        finished = []
+        for ref in done:
+            group = self._running.pop(ref)
+            self._load[group.worker] -= len(group.samples)
+            outputs = ray.get(ref)
+            batch = collate(
+                outputs,
+                group.samples,
+                prompt_length=self.config.prompt_length,
+                response_length=self.config.response_length,
+                pad_token_id=self.manager.pad_token_id,
+            )
+            batch.metrics = rollout_metrics(outputs, now - group.submitted_s)
+            finished.append(FinishedGroup(group.key, batch, outputs, group.submitted_s, now))
+        return finished
+
+    def pause(self, *, abort: bool) -> int:
+        """Hold every worker's turns (see the module docstring); returns turns aborted."""
+        import ray
+
+        return sum(ray.get([w.pause.remote(abort) for w in self.manager.workers]))
+
+    def resume(self, version: int) -> None:
+        import ray
+
+        ray.get([w.resume.remote(version) for w in self.manager.workers])
+
+    def resumed_turns(self) -> int:
+        """Turns continued after an abort for a weight update (over the workers' lives)."""
+        import ray
+
+        return sum(ray.get([w.resumed_turns.remote() for w in self.manager.workers]))

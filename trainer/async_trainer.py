@@ -1,0 +1,284 @@
+"""Async training (``async_training.enable``): rollout is a stream that never waits for the
+trainer, and the trainer consumes finished GRPO groups.
+
+    producer thread:  admit prompts -> RolloutStream (agent loops on the servers) ->
+                      finished groups scored at once (rule | judge | verify) -> ready list
+    main thread:      take a step's groups from the ready list -> old log-probs ->
+                      advantages -> PPO update -> pause the stream (abort running turns with
+                      partial_rollout, else let them finish) -> push weights -> resume
+
+Staleness. Versions count updates: the trainer at step k holds version k-1, and every token
+carries the version of the weights that sampled it. With ``G`` groups per step and threshold
+``s``, a group is admitted at version ``v`` only while fewer than ``(v + s + 1) * G`` groups
+(plus the ones filtered out) were admitted over the run, and step ``k`` trains every group
+admitted at a version ``<= k - 1 - s`` first (it waits for them), then the oldest finished
+ones. So no group is trained more than ``s`` versions after its admission and finished work
+is never thrown away. At ``s = 0`` the groups of step k are exactly the prompts the sync
+trainer would draw, in the same order: the two trainers compute the same update.
+
+Resume. A checkpoint stores the sampler state with the keys of every admitted prompt not yet
+trained (``PromptSampler.state_dict(in_flight)``); a resumed run rolls them out again first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentloop import FinishedGroup, RolloutBatch, RolloutStream, TraceContext, rollout_metrics
+from trainer.assembly import RunParts
+from trainer.config.schema import Config
+from trainer.config.validate import async_groups_per_step
+from trainer.dataloader import PromptSampler, RowKey
+from trainer.ray_trainer import RayPPOTrainer
+from trainer.rewards.manager import RewardOutput
+
+__all__ = ["AsyncPPOTrainer", "FilterGroupsError"]
+
+logger = logging.getLogger("agentloop.train")
+
+
+class FilterGroupsError(RuntimeError):
+    """Too many groups were filtered out for one step (``max_num_gen_batches``)."""
+
+
+@dataclass(slots=True)
+class _Admitted:
+    key: RowKey
+    seq: int
+    """Admission order over the run (the sampler's order)."""
+    version: int
+    """Version the servers held when admitted."""
+
+
+@dataclass(slots=True)
+class _Scored:
+    admitted: _Admitted
+    group: FinishedGroup
+    reward: RewardOutput
+
+
+class AsyncPPOTrainer(RayPPOTrainer):
+    """``RayPPOTrainer`` whose ``train_step`` consumes a rollout stream; everything else
+    (update math, validation, checkpoints, faults) is the sync trainer's."""
+
+    def __init__(
+        self,
+        config: Config,
+        parts: RunParts,
+        sampler: PromptSampler,
+        val_rows: list[dict[str, Any]] | None = None,
+        *,
+        stream: RolloutStream | None = None,
+    ) -> None:
+        super().__init__(config, parts, sampler, val_rows)
+        run = config.async_training
+        self.stream = stream if stream is not None else RolloutStream(parts.manager)
+        self.groups_per_step = async_groups_per_step(config)
+        self.staleness = run.staleness_threshold
+        self.partial = run.partial_rollout
+        self.sync_every = run.trigger_parameter_sync_step
+        self.filter = config.algorithm.filter_groups
+        self.version = 0
+        """Updates done: the version of the trainer's weights."""
+        self.served = 0
+        """The version the servers hold (the last pushed); admission counts from it."""
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: dict[RowKey, _Admitted] = {}  # admitted, not yet finished
+        self._ready: list[_Scored] = []  # finished and scored, not yet trained
+        self._admitted = 0
+        self._dropped = 0
+        self._dropped_this_step = 0
+        self._limit_groups = self.total_steps * self.groups_per_step
+        self._rollout_idle_s = 0.0
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._producer: threading.Thread | None = None
+
+    # ---- the producer ---------------------------------------------------------------------
+    def _admission_limit(self) -> int:
+        bound = (self.served + self.staleness + 1) * self.groups_per_step + self._dropped
+        return min(bound, self._limit_groups + self._dropped)
+
+    def _produce(self) -> None:
+        """Admit, poll, score: until stopped; an error is kept for the main thread."""
+        try:
+            last = time.perf_counter()
+            while not self._stop.is_set():
+                with self._lock:
+                    while self._admitted < self._admission_limit():
+                        key, row = self.sampler.next_row()
+                        admitted = _Admitted(key, self._admitted, self.served)
+                        self._pending[key] = admitted
+                        self._admitted += 1
+                        trace = TraceContext(step=self.served + 1)
+                        self.stream.submit(key, row, trace=trace)
+                idle = self.stream.in_flight == 0
+                finished = self.stream.poll(timeout=0.05)
+                if idle:
+                    time.sleep(0.02)
+                now = time.perf_counter()
+                if idle:
+                    with self._lock:
+                        self._rollout_idle_s += now - last
+                last = now
+                for group in finished:
+                    self._score(group)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            logger.exception("the rollout stream failed")
+            with self._lock:
+                self._error = exc
+                self._wake.notify_all()
+
+    def _score(self, group: FinishedGroup) -> None:
+        reward = self.rewards.score(group.batch)
+        with self._lock:
+            admitted = self._pending.pop(group.key)
+            scores = reward.scores
+            if self.filter.enable and len(scores) > 1 and bool((scores == scores[0]).all()):
+                self._dropped += 1
+                self._dropped_this_step += 1
+            else:
+                self._ready.append(_Scored(admitted, group, reward))
+            self._wake.notify_all()
+
+    def _start_producer(self) -> None:
+        if self._producer is None:
+            self.served = self.version
+            self.stream.resume(self.version)
+            self._producer = threading.Thread(target=self._produce, name="rollout", daemon=True)
+            self._producer.start()
+
+    def _stop_producer(self) -> None:
+        self._stop.set()
+        if self._producer is not None:
+            self._producer.join(timeout=60)
+
+    # ---- the consumer ---------------------------------------------------------------------
+    def _take_groups(self) -> list[_Scored]:
+        """The step's groups (see the module docstring); waits for them."""
+        must_before = self.version - self.staleness  # admitted at a version <= this: now
+        with self._lock:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                cap = self.filter.max_num_gen_batches
+                if cap and self._dropped_this_step >= cap * self.groups_per_step:
+                    raise FilterGroupsError(
+                        f"{self._dropped_this_step} groups in a row scored alike and were "
+                        f"dropped (algorithm.filter_groups.max_num_gen_batches={cap}): the "
+                        "task is too easy or too hard for the model; raise the cap or change "
+                        "the data"
+                    )
+                waiting = [a for a in self._pending.values() if a.version <= must_before]
+                if not waiting and len(self._ready) >= self.groups_per_step:
+                    break
+                self._wake.wait(timeout=1.0)
+            self._ready.sort(key=lambda s: s.admitted.seq)
+            must = [s for s in self._ready if s.admitted.version <= must_before]
+            rest = [s for s in self._ready if s.admitted.version > must_before]
+            chosen = (must + rest)[: self.groups_per_step]
+            chosen.sort(key=lambda s: s.admitted.seq)
+            taken = {id(s) for s in chosen}
+            self._ready = [s for s in self._ready if id(s) not in taken]
+            self._dropped_this_step = 0
+        return chosen
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Train on the next ``groups_per_step`` finished groups, then push the weights every
+        ``trigger_parameter_sync_step`` steps while the stream goes on."""
+        self._start_producer()
+        metrics: dict[str, float] = {"training/step": float(step)}
+        start = time.perf_counter()
+        with self._lock:
+            idle_before = self._rollout_idle_s
+        groups = self._take_groups()
+        waited = time.perf_counter() - start
+        rollout = RolloutBatch.cat([s.group.batch for s in groups])
+        reward = RewardOutput.cat([s.reward for s in groups])
+        outputs = [o for s in groups for o in s.group.outputs]
+        metrics |= rollout_metrics(outputs, waited)
+        metrics["timing_s/tools"] = metrics.get("agent_loop/tool_s/mean", 0.0)
+        metrics |= reward.metrics
+        if self.tagger is not None:
+            self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
+        metrics |= staleness_metrics(rollout, self.version)
+        metrics |= self.update(step, rollout, reward)
+        self.version += 1
+        if self.version % self.sync_every == 0 or step == self.total_steps:
+            metrics |= self._push()
+        with self._lock:
+            metrics["async/rollout_idle_frac"] = (self._rollout_idle_s - idle_before) / max(
+                time.perf_counter() - start, 1e-9
+            )
+            metrics["async/groups_ready"] = float(len(self._ready))
+            metrics["async/groups_in_flight"] = float(len(self._pending))
+            metrics["async/groups_dropped"] = float(self._dropped)
+        metrics["timing_s/wait_rollout"] = waited
+        metrics["async/trainer_idle_frac"] = waited / max(time.perf_counter() - start, 1e-9)
+        metrics["timing_s/step"] = time.perf_counter() - start
+        return metrics
+
+    def _push(self) -> dict[str, float]:
+        """Hold the stream's turns, push the weights, go on under the new version."""
+        start = time.perf_counter()
+        aborted = self.stream.pause(abort=self.partial)
+        try:
+            out = self.sync.push()
+        finally:
+            self.stream.resume(self.version)
+        paused = time.perf_counter() - start
+        with self._lock:
+            self.served = self.version  # admission opens for the new version's groups
+            if self.stream.in_flight:  # the turns could not sample meanwhile
+                self._rollout_idle_s += paused
+            self._wake.notify_all()
+        out["async/turns_aborted"] = float(aborted)
+        out["timing_s/pause_rollout"] = paused
+        return out
+
+    # ---- checkpoints, validation, stop ------------------------------------------------------
+    def _save(self, step: int) -> None:
+        with self._lock:
+            in_flight = sorted(
+                [a for a in self._pending.values()] + [s.admitted for s in self._ready],
+                key=lambda a: a.seq,
+            )
+            state = self.sampler.state_dict([a.key for a in in_flight])
+        contents = self.config.actor_rollout_ref.actor.checkpoint.save_contents
+        self.checkpoints.save(step, self.workers, contents, {"sampler": state})
+
+    def _resume(self) -> int:
+        step = super()._resume()
+        self.version = step
+        return step
+
+    def close(self) -> None:
+        self._stop_producer()
+        super().close()
+
+
+def staleness_metrics(rollout: RolloutBatch, version: int) -> dict[str, float]:
+    """How many versions behind the trainer (``version``) each sample's oldest token is."""
+    versions = rollout.rollout_versions
+    sampled = versions >= 0
+    if not bool(sampled.any()):
+        return {}
+    oldest = torch.where(sampled, versions, torch.full_like(versions, version)).min(dim=1).values
+    lag = (version - oldest).float()
+    return {
+        "rollout/staleness_mean": float(lag.mean()),
+        "rollout/staleness_max": float(lag.max()),
+        "rollout/mixed_version_frac": float(
+            (torch.where(sampled, versions, oldest[:, None]).max(dim=1).values > oldest)
+            .float()
+            .mean()
+        ),
+    }
+

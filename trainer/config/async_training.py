@@ -1,0 +1,90 @@
+"""``async_training`` (verl's key names) and the off-policy keys of ``algorithm``:
+``rollout_correction`` and ``filter_groups``. ``check_async`` holds the cross-key checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "CORRECTION_MODES",
+    "AsyncTrainingConfig",
+    "FilterGroupsConfig",
+    "RolloutCorrectionConfig",
+]
+
+CORRECTION_MODES = ("none", "tis", "decoupled")
+
+
+@dataclass(kw_only=True, slots=True)
+class AsyncTrainingConfig:
+    enable: bool = False
+    """True: rollout is a stream that never waits for the trainer (``trainer.async_trainer``);
+    False: each step rolls out, then trains, in turn."""
+    staleness_threshold: int = 1
+    """How many policy versions a sample may lag the policy it is trained on (0: on-policy;
+    equals the sync trainer). A group is admitted only if it can be trained within it."""
+    partial_rollout: bool = True
+    """A weight update aborts the turns running and continues them from their sampled tokens
+    under the new weights; False: running turns finish on the weights they started with."""
+    trigger_parameter_sync_step: int = 1
+    """Trainer steps between weight pushes to the servers."""
+    require_batches: int | None = None
+    """Mini-batches (of ``actor.ppo_mini_batch_size`` prompts) one async step trains on;
+    null: ``data.train_batch_size`` prompts."""
+    use_rollout_log_probs: bool = False
+    """Use the engine's log-probs as the old policy's (skips the trainer's recompute)."""
+
+    def __post_init__(self) -> None:
+        if self.staleness_threshold < 0:
+            raise ValueError(
+                "async_training.staleness_threshold must be >= 0 (0: on-policy, 1: a sample "
+                "may come from the weights one update behind)"
+            )
+        if self.trigger_parameter_sync_step < 1:
+            raise ValueError("async_training.trigger_parameter_sync_step must be >= 1")
+        if self.require_batches is not None and self.require_batches < 1:
+            raise ValueError("async_training.require_batches must be >= 1 (or null)")
+        if self.staleness_threshold < self.trigger_parameter_sync_step - 1:
+            raise ValueError(
+                f"async_training.trigger_parameter_sync_step={self.trigger_parameter_sync_step} "
+                f"leaves the servers up to {self.trigger_parameter_sync_step - 1} update(s) "
+                f"behind, more than staleness_threshold={self.staleness_threshold} allows: "
+                f"raise staleness_threshold to >= {self.trigger_parameter_sync_step - 1} or "
+                "lower trigger_parameter_sync_step"
+            )
+
+
+@dataclass(kw_only=True, slots=True)
+class RolloutCorrectionConfig:
+    mode: str = "none"
+    """``none``; ``tis``: the PPO loss of each token times min(pi_old / pi_rollout, clip)
+    (truncated importance weights); ``decoupled``: decoupled PPO, the proximal policy is the
+    recomputed old log-probs and the behaviour policy the engine's, tokens whose weight
+    pi_old / pi_rollout exceeds ``clip`` are dropped from the loss."""
+    clip: float = 2.0
+    """The truncation (tis) or cap (decoupled) of the importance weight."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in CORRECTION_MODES:
+            raise ValueError(
+                f"algorithm.rollout_correction.mode={self.mode!r} is not supported; use one of "
+                f"{', '.join(CORRECTION_MODES)}"
+            )
+        if self.clip <= 1.0:
+            raise ValueError(
+                f"algorithm.rollout_correction.clip={self.clip} must be > 1 (a weight cap "
+                "at or below 1 removes every token the engine found likelier than the trainer)"
+            )
+
+
+@dataclass(kw_only=True, slots=True)
+class FilterGroupsConfig:
+    enable: bool = False
+    """Drop GRPO groups whose samples all scored the same (no advantage, no gradient) and
+    roll out more prompts in their place (DAPO's dynamic sampling)."""
+    max_num_gen_batches: int = 0
+    """Stop with an error after this many batches' worth of prompts per step (0: no limit)."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_gen_batches < 0:
+            raise ValueError("algorithm.filter_groups.max_num_gen_batches must be >= 0")
