@@ -126,6 +126,18 @@ class RolloutStream:
 
         ray.get([w.resume.remote(version) for w in self.manager.workers])
 
+    def counters(self) -> dict[str, int]:
+        """Over the run: servers restarted, engine requests re-sent because their server
+        died, turns continued after an abort for a weight update."""
+        import ray
+
+        workers = self.manager.workers
+        return {
+            "server_restarts": self.manager.server_restarts,
+            "requests_retried": sum(ray.get([w.retried_requests.remote() for w in workers])),
+            "resumed_turns": sum(ray.get([w.resumed_turns.remote() for w in workers])),
+        }
+
     def resumed_turns(self) -> int:
         """Turns continued after an abort for a weight update (over the workers' lives)."""
         import ray

@@ -95,6 +95,7 @@ class AgentLoopWorker:
             )
         self.context = AgentLoopContext(servers, tokenizer, config, dict(tools))
         self.tracer = make_tracer(config.trace, tokenizer)
+        self._traced: dict[tuple[Any, Any], int] = {}  # samples traced per (step, validate)
 
     def flush_traces(self) -> None:
         """Wait until every trace of this worker is in the store (before it is stopped)."""
@@ -143,7 +144,13 @@ class AgentLoopWorker:
         the whole batch (the traces' ``sample_index``)."""
         params = sampling_params if sampling_params is not None else self.config.sampling_params()
         limit = self.config.trace.max_samples_per_step_per_worker
-        traced = len(rows) if limit is None else min(limit, len(rows))
+        traced = len(rows)
+        if limit is not None and trace is not None:  # the cap holds over calls (async groups)
+            key = (trace.step, trace.validate)
+            traced = max(0, min(limit - self._traced.get(key, 0), len(rows)))
+            self._traced[key] = self._traced.get(key, 0) + traced
+        elif limit is not None:
+            traced = min(limit, len(rows))
         context = trace if self.tracer is not None else None
         outputs = await asyncio.gather(
             *(

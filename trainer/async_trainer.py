@@ -100,6 +100,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._producer: threading.Thread | None = None
+        self._counters: dict[str, int] | None = None
 
     # ---- the producer ---------------------------------------------------------------------
     def _admission_limit(self) -> int:
@@ -150,6 +151,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
 
     def _start_producer(self) -> None:
         if self._producer is None:
+            self._counters = self.stream.counters()
             self.served = self.version
             self.stream.resume(self.version)
             self._producer = threading.Thread(target=self._produce, name="rollout", daemon=True)
@@ -220,10 +222,18 @@ class AsyncPPOTrainer(RayPPOTrainer):
             metrics["async/groups_ready"] = float(len(self._ready))
             metrics["async/groups_in_flight"] = float(len(self._pending))
             metrics["async/groups_dropped"] = float(self._dropped)
+        metrics |= self._counter_metrics()
         metrics["timing_s/wait_rollout"] = waited
         metrics["async/trainer_idle_frac"] = waited / max(time.perf_counter() - start, 1e-9)
         metrics["timing_s/step"] = time.perf_counter() - start
         return metrics
+
+    def _counter_metrics(self) -> dict[str, float]:
+        """Server restarts, retried requests and resumed turns since the last step."""
+        now = self.stream.counters()
+        before = self._counters or {k: 0 for k in now}
+        self._counters = now
+        return {f"rollout/{k}": float(v - before.get(k, 0)) for k, v in now.items()}
 
     def _push(self) -> dict[str, float]:
         """Hold the stream's turns, push the weights, go on under the new version."""
@@ -256,8 +266,15 @@ class AsyncPPOTrainer(RayPPOTrainer):
 
     def _resume(self) -> int:
         step = super()._resume()
-        self.version = step
+        self.restore_position(step)
         return step
+
+    def restore_position(self, step: int) -> None:
+        """After loading the checkpoint of ``step``: its version, and its groups counted as
+        admitted (the sampler hands out the untrained ones again first)."""
+        with self._lock:
+            self.version = step
+            self._admitted = step * self.groups_per_step
 
     def close(self) -> None:
         self._stop_producer()
@@ -281,4 +298,3 @@ def staleness_metrics(rollout: RolloutBatch, version: int) -> dict[str, float]:
             .mean()
         ),
     }
-

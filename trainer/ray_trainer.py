@@ -223,7 +223,11 @@ class RayPPOTrainer:
         if correction.mode != "none":
             batch.rollout_log_probs = rollout.rollout_log_probs
             metrics |= correction_metrics(
-                batch.old_log_probs, rollout.rollout_log_probs, mask, correction.mode, correction.clip
+                batch.old_log_probs,
+                rollout.rollout_log_probs,
+                mask,
+                correction.mode,
+                correction.clip,
             )
         if self.need_ref:
             with _timer(metrics, "ref"):

@@ -88,7 +88,7 @@ def task(tmp_path_factory) -> Path:
     return d
 
 
-def command(task: Path, run_dir: Path) -> list[str]:
+def command(task: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -116,7 +116,12 @@ def command(task: Path, run_dir: Path) -> list[str]:
         "actor_rollout_ref.rollout.trace.backend=mlflow",
         "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=3",
         f"trainer.default_local_dir={run_dir}",
+        *extra,
     ]
+
+
+ASYNC = ("async_training.enable=True", "async_training.staleness_threshold=1")
+"""The resumed run trains async: a sync checkpoint resumes into the stream."""
 
 
 def env() -> dict[str, str]:
@@ -179,12 +184,13 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     assert not (run_dir / "global_step_3").exists()
     assert [s["step"] for s in steps_logged(run_dir)] == [1, 2]
 
-    # ---- resume: continues at step 3, repeats nothing. Its only rollout server is killed as
-    # step 3 starts: it is restarted and given the step-2 weights (the log-prob gap proves it).
+    # ---- resume, in async mode: continues at step 3, repeats nothing. Its only rollout
+    # server is killed as step 3 starts: it is restarted and given the step-2 weights (the
+    # log-prob gap proves it) while the rollout stream goes on.
     log2_path = tmp_path / "run2.log"
     with log2_path.open("w") as log2:
         proc = subprocess.Popen(
-            command(task, run_dir), cwd=REPO, env=env(), stdout=log2, stderr=log2
+            command(task, run_dir, *ASYNC), cwd=REPO, env=env(), stdout=log2, stderr=log2
         )
         try:
             deadline = time.monotonic() + 600
@@ -205,6 +211,8 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     logged = steps_logged(run_dir)
     assert [s["step"] for s in logged] == [1, 2, 3]
     assert logged[2]["rollout/server_restarts"] == 1
+    assert logged[2]["rollout/staleness_max"] == 0  # admitted and trained at version 2
+    assert "async/trainer_idle_frac" in logged[2] and "rollout/staleness_mean" not in logged[1]
     for record in logged:
         missing = [k for k in PER_STEP if k not in record]
         assert not missing, f"step {record['step']} lacks {missing}"
@@ -216,7 +224,8 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     assert "val/reward/mean" in logged[-1]
     # ---- checkpoints: the data position continues (8 rows / batch 4 = 2 batches an epoch)
     state = json.loads((run_dir / "global_step_3" / "trainer_state.json").read_text())
-    assert state["step"] == 3 and state["sampler"] == {"epoch": 1, "position": 1}
+    assert state["step"] == 3
+    assert state["sampler"] == {"epoch": 1, "position": 1, "offset": 4, "requeued": []}
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "3"
     from transformers import AutoModelForCausalLM
 

@@ -17,9 +17,9 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     from trainer.assembly import build_run, plan_run
+    from trainer.async_trainer import AsyncPPOTrainer
     from trainer.cli.common import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
-    from trainer.async_trainer import AsyncPPOTrainer
     from trainer.ray_trainer import RayPPOTrainer, RunStoppedError
     from trainer.rewards import JudgeUnavailableError, RewardFunctionError
 

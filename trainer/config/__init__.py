@@ -5,6 +5,8 @@ goes through the same composition and errors (``trainer.config.sft.load_sft_conf
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 from trainer.config.schema import ActorRolloutRefConfig, Config, DataConfig, ModelConfig
@@ -63,14 +65,7 @@ def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, A
         "check its spelling against trainer/config/ppo_trainer.yaml (extras for a command "
         "take a +, e.g. +output=out.jsonl)",
     )
-    sections = (
-        "data",
-        "actor_rollout_ref",
-        "algorithm",
-        "custom_reward_function",
-        "reward_model",
-        "trainer",
-    )
+    sections = tuple(f.name for f in dataclasses.fields(Config))
     extras = {k: tree.pop(k) for k in list(tree) if k not in sections}
     try:
         return from_dict(Config, tree), extras

@@ -89,14 +89,6 @@ def check_async_config(config: Config) -> None:
                 "on-policy)"
             )
         return
-    actor = config.actor_rollout_ref.actor
-    groups = async_groups_per_step(config)
-    if groups % actor.ppo_mini_batch_size:
-        raise ValueError(
-            f"an async step of {groups} prompts is not divisible by actor_rollout_ref.actor."
-            f"ppo_mini_batch_size={actor.ppo_mini_batch_size}: set async_training."
-            "require_batches (or data.train_batch_size) to a multiple"
-        )
     if algo.filter_groups.enable and algo.adv_estimator not in ("grpo", "rloo"):
         raise ValueError(
             "algorithm.filter_groups.enable=True drops groups whose samples scored alike, which "

@@ -101,7 +101,9 @@ class RewardOutput:
         total = max(sum(sizes), 1)
         metrics: dict[str, float] = {}
         for key in {k for p in parts for k in p.metrics}:
-            values = [(p.metrics[key], n) for p, n in zip(parts, sizes, strict=True) if key in p.metrics]
+            values = [
+                (p.metrics[key], n) for p, n in zip(parts, sizes, strict=True) if key in p.metrics
+            ]
             if key.endswith("/errors") or key.endswith("parse_failures"):
                 metrics[key] = sum(v for v, _ in values)
             elif key.endswith("/max"):

@@ -115,6 +115,9 @@ class ScriptedStream:
         self.pauses.append(abort)
         return 0
 
+    def counters(self) -> dict[str, int]:
+        return {"server_restarts": 0, "requests_retried": 0, "resumed_turns": 0}
+
     def resume(self, version: int) -> None:
         self.version = version
 
@@ -188,19 +191,25 @@ def test_staleness_0_async_trainer_equals_the_sync_trainer(tmp_path, tokenizer):
     sync = Built(tmp_path / "sync", tokenizer, None)
     sync_metrics = [sync.trainer.train_step(k) for k in range(1, STEPS + 1)]
     sync.trainer.close()
-    run = Built(tmp_path / "async", tokenizer, AsyncTrainingConfig(enable=True, staleness_threshold=0))
+    run = Built(
+        tmp_path / "async", tokenizer, AsyncTrainingConfig(enable=True, staleness_threshold=0)
+    )
     async_metrics = [run.trainer.train_step(k) for k in range(1, STEPS + 1)]
     run.trainer.close()
 
     assert run.trained == sync.trained == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     diff = max(
         (a - b).abs().max().item()
-        for a, b in zip(run.model.state_dict().values(), sync.model.state_dict().values(), strict=True)
+        for a, b in zip(
+            run.model.state_dict().values(), sync.model.state_dict().values(), strict=True
+        )
     )
     assert diff <= 1e-6, diff
     assert any(
         not torch.equal(a, b)
-        for a, b in zip(run.model.state_dict().values(), tiny_qwen3().state_dict().values(), strict=True)
+        for a, b in zip(
+            run.model.state_dict().values(), tiny_qwen3().state_dict().values(), strict=True
+        )
     )
     for s, a in zip(sync_metrics, async_metrics, strict=True):
         assert a["reward/mean"] == pytest.approx(s["reward/mean"])
@@ -235,12 +244,13 @@ def test_a_checkpoint_with_groups_in_flight_resumes_with_exactly_the_untrained_p
 
     second = Built(tmp_path, tokenizer, cfg)
     second.sampler.load_state_dict(state)
-    second.trainer.version = 1
+    second.trainer.restore_position(1)  # what _resume does after loading the checkpoint
     for k in (2, 3):
         second.trainer.train_step(k)
     second.trainer.close()
     lineage = first.trained + second.trained
     assert sorted(i for step in lineage for i in step) == list(range(STEPS * PROMPTS))
+    assert second.sampler.offset == STEPS * PROMPTS  # nothing drawn past the last step
 
 
 def test_staleness_metrics_measure_the_oldest_token_of_each_sample():
@@ -275,3 +285,60 @@ def test_bad_async_keys_are_start_up_errors(kwargs, message):
     with pytest.raises(ValueError) as info:
         AsyncTrainingConfig(enable=True, **kwargs)
     assert str(info.value) == message
+
+
+def _config(tmp_path: Path, tokenizer: Any, **changes: Any) -> Config:
+    config = make_config(tmp_path, Path(tokenizer.name_or_path))
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        target: Any = config
+        for name in parents:
+            target = getattr(target, name)
+        setattr(target, leaf, value)
+    return config
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (
+            {
+                "async_training__use_rollout_log_probs": True,
+                "algorithm__rollout_correction__mode": "tis",
+            },
+            "async_training.use_rollout_log_probs=True makes the old policy the engine's, so "
+            "algorithm.rollout_correction.mode=tis has nothing to correct (every weight is 1): "
+            "set one of them off",
+        ),
+        (
+            {"algorithm__filter_groups__enable": True},
+            "algorithm.filter_groups.enable=True refills dropped groups from the rollout stream: "
+            "set async_training.enable=True (staleness_threshold=0 keeps it on-policy)",
+        ),
+        (
+            {
+                "async_training__enable": True,
+                "algorithm__filter_groups__enable": True,
+                "algorithm__adv_estimator": "reinforce_plus_plus",
+            },
+            "algorithm.filter_groups.enable=True drops groups whose samples scored alike, which "
+            "only means 'no signal' for group baselines: use algorithm.adv_estimator=grpo or "
+            "rloo, not reinforce_plus_plus",
+        ),
+    ],
+)
+def test_impossible_async_combinations_fail_at_start_up(tmp_path, tokenizer, changes, message):
+    config = _config(tmp_path, tokenizer, **changes)
+    with pytest.raises(ValueError) as info:
+        check_train_config(config)
+    assert str(info.value) == message
+
+
+def test_rollout_correction_mode_must_be_known():
+    from trainer.config.async_training import RolloutCorrectionConfig
+
+    with pytest.raises(ValueError) as info:
+        RolloutCorrectionConfig(mode="is")
+    assert str(info.value) == (
+        "algorithm.rollout_correction.mode='is' is not supported; use one of none, tis, decoupled"
+    )

@@ -62,7 +62,7 @@ def test_state_survives_a_json_round_trip():
     for _ in range(4):
         sampler.next_batch()
     state = json.loads(json.dumps(sampler.state_dict()))
-    assert state == {"epoch": 1, "position": 1}
+    assert state == {"epoch": 1, "position": 1, "offset": 3, "requeued": []}
     fresh = PromptSampler(ROWS, 3, seed=1)
     fresh.load_state_dict(state)
     assert ids(fresh.next_batch()) == ids(sampler.next_batch())
@@ -75,3 +75,29 @@ def test_fewer_rows_than_the_batch_size_is_a_clear_error():
         "3 training rows are fewer than data.train_batch_size=4: "
         "lower data.train_batch_size or add rows"
     )
+
+
+def test_rows_one_at_a_time_follow_the_batches_and_requeued_keys_come_first():
+    batches = PromptSampler(ROWS, batch_size=3, seed=7)
+    rows = PromptSampler(ROWS, batch_size=3, seed=7)
+    expected = [i for _ in range(2) for i in ids(batches.next_batch())]
+    drawn = [rows.next_row() for _ in range(6)]
+    assert [row["id"] for _, row in drawn] == expected
+    assert [key for key, _ in drawn] == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5)]
+    state = rows.state_dict(in_flight=[(0, 4), (0, 5)])
+    assert state == {"epoch": 0, "position": 2, "offset": 6, "requeued": [[0, 4], [0, 5]]}
+    resumed = PromptSampler(ROWS, batch_size=3, seed=7)
+    resumed.load_state_dict(state)
+    again = [resumed.next_row() for _ in range(3)]
+    assert [key for key, _ in again] == [(0, 4), (0, 5), (0, 6)]
+    assert [row["id"] for _, row in again] == [
+        expected[4],
+        expected[5],
+        ids(batches.next_batch())[0],
+    ]
+
+
+def test_an_old_checkpoint_state_without_offset_still_loads():
+    sampler = PromptSampler(ROWS, batch_size=3, seed=7)
+    sampler.load_state_dict({"epoch": 2, "position": 1})
+    assert (sampler.epoch, sampler.offset, sampler.requeued) == (2, 3, [])

@@ -225,3 +225,30 @@ def test_entropy_and_kl_terms_add_their_metrics(model, batch):
     # the terms are part of the loss: the update differs from the plain PPO one
     _, plain = updated(model, batch, actor_config(), samples_per_mini_batch=N)
     assert any(not torch.equal(weights[k], plain[k]) for k in plain)
+
+
+def test_rollout_correction_weights_each_tokens_loss_by_the_truncated_ratio(model, batch):
+    """tis: weight pi_old / pi_rollout truncated at clip; decoupled: tokens above the cap
+    drop out; a rollout policy equal to the old one changes nothing."""
+    spec = LossSpec.from_config(actor_config())
+    tis = LossSpec.from_config(actor_config(), correction="tis", correction_clip=2.0)
+    decoupled = LossSpec.from_config(actor_config(), correction="decoupled", correction_clip=2.0)
+    mode = spec.loss_agg_mode
+    denominator = max(agg_denominator(batch.response_mask, mode, batch.response_length), 1.0)
+
+    def loss(b: TrainBatch, s: LossSpec) -> float:
+        with torch.no_grad():
+            return float(_micro_loss(model, b.trimmed(), s, denominator, 1.0)[0])
+
+    same = batch.select(slice(None))
+    same.rollout_log_probs = same.old_log_probs
+    assert loss(same, tis) == pytest.approx(loss(batch, spec), abs=1e-7)
+    assert loss(same, decoupled) == pytest.approx(loss(batch, spec), abs=1e-7)
+    behind = batch.select(slice(None))  # the engine found every token 4x less likely
+    assert batch.old_log_probs is not None
+    behind.rollout_log_probs = batch.old_log_probs - torch.log(torch.tensor(4.0))
+    assert loss(behind, tis) == pytest.approx(2.0 * loss(batch, spec), rel=1e-5)
+    assert loss(behind, decoupled) == 0.0
+    half = batch.select(slice(None))  # 1.5x: under the cap, the full weight
+    half.rollout_log_probs = batch.old_log_probs - torch.log(torch.tensor(1.5))
+    assert loss(half, decoupled) == pytest.approx(1.5 * loss(batch, spec), rel=1e-5)
