@@ -6,7 +6,6 @@ goes through the same composition and errors (``trainer.config.sft.load_sft_conf
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any
 
 from trainer.config.schema import ActorRolloutRefConfig, Config, DataConfig, ModelConfig
