@@ -144,6 +144,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     num_servers: int = 1
     """AsyncServer actors (data-parallel engines)."""
+    cpu_cores: str | None = None
+    """CPU only: cores the rollout engines run on (``"0"``, ``"0-3"``); with the trainer
+    ranks on other cores (``actor.cpu_cores``) rollout and training overlap for real."""
     max_model_len: int | None = None
     """Engine context length; None: prompt_length + response_length."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -7,7 +7,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["ServerConfig"]
+__all__ = ["ServerConfig", "parse_cores"]
+
+
+def parse_cores(spec: str, key: str = "cpu_cores") -> list[int]:
+    """``"0-3,6"`` -> ``[0, 1, 2, 3, 6]``, each checked against this machine's cores; a
+    ``ValueError`` names ``key`` and what to write."""
+    available = sorted(os.sched_getaffinity(0))
+    cores: list[int] = []
+    for part in str(spec).split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                cores.extend(range(lo, hi + 1))
+            else:
+                cores.append(int(part))
+        except ValueError:
+            raise ValueError(
+                f"{key}={spec!r} is not a core list: write e.g. \"0\", \"0-3\" or \"0,2\""
+            ) from None
+    missing = sorted(set(cores) - set(available))
+    if not cores or missing:
+        raise ValueError(
+            f"{key}={spec!r} names core(s) {missing or cores} this machine does not offer; "
+            f"available: {available}"
+        )
+    return sorted(set(cores))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -31,6 +57,9 @@ class ServerConfig:
     """Reuse KV cache across turns of one trajectory."""
     cpu_kvcache_space_gib: int = 1
     """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE); without it vLLM tries to take ~all RAM."""
+    cpu_cores: str | None = None
+    """CPU only: the cores the engine runs on (``"0"``, ``"0-3"``, ``"0,2"``), so a trainer
+    pinned to other cores does not compete with it; None: vLLM's own binding."""
     logprobs_mode: str = "processed_logprobs"
     """Which log-probs the engine returns: ``processed_logprobs`` are under the sampling
     distribution (after temperature), what the trainer recomputes; ``raw_logprobs`` are before."""
@@ -82,3 +111,5 @@ class ServerConfig:
             raise ValueError(
                 f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}"
             )
+        if self.cpu_cores is not None:
+            parse_cores(self.cpu_cores)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from servers.config import ServerConfig
+from servers.config import ServerConfig, parse_cores
 from servers.types import EngineDeadError, GenerateInputError, TokenOutput
 from servers.weights import StagedBucket, new_staging_file, stage_bucket
 
@@ -64,6 +64,10 @@ class VLLMEngine:
         cpu = _on_cpu()
         if cpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
+            if cfg.cpu_cores is not None:  # the engine process inherits both
+                cores = parse_cores(cfg.cpu_cores)
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+                os.sched_setaffinity(0, cores)
         dtype = "float32" if (cfg.dtype == "auto" and cpu) else cfg.dtype
         eager = cpu if cfg.enforce_eager is None else cfg.enforce_eager
         args = AsyncEngineArgs(

@@ -23,6 +23,7 @@ from typing import Any
 from agentloop import AgentLoopManager
 from agentloop.config import TraceConfig
 from servers import stop_servers
+from servers.config import parse_cores
 from trainer.checkpoint import CheckpointManager, checkpoint_bytes
 from trainer.config.run import TrainerConfig
 from trainer.config.schema import Config
@@ -165,6 +166,9 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             correction=config.algorithm.rollout_correction.mode,
             correction_clip=config.algorithm.rollout_correction.clip,
             threads=max(1, (os.cpu_count() or 1) // world),
+            cpu_cores=parse_cores(ref.actor.cpu_cores, "actor_rollout_ref.actor.cpu_cores")
+            if ref.actor.cpu_cores is not None
+            else None,
             gpu_share=share or 1.0,
         )
         workers = WorkerGroup(spec, world)

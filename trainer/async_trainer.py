@@ -16,12 +16,16 @@ ones. So no group is trained more than ``s`` versions after its admission and fi
 is never thrown away. At ``s = 0`` the groups of step k are exactly the prompts the sync
 trainer would draw, in the same order: the two trainers compute the same update.
 
+Every step appends the prompts it trained (sampler keys) to ``trained_prompts.jsonl`` in
+the run folder.
+
 Resume. A checkpoint stores the sampler state with the keys of every admitted prompt not yet
 trained (``PromptSampler.state_dict(in_flight)``); a resumed run rolls them out again first.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -61,6 +65,8 @@ class _Scored:
     admitted: _Admitted
     group: FinishedGroup
     reward: RewardOutput
+    reward_s: float
+    """Time its scoring took (while the rollout went on)."""
 
 
 class AsyncPPOTrainer(RayPPOTrainer):
@@ -138,7 +144,9 @@ class AsyncPPOTrainer(RayPPOTrainer):
                 self._wake.notify_all()
 
     def _score(self, group: FinishedGroup) -> None:
+        start = time.perf_counter()
         reward = self.rewards.score(group.batch)
+        seconds = time.perf_counter() - start
         with self._lock:
             admitted = self._pending.pop(group.key)
             scores = reward.scores
@@ -146,7 +154,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
                 self._dropped += 1
                 self._dropped_this_step += 1
             else:
-                self._ready.append(_Scored(admitted, group, reward))
+                self._ready.append(_Scored(admitted, group, reward, seconds))
             self._wake.notify_all()
 
     def _start_producer(self) -> None:
@@ -208,10 +216,12 @@ class AsyncPPOTrainer(RayPPOTrainer):
         metrics |= rollout_metrics(outputs, waited)
         metrics["timing_s/tools"] = metrics.get("agent_loop/tool_s/mean", 0.0)
         metrics |= reward.metrics
+        metrics["timing_s/reward"] = sum(s.reward_s for s in groups)  # overlapped with rollout
         if self.tagger is not None:
             self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
         metrics |= staleness_metrics(rollout, self.version)
         metrics |= self.update(step, rollout, reward)
+        self._log_prompts(step, groups)
         self.version += 1
         if self.version % self.sync_every == 0 or step == self.total_steps:
             metrics |= self._push()
@@ -227,6 +237,20 @@ class AsyncPPOTrainer(RayPPOTrainer):
         metrics["async/trainer_idle_frac"] = waited / max(time.perf_counter() - start, 1e-9)
         metrics["timing_s/step"] = time.perf_counter() - start
         return metrics
+
+    def _log_prompts(self, step: int, groups: list[_Scored]) -> None:
+        """``trained_prompts.jsonl`` in the run folder: the sampler keys (epoch, position)
+        each step trained on, with the version each group was admitted at. After a resume
+        the last line of a step is the one in the checkpoint lineage."""
+        entry = {
+            "step": step,
+            "prompts": [list(s.admitted.key) for s in groups],
+            "admitted_versions": [s.admitted.version for s in groups],
+        }
+        path = self.checkpoints.root / "trained_prompts.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
 
     def _counter_metrics(self) -> dict[str, float]:
         """Server restarts, retried requests and resumed turns since the last step."""

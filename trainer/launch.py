@@ -99,6 +99,7 @@ def start_rollout(
         tensor_parallel_size=rollout.tensor_model_parallel_size,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         max_model_len=rollout.context_length,
+        cpu_cores=rollout.cpu_cores,
     )
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)

@@ -1,10 +1,16 @@
-"""A trainer rank killed for real in a GRPO run: tiny-qwen3 on one vLLM CPU server, 2 FSDP2
-gloo ranks, Ray local, multi-turn tool_agent rows. After the step-2 checkpoint one rank's
-process gets SIGKILL; the run stops in step 3 with a message naming the rank, the step, the
-last checkpoint and how to resume, and exits 1. Run again (``trainer.resume_mode=auto``), it
-resumes from step 2: together the two runs log steps 1, 2, 3 exactly once, and after every
-weight sync the server's log-probs match the trainer's, also in step 3, which runs on a
-restarted server: the resumed run's only rollout server is killed as step 3 starts."""
+"""A trainer rank, a rollout server and the driver killed for real in a GRPO run: tiny-qwen3
+on one vLLM CPU server, 2 FSDP2 gloo ranks, Ray local, multi-turn tool_agent rows.
+
+1. Sync run: after the step-2 checkpoint one rank's process gets SIGKILL; the run stops in
+   step 3 with a message naming the rank, the step, the last checkpoint and how to resume,
+   and exits 1.
+2. Run again in async mode (staleness 1, 4 steps): it resumes from step 2; its only rollout
+   server is killed as step 3 starts and is restarted with the step-2 weights while the
+   stream goes on. Right after the step-3 checkpoint, with step 4's groups in flight, the
+   driver and its whole process tree get SIGKILL.
+3. Run again: it resumes from step 3, rolls out the in-flight prompts again first and trains
+   step 4. Across the checkpoint lineage every prompt of the epoch is trained exactly once;
+   after every weight sync the server's log-probs match the trainer's."""
 
 from __future__ import annotations
 
@@ -88,7 +94,7 @@ def task(tmp_path_factory) -> Path:
     return d
 
 
-def command(task: Path, run_dir: Path, *extra: str) -> list[str]:
+def command(task: Path, run_dir: Path, *extra: str, steps: int = 3) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -109,7 +115,7 @@ def command(task: Path, run_dir: Path, *extra: str) -> list[str]:
         "actor_rollout_ref.actor.optim.lr=1e-3",
         f"custom_reward_function.path={task / 'reward.py'}",
         "trainer.n_gpus_per_node=2",
-        "trainer.total_training_steps=3",
+        f"trainer.total_training_steps={steps}",
         "trainer.save_freq=1",
         "trainer.test_freq=2",
         "trainer.logger=[console,jsonl,mlflow]",
@@ -186,11 +192,12 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
 
     # ---- resume, in async mode: continues at step 3, repeats nothing. Its only rollout
     # server is killed as step 3 starts: it is restarted and given the step-2 weights (the
-    # log-prob gap proves it) while the rollout stream goes on.
+    # log-prob gap proves it) while the rollout stream goes on. Once step 3 is checkpointed,
+    # with step 4's groups in flight, the driver dies with its whole process tree.
     log2_path = tmp_path / "run2.log"
     with log2_path.open("w") as log2:
         proc = subprocess.Popen(
-            command(task, run_dir, *ASYNC), cwd=REPO, env=env(), stdout=log2, stderr=log2
+            command(task, run_dir, *ASYNC, steps=4), cwd=REPO, env=env(), stdout=log2, stderr=log2
         )
         try:
             deadline = time.monotonic() + 600
@@ -200,37 +207,77 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
                 time.sleep(0.2)
             (server,) = ray_actors(proc, "AsyncServer")
             server.kill()
-            code = proc.wait(timeout=600)
+            while not (
+                (run_dir / "global_step_3").is_dir()
+                and any(s["step"] == 3 for s in steps_logged(run_dir))
+            ):
+                assert proc.poll() is None, log2_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "run 2 did not reach step 3 in time"
+                time.sleep(0.2)
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            proc.send_signal(signal.SIGKILL)
+            for child in tree:  # a dead node: nothing of the run outlives its driver
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            proc.wait(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
             remove_new_segments(shm_before)
     text = log2_path.read_text()
-    assert code == 0, text[-3000:]
     assert "at step 2" in text and "server 0 restarted (1 of 3)" in text
-    logged = steps_logged(run_dir)
-    assert [s["step"] for s in logged] == [1, 2, 3]
-    assert logged[2]["rollout/server_restarts"] == 1
-    assert logged[2]["rollout/staleness_max"] == 0  # admitted and trained at version 2
-    assert "async/trainer_idle_frac" in logged[2] and "rollout/staleness_mean" not in logged[1]
-    for record in logged:
+    state3 = json.loads((run_dir / "global_step_3" / "trainer_state.json").read_text())
+    # step 4's prompts were admitted (staleness 1) but not trained when step 3 was saved
+    assert state3["sampler"]["requeued"] == [[1, 4], [1, 5], [1, 6], [1, 7]], state3
+
+    # ---- resume again: step 4 from the requeued prompts
+    log3_path = tmp_path / "run3.log"
+    with log3_path.open("w") as log3:
+        proc = subprocess.run(
+            command(task, run_dir, *ASYNC, steps=4),
+            cwd=REPO,
+            env=env(),
+            stdout=log3,
+            stderr=log3,
+            timeout=600,
+        )
+    remove_new_segments(shm_before)
+    text = log3_path.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert "at step 3" in text
+    logged = {s["step"]: s for s in steps_logged(run_dir)}  # the last record of each step
+    assert sorted(logged) == [1, 2, 3, 4]
+    assert logged[3]["rollout/server_restarts"] == 1
+    assert logged[3]["rollout/staleness_max"] == 0  # admitted and trained at version 2
+    assert logged[4]["rollout/staleness_max"] == 0  # requeued, admitted again at version 3
+    assert "async/trainer_idle_frac" in logged[3] and "rollout/staleness_mean" not in logged[2]
+    for record in logged.values():
         missing = [k for k in PER_STEP if k not in record]
         assert not missing, f"step {record['step']} lacks {missing}"
         # engine (after the previous step's weight sync) vs trainer, on every sampled token
         assert record["rollout/logprob_gap_max"] < GAP_LIMIT, record["rollout/logprob_gap_max"]
         assert record["reward/errors"] == 0
-    assert max(r["agent_loop/tool_calls/mean"] for r in logged) > 0  # multi-turn with tools
-    assert any(r["actor/grad_norm"] > 0 for r in logged)
-    assert "val/reward/mean" in logged[-1]
+    assert max(r["agent_loop/tool_calls/mean"] for r in logged.values()) > 0  # tools ran
+    assert any(r["actor/grad_norm"] > 0 for r in logged.values())
+    assert "val/reward/mean" in logged[4]
+    # ---- every prompt of epoch 1 (steps 3 and 4) trained exactly once in the lineage
+    prompts: dict[int, list[list[int]]] = {}
+    for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        prompts[entry["step"]] = entry["prompts"]
+    lineage = sorted(p for step in (3, 4) for p in prompts[step])
+    assert lineage == [[1, i] for i in range(8)], prompts
     # ---- checkpoints: the data position continues (8 rows / batch 4 = 2 batches an epoch)
-    state = json.loads((run_dir / "global_step_3" / "trainer_state.json").read_text())
-    assert state["step"] == 3
-    assert state["sampler"] == {"epoch": 1, "position": 1, "offset": 4, "requeued": []}
-    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "3"
+    state = json.loads((run_dir / "global_step_4" / "trainer_state.json").read_text())
+    assert state["step"] == 4
+    assert state["sampler"] == {"epoch": 1, "position": 2, "offset": 8, "requeued": []}
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "4"
     from transformers import AutoModelForCausalLM
 
     trained = AutoModelForCausalLM.from_pretrained(
-        run_dir / "global_step_3" / "actor" / "huggingface"
+        run_dir / "global_step_4" / "actor" / "huggingface"
     )
     initial = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path)
     change = max(
@@ -244,7 +291,8 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
 
 def check_traces(run_dir: Path) -> None:
     """Rollout traces in the run's MLflow store, linked to its run, tagged with step and
-    reward: 3 traced samples per training step (the cap), both validation rows."""
+    reward: 3 traced samples per training step and worker (the cap), both validation rows.
+    Async groups carry the step they were admitted in."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlruns.db'}")
@@ -259,7 +307,8 @@ def check_traces(run_dir: Path) -> None:
         )
         assert trace.info.trace_metadata.get("mlflow.sourceRun") == run_id
         assert "reward" in tags and "reward/rule" in tags, tags
-    # step 3 was rolled out (and traced) twice: in the stopped run and in the resumed one
+    # step 3 was rolled out (and traced) twice: in the stopped run and in the resumed one,
+    # which also admitted step 4's groups then; run 3 admitted them again at step 4
     assert by_step[("1", "false")] == 3 and by_step[("2", "false")] == 3
-    assert by_step[("3", "false")] == 6
-    assert by_step[("2", "true")] == 2 and by_step[("3", "true")] == 2  # both val rows
+    assert by_step[("3", "false")] == 6 and by_step[("4", "false")] == 3
+    assert by_step[("2", "true")] == 2 and by_step[("4", "true")] >= 2  # both val rows

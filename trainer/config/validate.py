@@ -60,6 +60,18 @@ def check_train_config(config: Config) -> None:
     if config.trainer.total_training_steps is not None and config.trainer.total_training_steps < 1:
         raise ValueError("trainer.total_training_steps must be >= 1 (or null)")
     check_async_config(config)
+    check_cpu_cores(config)
+
+
+def check_cpu_cores(config: Config) -> None:
+    """The core lists name cores this machine has (``parse_cores`` says what to write)."""
+    from servers.config import parse_cores
+
+    ref = config.actor_rollout_ref
+    if ref.rollout.cpu_cores is not None:
+        parse_cores(ref.rollout.cpu_cores, "actor_rollout_ref.rollout.cpu_cores")
+    if ref.actor.cpu_cores is not None:
+        parse_cores(ref.actor.cpu_cores, "actor_rollout_ref.actor.cpu_cores")
 
 
 def async_groups_per_step(config: Config) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,9 @@ class WorkerSpec:
     """``algorithm.rollout_correction.mode``"""
     correction_clip: float = 2.0
     threads: int = 1
+    cpu_cores: list[int] | None = None
+    """CPU only: the trainer's cores; rank r takes ``cpu_cores[r::world]`` (all of them when
+    there are fewer cores than ranks) and runs that many threads."""
     gpu_share: float = 1.0
     """GPUs per rank requested from Ray (0.5 when colocated with rollout servers)."""
 
@@ -59,7 +63,12 @@ class FSDPWorker:
     def init_model(self) -> dict[str, Any]:
         spec = self.spec
         if spec.device == "cpu":
-            torch.set_num_threads(max(1, spec.threads))
+            if spec.cpu_cores:
+                mine = spec.cpu_cores[self.rank :: self.world_size] or spec.cpu_cores
+                os.sched_setaffinity(0, mine)
+                torch.set_num_threads(len(mine))
+            else:
+                torch.set_num_threads(max(1, spec.threads))
         init_distributed(self.rank, self.world_size, self.master, spec.device)
         torch.manual_seed(0)
         self.model = apply_fsdp(

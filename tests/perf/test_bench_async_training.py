@@ -1,0 +1,173 @@
+"""Async vs sync training benchmark (``make bench``): an agentic workload whose rollout waits
+on tools, as search and code tools do.
+
+The calculator task (``recipes/calculator``) on smollm2-135m-instruct after the demo's SFT warm
+start; the calculator answers after a lognormal wait (median 1 s, sigma 1, cap 10 s; see
+``bench_tools.py``), up to 6 assistant turns; 4 prompts x n=4 per step, 2 gloo trainer ranks,
+one vLLM CPU server, Ray local. Four runs of ``agentloop-train``, 6 steps each (step 1 is the
+warm-up and is left out):
+
+    (a) engine and trainer share the machine:   sync, async (staleness 1, partial rollout)
+    (b) engine on core 0, trainer on core 1:    sync, async
+
+For each it prints the mean wall time per step, and for the sync runs the rollout-only time
+(``timing_s/gen`` + reward) and the train-only time (old log-probs + update + weight sync):
+their max is what perfect overlap would reach. Each run's final model is evaluated greedily on
+the 64 held-out prompts (same number of training samples for all). Targets are printed, not
+asserted: async step <= 1.15 x max(rollout, train); on (a) async >= 1.5x faster than sync at
+equal accuracy (within 3 points). Writes bench_results/async_training.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = int(os.environ.get("BENCH_ASYNC_STEPS", "6"))
+RUNS = {
+    "a_shared/sync": [],
+    "a_shared/async": ["async_training.enable=True", "async_training.staleness_threshold=1"],
+    "b_pinned/sync": [
+        "actor_rollout_ref.rollout.cpu_cores=0",
+        "actor_rollout_ref.actor.cpu_cores=1",
+    ],
+    "b_pinned/async": [
+        "actor_rollout_ref.rollout.cpu_cores=0",
+        "actor_rollout_ref.actor.cpu_cores=1",
+        "async_training.enable=True",
+        "async_training.staleness_threshold=1",
+    ],
+}
+
+
+def _run(args: list[str], timeout: int = 3000) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _train(name: str, extra: list[str], model: str, data: Path, tools: Path, out: Path) -> Path:
+    run_dir = out / name.replace("/", "_")
+    _run(
+        [
+            "-m",
+            "trainer.cli.train",
+            f"data.train_files={data / 'train.jsonl'}",
+            "data.train_batch_size=4",
+            "data.shuffle=False",
+            f"actor_rollout_ref.model.path={model}",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.rollout.response_length=256",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=6",
+            "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=64",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.actor.optim.lr=1e-5",
+            "custom_reward_function.path=recipes/calculator/reward.py",
+            "trainer.n_gpus_per_node=2",
+            f"trainer.total_training_steps={STEPS}",
+            f"trainer.save_freq={STEPS}",
+            "trainer.logger=[jsonl]",
+            f"trainer.default_local_dir={run_dir}",
+            *extra,
+        ]  # fmt: skip
+    )
+    return run_dir
+
+
+def _summary(run_dir: Path) -> dict[str, float]:
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    measured = steps[1:]
+
+    def mean(key: str) -> float:
+        return sum(s.get(key, 0.0) for s in measured) / len(measured)
+
+    return {
+        "step_s": mean("timing_s/step"),
+        "rollout_s": mean("timing_s/gen") + mean("timing_s/reward"),
+        "train_s": mean("timing_s/old_log_prob")
+        + mean("timing_s/update_actor")
+        + mean("timing_s/weight_sync"),
+        "reward": mean("reward/mean"),
+        "staleness_mean": mean("rollout/staleness_mean"),
+        "trainer_idle_frac": mean("async/trainer_idle_frac"),
+        "rollout_idle_frac": mean("async/rollout_idle_frac"),
+        "tool_calls": mean("agent_loop/tool_calls/mean"),
+    }
+
+
+@pytest.mark.slow
+def test_bench_async_vs_sync_training(tmp_path, smollm2_path):
+    from recipes.calculator.data import write_task
+    from recipes.calculator.demo import evaluate
+
+    data = tmp_path / "data"
+    write_task(data, train=4 * STEPS, val=64, sft=48)
+    tools = tmp_path / "tools.yaml"
+    slow = {"class_name": "tests.perf.bench_tools.SlowCalculatorTool", "config": {"type": "native"}}
+    tools.write_text(yaml.safe_dump({"tools": [slow]}))
+    out = _run(
+        [
+            "-m",
+            "trainer.cli.sft",
+            f"data.train_files={data / 'sft.jsonl'}",
+            "data.train_batch_size=16",
+            "data.micro_batch_size_per_gpu=4",
+            f"model.path={smollm2_path}",
+            "optim.lr=1e-4",
+            "trainer.n_gpus_per_node=2",
+            "trainer.total_training_steps=3",
+            f"trainer.default_local_dir={tmp_path / 'sft'}",
+        ]  # fmt: skip
+    )
+    sft_model = out.strip().splitlines()[-1]
+    results: dict[str, dict[str, float]] = {}
+    for name, extra in RUNS.items():
+        run_dir = _train(name, extra, sft_model, data, tools, tmp_path)
+        results[name] = _summary(run_dir)
+        final = run_dir / f"global_step_{STEPS}" / "actor" / "huggingface"
+        acc = evaluate(str(final), data, run_dir / "eval.jsonl")
+        results[name]["accuracy"] = acc["accuracy"]
+
+    lines = [
+        "",
+        f"GRPO on the calculator task with lognormal tool latency (median 1 s), smollm2-135m, "
+        f"16 samples/step, mean of {STEPS - 1} steps after 1 warm-up, same machine, one run",
+        f"  {'run':<16}{'step s':>8}{'rollout s':>10}{'train s':>9}{'reward':>8}{'accuracy':>9}"
+        f"{'staleness':>10}{'trainer idle':>13}",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"  {name:<16}{r['step_s']:>8.1f}{r['rollout_s']:>10.1f}{r['train_s']:>9.1f}"
+            f"{r['reward']:>8.3f}{r['accuracy']:>9.1%}{r['staleness_mean']:>10.2f}"
+            f"{r['trainer_idle_frac']:>13.1%}"
+        )
+    for placement in ("a_shared", "b_pinned"):
+        sync, asyn = results[f"{placement}/sync"], results[f"{placement}/async"]
+        limit = max(sync["rollout_s"], sync["train_s"])
+        lines.append(
+            f"  {placement}: async {asyn['step_s']:.1f} s vs sync {sync['step_s']:.1f} s = "
+            f"{sync['step_s'] / asyn['step_s']:.2f}x faster (target on a_shared >= 1.5x); "
+            f"async / max(rollout {sync['rollout_s']:.1f}, train {sync['train_s']:.1f}) = "
+            f"{asyn['step_s'] / limit:.2f} (target <= 1.15); accuracy "
+            f"{asyn['accuracy'] - sync['accuracy']:+.1%} (target within 3 points)"
+        )
+    print("\n".join(lines))
+    bench = REPO / "bench_results"
+    bench.mkdir(exist_ok=True)
+    (bench / "async_training.json").write_text(json.dumps(results, indent=1))
+    for r in results.values():
+        assert r["step_s"] > 0 and 0.0 <= r["accuracy"] <= 1.0
