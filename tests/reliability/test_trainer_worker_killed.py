@@ -141,6 +141,15 @@ def steps_logged(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def trained_prompts(run_dir: Path) -> dict[int, list[list[int]]]:
+    """The prompts each step trained, from the last line of each step (the lineage's)."""
+    prompts: dict[int, list[list[int]]] = {}
+    for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        prompts[entry["step"]] = entry["prompts"]
+    return prompts
+
+
 def ray_actors(proc: subprocess.Popen, name: str) -> list[psutil.Process]:
     """The run's actor processes of class ``name`` (Ray titles them ``ray::<name>...``)."""
     found = []
@@ -229,8 +238,11 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     text = log2_path.read_text()
     assert "at step 2" in text and "server 0 restarted (1 of 3)" in text
     state3 = json.loads((run_dir / "global_step_3" / "trainer_state.json").read_text())
-    # step 4's prompts were admitted (staleness 1) but not trained when step 3 was saved
-    assert state3["sampler"]["requeued"] == [[1, 4], [1, 5], [1, 6], [1, 7]], state3
+    # all 8 prompts of epoch 1 were admitted (staleness 1); step 3 trained the 4 oldest that
+    # had finished, the other 4 were in flight when step 3 was saved
+    requeued = state3["sampler"]["requeued"]
+    trained3 = trained_prompts(run_dir)[3]
+    assert len(requeued) == 4 and sorted(requeued + trained3) == [[1, i] for i in range(8)]
 
     # ---- resume again: step 4 from the requeued prompts
     log3_path = tmp_path / "run3.log"
@@ -263,10 +275,8 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     assert any(r["actor/grad_norm"] > 0 for r in logged.values())
     assert "val/reward/mean" in logged[4]
     # ---- every prompt of epoch 1 (steps 3 and 4) trained exactly once in the lineage
-    prompts: dict[int, list[list[int]]] = {}
-    for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        prompts[entry["step"]] = entry["prompts"]
+    prompts = trained_prompts(run_dir)
+    assert prompts[3] == trained3 and sorted(prompts[4]) == sorted(requeued)
     lineage = sorted(p for step in (3, 4) for p in prompts[step])
     assert lineage == [[1, i] for i in range(8)], prompts
     # ---- checkpoints: the data position continues (8 rows / batch 4 = 2 batches an epoch)
