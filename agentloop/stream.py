@@ -4,7 +4,8 @@ A group (one prompt x ``rollout.n`` samples) is handed to the agent-loop worker 
 fewest samples in flight when it is submitted, so no batch is split statically over the
 workers; ``poll`` returns the groups that have finished, in the order they finish, each
 padded into its own ``RolloutBatch`` (same prompt/response lengths, so any of them
-concatenate). While groups run the stream checks the servers (``AgentLoopManager.heal``).
+concatenate). ``heal_if_due`` checks the servers (``AgentLoopManager.heal``); call it from the
+thread that also drives the trainer ranks, since a restarted server gets the trainer's weights.
 
 ``pause``/``resume`` bracket a weight update: every worker's turns are held (aborted and
 later continued from their sampled tokens with ``abort=True``, else let finish) so that no
@@ -91,14 +92,10 @@ class RolloutStream:
 
         if not self._running:
             return []
-        interval = self.config.recovery.health_check_interval_s
         done, _ = ray.wait(list(self._running), num_returns=1, timeout=timeout)
         if done:  # everything else that is ready too
             done, _ = ray.wait(list(self._running), num_returns=len(self._running), timeout=0)
         now = time.perf_counter()
-        if now - self._last_heal >= interval:
-            self._last_heal = now
-            self.manager.heal()
         finished = []
         for ref in done:
             group = self._running.pop(ref)
@@ -114,6 +111,15 @@ class RolloutStream:
             batch.metrics = rollout_metrics(outputs, now - group.submitted_s)
             finished.append(FinishedGroup(group.key, batch, outputs, group.submitted_s, now))
         return finished
+
+    def heal_if_due(self) -> int:
+        """Restart dead servers (with the current weights) at most every
+        ``recovery.health_check_interval_s``; returns how many were restarted."""
+        now = time.perf_counter()
+        if now - self._last_heal < self.config.recovery.health_check_interval_s:
+            return 0
+        self._last_heal = now
+        return self.manager.heal()
 
     def pause(self, *, abort: bool) -> int:
         """Hold every worker's turns (see the module docstring); returns turns aborted."""

@@ -149,6 +149,8 @@ class AgentLoopWorker:
             key = (trace.step, trace.validate)
             traced = max(0, min(limit - self._traced.get(key, 0), len(rows)))
             self._traced[key] = self._traced.get(key, 0) + traced
+            while len(self._traced) > 16:  # only the last few steps still take samples
+                del self._traced[next(iter(self._traced))]
         elif limit is not None:
             traced = min(limit, len(rows))
         context = trace if self.tracer is not None else None

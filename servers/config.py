@@ -25,7 +25,7 @@ def parse_cores(spec: str, key: str = "cpu_cores") -> list[int]:
                 cores.append(int(part))
         except ValueError:
             raise ValueError(
-                f"{key}={spec!r} is not a core list: write e.g. \"0\", \"0-3\" or \"0,2\""
+                f'{key}={spec!r} is not a core list: write e.g. "0", "0-3" or "0,2"'
             ) from None
     missing = sorted(set(cores) - set(available))
     if not cores or missing:

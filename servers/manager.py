@@ -128,20 +128,18 @@ class AsyncLLMServerManager:
         log_probs: list[float] | None = []
         versions: list[int] = []
         while True:
-            if self._paused:
-                await self._wait_open()
-            version = self.version
             if budget is not None:
                 params["max_tokens"] = budget - len(tokens)
-            out, engine_rid = await self._generate_once(request_id, prompt_ids + tokens, params)
+            out, version, paused = await self._generate_once(
+                request_id, prompt_ids + tokens, params
+            )
             tokens.extend(out.token_ids)
             versions.extend([version] * len(out.token_ids))
             if log_probs is not None and out.log_probs is not None:
                 log_probs.extend(out.log_probs)
             else:
                 log_probs = None
-            if out.finish_reason == "abort" and engine_rid in self._aborted_by_pause:
-                self._aborted_by_pause.discard(engine_rid)
+            if paused:  # aborted for a weight update: continue from the tokens so far
                 self.resumed_turns += 1
                 if budget is None or len(tokens) < budget:
                     continue
@@ -150,10 +148,14 @@ class AsyncLLMServerManager:
 
     async def _generate_once(
         self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]
-    ) -> tuple[TokenOutput, str]:
-        """One engine request (retried elsewhere if its server dies); with its engine id."""
+    ) -> tuple[TokenOutput, int, bool]:
+        """One engine request (retried elsewhere if its server dies), sent only while the
+        gate is open; with the policy version it sampled under and whether ``pause``
+        aborted it."""
         tried: set[int] = set()
         while True:
+            while self._paused:  # a weight update is under way
+                await self._wait_open()
             try:
                 idx = self._pick(request_id, tried)
             except NoHealthyServerError:
@@ -162,6 +164,7 @@ class AsyncLLMServerManager:
                 tried.clear()
                 continue
             stats = self._stats[idx]
+            version = self.version
             engine_rid = f"{request_id}-{uuid.uuid4().hex[:12]}"
             self._active[request_id] = (idx, engine_rid)
             stats.in_flight += 1
@@ -186,8 +189,10 @@ class AsyncLLMServerManager:
             finally:
                 stats.in_flight -= 1
                 self._active.pop(request_id, None)
+                aborted = engine_rid in self._aborted_by_pause
+                self._aborted_by_pause.discard(engine_rid)
             stats.generated_tokens += len(out.token_ids)
-            return out, engine_rid
+            return out, version, aborted and out.finish_reason == "abort"
 
     async def abort(self, request_id: str) -> bool:
         """Abort the engine request currently running for ``request_id`` (False if none)."""
@@ -208,7 +213,10 @@ class AsyncLLMServerManager:
         if abort:
             for idx, engine_rid in list(self._active.values()):
                 self._aborted_by_pause.add(engine_rid)
-                await self._abort_engine(idx, engine_rid)
+                try:
+                    await self._abort_engine(idx, engine_rid)
+                except self._dead as exc:  # its turn is retried elsewhere after the pause
+                    logger.warning("server %d died while pausing (%s)", idx, type(exc).__name__)
                 aborted += 1
         while any(s.in_flight for s in self._stats):
             await asyncio.sleep(0.005)

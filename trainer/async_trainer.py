@@ -11,10 +11,12 @@ Staleness. Versions count updates: the trainer at step k holds version k-1, and 
 carries the version of the weights that sampled it. With ``G`` groups per step and threshold
 ``s``, a group is admitted at version ``v`` only while fewer than ``(v + s + 1) * G`` groups
 (plus the ones filtered out) were admitted over the run, and step ``k`` trains every group
-admitted at a version ``<= k - 1 - s`` first (it waits for them), then the oldest finished
-ones. So no group is trained more than ``s`` versions after its admission and finished work
-is never thrown away. At ``s = 0`` the groups of step k are exactly the prompts the sync
-trainer would draw, in the same order: the two trainers compute the same update.
+admitted at a version ``<= k - 1 - s`` first (it waits for them), then the finished ones of
+the lowest versions, none newer than ``k - s`` (a newer group trained early would take the
+slot an older one needs). So no group is trained more than ``s`` versions after its
+admission and finished work is never thrown away. At ``s = 0`` the groups of step k are
+exactly the prompts the sync trainer would draw, in the same order: the two trainers compute
+the same update.
 
 Every step appends the prompts it trained (sampler keys) to ``trained_prompts.jsonl`` in
 the run folder.
@@ -71,7 +73,9 @@ class _Scored:
 
 class AsyncPPOTrainer(RayPPOTrainer):
     """``RayPPOTrainer`` whose ``train_step`` consumes a rollout stream; everything else
-    (update math, validation, checkpoints, faults) is the sync trainer's."""
+    (update math, validation, checkpoints, faults) is the sync trainer's. Only the main
+    thread drives the trainer ranks and restarts servers (``heal_if_due``); the producer
+    thread only admits, polls and scores."""
 
     def __init__(
         self,
@@ -172,10 +176,14 @@ class AsyncPPOTrainer(RayPPOTrainer):
 
     # ---- the consumer ---------------------------------------------------------------------
     def _take_groups(self) -> list[_Scored]:
-        """The step's groups (see the module docstring); waits for them."""
+        """The step's groups (see the module docstring); waits for them, checking the
+        servers meanwhile (a restart pushes the trainer's weights: this thread's work)."""
         must_before = self.version - self.staleness  # admitted at a version <= this: now
-        with self._lock:
-            while True:
+        # Newer groups may fill the step only up to one version past that: training a
+        # newer group first would take the slot an older one needs to stay in the bound.
+        eligible = max(must_before + 1, 0)
+        while True:
+            with self._lock:
                 if self._error is not None:
                     raise self._error
                 cap = self.filter.max_num_gen_batches
@@ -186,24 +194,23 @@ class AsyncPPOTrainer(RayPPOTrainer):
                         "task is too easy or too hard for the model; raise the cap or change "
                         "the data"
                     )
-                waiting = [a for a in self._pending.values() if a.version <= must_before]
-                if not waiting and len(self._ready) >= self.groups_per_step:
-                    break
+                waiting = any(a.version <= must_before for a in self._pending.values())
+                usable = [s for s in self._ready if s.admitted.version <= eligible]
+                if not waiting and len(usable) >= self.groups_per_step:
+                    usable.sort(key=lambda s: (s.admitted.version, s.admitted.seq))
+                    chosen = sorted(usable[: self.groups_per_step], key=lambda s: s.admitted.seq)
+                    taken = {id(s) for s in chosen}
+                    self._ready = [s for s in self._ready if id(s) not in taken]
+                    self._dropped_this_step = 0
+                    return chosen
                 self._wake.wait(timeout=1.0)
-            self._ready.sort(key=lambda s: s.admitted.seq)
-            must = [s for s in self._ready if s.admitted.version <= must_before]
-            rest = [s for s in self._ready if s.admitted.version > must_before]
-            chosen = (must + rest)[: self.groups_per_step]
-            chosen.sort(key=lambda s: s.admitted.seq)
-            taken = {id(s) for s in chosen}
-            self._ready = [s for s in self._ready if id(s) not in taken]
-            self._dropped_this_step = 0
-        return chosen
+            self.stream.heal_if_due()
 
     def train_step(self, step: int) -> dict[str, float]:
         """Train on the next ``groups_per_step`` finished groups, then push the weights every
         ``trigger_parameter_sync_step`` steps while the stream goes on."""
         self._start_producer()
+        self.stream.heal_if_due()
         metrics: dict[str, float] = {"training/step": float(step)}
         start = time.perf_counter()
         with self._lock:

@@ -69,10 +69,12 @@ def correction_metrics(
     clip: float,
 ) -> dict[str, float]:
     """Statistics of the off-policy correction's weights over the sampled tokens."""
-    raw = torch.exp((old_log_probs - rollout_log_probs).clamp(max=20.0))[mask.bool()]
-    if raw.numel() == 0:
+    picked = mask.bool()
+    if not bool(picked.any()):
         return {}
-    used = correction_weights(raw, torch.zeros_like(raw), mode, clip)
+    old, behaviour = old_log_probs[picked], rollout_log_probs[picked]
+    raw = torch.exp((old - behaviour).clamp(max=20.0))
+    used = correction_weights(old, behaviour, mode, clip)
     return {
         "rollout_correction/weight_mean": float(used.mean()),
         "rollout_correction/weight_max": float(raw.max()),

@@ -164,6 +164,7 @@ class AgentLoopChatModel(BaseChatModel):
             response_ids=traj.response_ids,
             response_mask=traj.response_mask,
             response_log_probs=traj.response_log_probs,
+            response_versions=traj.response_versions,
             text=text,
             messages=len(messages) + 1,
             error_kinds=kinds,
@@ -226,6 +227,7 @@ class AgentLoopChatModel(BaseChatModel):
             prev["response_ids"],
             prev["response_mask"],
             prev["response_log_probs"],
+            prev.get("response_versions"),
         )
         history, new = to_chat_dicts(messages[: last + 1]), to_chat_dicts(messages[last + 1 :])
         delta = await loop.encode_delta(history, new, tools)

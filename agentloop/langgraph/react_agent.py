@@ -160,6 +160,7 @@ class ReactAgentLoop(AgentLoopBase):
             state["response_ids"],
             state["response_mask"],
             state["response_log_probs"],
+            state.get("response_versions"),
         )
         return self.output(
             traj,

@@ -175,3 +175,79 @@ async def test_abort_reaches_the_running_engine_request():
 def test_manager_needs_a_server():
     with pytest.raises(ValueError, match="at least one server"):
         AsyncLLMServerManager([])
+
+
+class StreamingFakeServer:
+    """Samples one token (id = its count so far) every 10 ms up to max_tokens; an abort ends
+    the request with the tokens so far and finish_reason ``abort``, as vLLM does."""
+
+    def __init__(self) -> None:
+        self.requests: list[list[int]] = []
+        self._aborted: set[str] = set()
+
+    async def generate(self, prompt_ids, sampling_params, request_id):
+        self.requests.append(list(prompt_ids))
+        tokens: list[int] = []
+        while len(tokens) < sampling_params["max_tokens"]:
+            if request_id in self._aborted:
+                return TokenOutput(tokens, [-1.0] * len(tokens), "abort")
+            await asyncio.sleep(0.01)
+            tokens.append(len(prompt_ids) + len(tokens))
+        return TokenOutput(tokens, [-1.0] * len(tokens), "length")
+
+    async def abort(self, request_id):
+        self._aborted.add(request_id)
+
+
+async def test_pause_with_abort_continues_the_turn_from_its_tokens_under_the_new_version():
+    server = StreamingFakeServer()
+    manager = AsyncLLMServerManager([server])
+    task = asyncio.ensure_future(
+        manager.generate("t", prompt_ids=[100, 101], sampling_params={"max_tokens": 20})
+    )
+    await asyncio.sleep(0.06)
+    assert await manager.pause(abort=True) == 1
+    held = asyncio.ensure_future(
+        manager.generate("u", prompt_ids=[7], sampling_params={"max_tokens": 2})
+    )
+    await asyncio.sleep(0.05)
+    assert not task.done() and not held.done() and len(server.requests) == 1  # both held
+    manager.resume(1)
+    out, other = await task, await held
+    assert out.token_ids == list(range(2, 22)) and out.finish_reason == "length"
+    k = out.versions.count(0)
+    assert 0 < k < 20 and out.versions == [0] * k + [1] * (20 - k)
+    assert server.requests[1][:2] == [100, 101] and len(server.requests[1]) == 2 + k
+    assert other.versions == [1, 1] and manager.resumed_turns == 1
+
+
+async def test_pause_without_abort_lets_running_turns_finish_on_their_version():
+    server = StreamingFakeServer()
+    manager = AsyncLLMServerManager([server])
+    task = asyncio.ensure_future(
+        manager.generate("t", prompt_ids=[1], sampling_params={"max_tokens": 10})
+    )
+    await asyncio.sleep(0.03)
+    assert await manager.pause(abort=False) == 0
+    assert task.done()  # pause returned only once nothing ran
+    manager.resume(1)
+    out = await task
+    assert out.versions == [0] * 10 and out.finish_reason == "length"
+    assert manager.resumed_turns == 0
+
+
+async def test_a_server_dead_while_pausing_does_not_stop_the_pause():
+    a = FakeServer("a")
+    manager = AsyncLLMServerManager([a])
+
+    async def dead_abort(request_id):
+        raise EngineDeadError("a died")
+
+    a.abort = dead_abort  # type: ignore[method-assign]
+    task = asyncio.ensure_future(
+        manager.generate("t", prompt_ids=[1], sampling_params={"delay": 0.05})
+    )
+    await asyncio.sleep(0.01)
+    assert await manager.pause(abort=True) == 1
+    manager.resume(1)
+    assert (await task).token_ids == [1, 2, 3]

@@ -115,6 +115,9 @@ class ScriptedStream:
         self.pauses.append(abort)
         return 0
 
+    def heal_if_due(self) -> int:
+        return 0
+
     def counters(self) -> dict[str, int]:
         return {"server_restarts": 0, "requests_retried": 0, "resumed_turns": 0}
 
@@ -342,3 +345,20 @@ def test_rollout_correction_mode_must_be_known():
     assert str(info.value) == (
         "algorithm.rollout_correction.mode='is' is not supported; use one of none, tis, decoupled"
     )
+
+
+def test_correction_metrics_describe_the_weights_on_sampled_tokens():
+    from trainer.ray_trainer import correction_metrics
+
+    old = torch.zeros(2, 3)
+    rollout = torch.log(torch.tensor([[0.25, 1.0, 9.0], [0.5, 1.0, 1.0]]))  # w = 4, 1, 1/9, 2
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    tis = correction_metrics(old, rollout, mask, "tis", 3.0)
+    assert tis == {
+        "rollout_correction/weight_mean": pytest.approx((3 + 1 + 1 / 9 + 2) / 4),
+        "rollout_correction/weight_max": pytest.approx(4.0),
+        "rollout_correction/weight_min": pytest.approx(1 / 9),
+        "rollout_correction/clipped_frac": 0.25,
+    }
+    decoupled = correction_metrics(old, rollout, mask, "decoupled", 3.0)
+    assert decoupled["rollout_correction/weight_mean"] == pytest.approx((0 + 1 + 1 / 9 + 2) / 4)
