@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["evaluate_records", "main", "reward_curve"]
+__all__ = ["evaluate", "evaluate_records", "main", "reward_curve", "sft_warm_start"]
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = "recipes/calculator/tool_config.yaml"
@@ -64,6 +64,27 @@ def evaluate_records(records: list[dict[str, Any]], rows: list[dict[str, Any]]) 
         valid += rec["tool_calls"] >= 1 and rec["tool_errors"] == 0
     n = max(len(records), 1)
     return {"accuracy": correct / n, "valid_tool_calls": valid / n, "samples": len(records)}
+
+
+def sft_warm_start(model: str, data: Path, out: Path, steps: int) -> str:
+    """Multi-turn SFT on the task's solved conversations (16 a step, 2 gloo ranks); returns
+    the trained model's folder."""
+    printed = _run(
+        [
+            "-m",
+            "trainer.cli.sft",
+            f"data.train_files={data / 'sft.jsonl'}",
+            "data.train_batch_size=16",
+            "data.micro_batch_size_per_gpu=4",
+            f"model.path={model}",
+            "optim.lr=1e-4",
+            "trainer.n_gpus_per_node=2",
+            f"trainer.total_training_steps={steps}",
+            f"trainer.default_local_dir={out}",
+        ],
+        capture=True,
+    )
+    return printed.strip().splitlines()[-1]
 
 
 def evaluate(model: str, data: Path, out: Path) -> dict[str, float]:
@@ -132,22 +153,7 @@ def main() -> int:
     results = {"base model": evaluate(model, data, home / "eval/base.jsonl")}
 
     print(f"[demo] 3/5 SFT warm start: {sft_steps} steps x 16 conversations", flush=True)
-    out = _run(
-        [
-            "-m",
-            "trainer.cli.sft",
-            f"data.train_files={data / 'sft.jsonl'}",
-            "data.train_batch_size=16",
-            "data.micro_batch_size_per_gpu=4",
-            f"model.path={model}",
-            "optim.lr=1e-4",
-            "trainer.n_gpus_per_node=2",
-            f"trainer.total_training_steps={sft_steps}",
-            f"trainer.default_local_dir={home / 'sft'}",
-        ],
-        capture=True,
-    )
-    sft_model = out.strip().splitlines()[-1]
+    sft_model = sft_warm_start(model, data, home / "sft", sft_steps)
 
     print(f"[demo] 4/5 GRPO with tool_agent: {rl_steps} steps", flush=True)
     rl_dir = home / "grpo"

@@ -112,28 +112,14 @@ def _summary(run_dir: Path) -> dict[str, float]:
 @pytest.mark.slow
 def test_bench_async_vs_sync_training(tmp_path, smollm2_path):
     from recipes.calculator.data import write_task
-    from recipes.calculator.demo import evaluate
+    from recipes.calculator.demo import evaluate, sft_warm_start
 
     data = tmp_path / "data"
     write_task(data, train=4 * STEPS, val=64, sft=48)
     tools = tmp_path / "tools.yaml"
     slow = {"class_name": "tests.perf.bench_tools.SlowCalculatorTool", "config": {"type": "native"}}
     tools.write_text(yaml.safe_dump({"tools": [slow]}))
-    out = _run(
-        [
-            "-m",
-            "trainer.cli.sft",
-            f"data.train_files={data / 'sft.jsonl'}",
-            "data.train_batch_size=16",
-            "data.micro_batch_size_per_gpu=4",
-            f"model.path={smollm2_path}",
-            "optim.lr=1e-4",
-            "trainer.n_gpus_per_node=2",
-            "trainer.total_training_steps=3",
-            f"trainer.default_local_dir={tmp_path / 'sft'}",
-        ]  # fmt: skip
-    )
-    sft_model = out.strip().splitlines()[-1]
+    sft_model = sft_warm_start(str(smollm2_path), data, tmp_path / "sft", steps=3)
     results: dict[str, dict[str, float]] = {}
     for name, extra in RUNS.items():
         run_dir = _train(name, extra, sft_model, data, tools, tmp_path)
