@@ -310,13 +310,21 @@ def check_traces(run_dir: Path) -> None:
     experiment = client.get_run(run_id).info.experiment_id
     traces = client.search_traces(locations=[experiment], max_results=500)
     by_step: dict[tuple[str, str], int] = {}
+    untagged = []
     for trace in traces:
         tags = trace.info.tags
         by_step[(tags["step"], tags["validate"])] = (
             by_step.get((tags["step"], tags["validate"]), 0) + 1
         )
         assert trace.info.trace_metadata.get("mlflow.sourceRun") == run_id
-        assert "reward" in tags and "reward/rule" in tags, tags
+        if "reward" in tags:
+            assert "reward/rule" in tags, tags
+        else:
+            untagged.append(tags)
+    # rewards are tagged when a step trains its groups: the killed async driver (run 2)
+    # never trained the step-4 groups it had traced (tagged step 3, its admission step)
+    assert all((t["step"], t["validate"]) == ("3", "false") for t in untagged), untagged
+    assert len(untagged) <= 3, untagged
     # step 3 was rolled out (and traced) twice: in the stopped run and in the resumed one,
     # which also admitted step 4's groups then; run 3 admitted them again at step 4
     assert by_step[("1", "false")] == 3 and by_step[("2", "false")] == 3
