@@ -93,7 +93,7 @@ class AgentLoopManager:
         samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
         validate_rows(samples, self.tool_names, self.config.agent.default_agent_loop)
         restarts = self.server_restarts
-        retried = self._retried_requests()
+        retried = self.retried_requests()
         self.heal()  # a server that died between batches comes back before this one
         chunks = [c.tolist() for c in np.array_split(np.arange(len(samples)), len(self.workers))]
         start = time.perf_counter()
@@ -115,7 +115,7 @@ class AgentLoopManager:
         )
         batch.metrics = rollout_metrics(outputs, wall)
         batch.metrics["rollout/server_restarts"] = float(self.server_restarts - restarts)
-        batch.metrics["rollout/requests_retried"] = float(self._retried_requests() - retried)
+        batch.metrics["rollout/requests_retried"] = float(self.retried_requests() - retried)
         return batch
 
     @property
@@ -157,7 +157,8 @@ class AgentLoopManager:
             )
         return len(dead)
 
-    def _retried_requests(self) -> int:
+    def retried_requests(self) -> int:
+        """Engine requests re-sent because their server died (over the workers' lives)."""
         import ray
 
         return sum(ray.get([w.retried_requests.remote() for w in self.workers]))

@@ -34,9 +34,6 @@ class FinishedGroup:
     batch: RolloutBatch
     """The group's samples, padded; ``metrics`` are the group's rollout metrics."""
     outputs: list[AgentLoopOutput]
-    submitted_s: float
-    """``time.perf_counter()`` at submission and at the poll that returned it."""
-    finished_s: float
 
 
 @dataclass(slots=True)
@@ -60,10 +57,6 @@ class RolloutStream:
     def in_flight(self) -> int:
         """Groups submitted and not yet returned by ``poll``."""
         return len(self._running)
-
-    @property
-    def in_flight_samples(self) -> int:
-        return sum(self._load)
 
     def submit(
         self,
@@ -109,7 +102,7 @@ class RolloutStream:
                 pad_token_id=self.manager.pad_token_id,
             )
             batch.metrics = rollout_metrics(outputs, now - group.submitted_s)
-            finished.append(FinishedGroup(group.key, batch, outputs, group.submitted_s, now))
+            finished.append(FinishedGroup(group.key, batch, outputs))
         return finished
 
     def heal_if_due(self) -> int:
@@ -140,12 +133,6 @@ class RolloutStream:
         workers = self.manager.workers
         return {
             "server_restarts": self.manager.server_restarts,
-            "requests_retried": sum(ray.get([w.retried_requests.remote() for w in workers])),
+            "requests_retried": self.manager.retried_requests(),
             "resumed_turns": sum(ray.get([w.resumed_turns.remote() for w in workers])),
         }
-
-    def resumed_turns(self) -> int:
-        """Turns continued after an abort for a weight update (over the workers' lives)."""
-        import ray
-
-        return sum(ray.get([w.resumed_turns.remote() for w in self.manager.workers]))

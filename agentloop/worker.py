@@ -144,15 +144,13 @@ class AgentLoopWorker:
         the whole batch (the traces' ``sample_index``)."""
         params = sampling_params if sampling_params is not None else self.config.sampling_params()
         limit = self.config.trace.max_samples_per_step_per_worker
-        traced = len(rows)
+        traced = len(rows)  # without a trace context nothing is traced at all
         if limit is not None and trace is not None:  # the cap holds over calls (async groups)
             key = (trace.step, trace.validate)
             traced = max(0, min(limit - self._traced.get(key, 0), len(rows)))
             self._traced[key] = self._traced.get(key, 0) + traced
             while len(self._traced) > 16:  # only the last few steps still take samples
                 del self._traced[next(iter(self._traced))]
-        elif limit is not None:
-            traced = min(limit, len(rows))
         context = trace if self.tracer is not None else None
         outputs = await asyncio.gather(
             *(

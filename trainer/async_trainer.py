@@ -132,10 +132,10 @@ class AsyncPPOTrainer(RayPPOTrainer):
                         self.stream.submit(key, row, trace=trace)
                 idle = self.stream.in_flight == 0
                 finished = self.stream.poll(timeout=0.05)
-                if idle:
-                    time.sleep(0.02)
                 now = time.perf_counter()
                 if idle:
+                    time.sleep(0.02)
+                    now = time.perf_counter()
                     with self._lock:
                         self._rollout_idle_s += now - last
                 last = now

@@ -108,7 +108,7 @@ class ScriptedStream:
         for key, samples, version in done:
             batch = self.manager._collate(samples, version)
             outputs = [scripted_output(s["extra_info"]["index"], s["rollout_n"]) for s in samples]
-            out.append(FinishedGroup(key, batch, outputs, 0.0, 0.0))
+            out.append(FinishedGroup(key, batch, outputs))
         return out
 
     def pause(self, *, abort: bool) -> int:
