@@ -46,7 +46,12 @@ class GenerateClient(Protocol):
     """Anything with the token-level generate API (AsyncLLMServerManager, a test script)."""
 
     async def generate(
-        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any]
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        priority: int = 0,
     ) -> TokenOutput: ...
 
 
@@ -104,6 +109,19 @@ class AgentLoopBase(abc.ABC):
         self.metrics: dict[str, float] = {"generate_s": 0.0, "tool_s": 0.0}
         self.trace: SampleTrace | None = None
         """This sample's trace (set by the worker when it is traced)."""
+        self.admitted_ms = time.time_ns() // 1_000_000
+        """When the sample started (wall clock, shared by the workers of one machine)."""
+        self.turns_done = 0
+        """Model turns generated so far."""
+
+    def priority(self) -> int:
+        """Engine priority of this sample's next turn (lower is scheduled first): its
+        admission time in ms, minus the time it spent waiting on tools, minus one second per
+        model turn done. The sample admitted earliest and held back most by turns and tools
+        (the straggler its batch waits for) goes first; in a batch admitted at once that is
+        the one with the most turns and the longest tool chain so far."""
+        held_back_ms = 1000.0 * self.metrics.get("tool_s", 0.0) + 1000 * self.turns_done
+        return self.admitted_ms - int(held_back_ms)
 
     @abc.abstractmethod
     async def run(self, sampling_params: dict[str, Any], **row_fields: Any) -> AgentLoopOutput:
@@ -157,7 +175,10 @@ class AgentLoopBase(abc.ABC):
         }
         start = time.perf_counter()
         start_ns = time.time_ns() if self.trace is not None else 0
-        out = await self.server.generate(request_id, prompt_ids=context, sampling_params=params)
+        out = await self.server.generate(
+            request_id, prompt_ids=context, sampling_params=params, priority=self.priority()
+        )
+        self.turns_done += 1
         self.metrics["generate_s"] += time.perf_counter() - start
         if self.trace is not None:
             server_for = getattr(self.server, "server_for", None)

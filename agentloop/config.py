@@ -149,6 +149,12 @@ class RolloutConfig:
     ranks on other cores (``actor.cpu_cores``) rollout and training overlap for real."""
     max_model_len: int | None = None
     """Engine context length; None: prompt_length + response_length."""
+    scheduling_policy: str = "priority"
+    """Engine scheduling: ``priority`` runs stragglers' turns first (the sample admitted
+    earliest and held back most by turns and tools); ``fcfs``: arrival order."""
+    max_num_seqs: int | None = None
+    """Sequences an engine decodes at once; None: the engine's default (see
+    docs/async-training.md for a CPU cap that lets stragglers decode faster)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
@@ -172,6 +178,13 @@ class RolloutConfig:
             raise ValueError("rollout.prompt_length and rollout.response_length must be >= 1")
         if self.num_servers < 1:
             raise ValueError(f"rollout.num_servers must be >= 1, got {self.num_servers}")
+        if self.scheduling_policy not in ("priority", "fcfs"):
+            raise ValueError(
+                f"rollout.scheduling_policy must be 'priority' or 'fcfs', "
+                f"got {self.scheduling_policy!r}"
+            )
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"rollout.max_num_seqs must be >= 1 or null, got {self.max_num_seqs}")
 
     @property
     def context_length(self) -> int:

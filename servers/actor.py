@@ -47,8 +47,10 @@ class AsyncServer:
         prompt_ids: list[int],
         sampling_params: dict[str, Any] | None = None,
         request_id: str | None = None,
+        priority: int = 0,
     ) -> TokenOutput:
-        return await self.core.generate(prompt_ids, sampling_params, request_id)
+        """One turn; lower ``priority`` is scheduled first (``scheduling_policy=priority``)."""
+        return await self.core.generate(prompt_ids, sampling_params, request_id, priority)
 
     async def abort(self, request_id: str) -> None:
         await self.core.engine.abort(request_id)

@@ -60,6 +60,12 @@ class ServerConfig:
     cpu_cores: str | None = None
     """CPU only: the cores the engine runs on (``"0"``, ``"0-3"``, ``"0,2"``), so a trainer
     pinned to other cores does not compete with it; None: vLLM's own binding."""
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    """Order of waiting requests: ``priority`` runs the lowest ``priority`` value first (agent
+    loops send their stragglers' turns with a lower one); ``fcfs``: arrival order."""
+    max_num_seqs: int | None = None
+    """Sequences the engine decodes at once; None: the engine's default. On a small CPU a
+    cap near where throughput saturates lets priority turns decode with fewer companions."""
     logprobs_mode: str = "processed_logprobs"
     """Which log-probs the engine returns: ``processed_logprobs`` are under the sampling
     distribution (after temperature), what the trainer recomputes; ``raw_logprobs`` are before."""
@@ -101,6 +107,12 @@ class ServerConfig:
             raise ValueError("cpu_kvcache_space_gib must be >= 1 GiB")
         if self.logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
             raise ValueError("logprobs_mode must be 'processed_logprobs' or 'raw_logprobs'")
+        if self.scheduling_policy not in ("priority", "fcfs"):
+            raise ValueError(
+                f"scheduling_policy must be 'priority' or 'fcfs', got {self.scheduling_policy!r}"
+            )
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1 (or None), got {self.max_num_seqs}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.api_key is None:

@@ -32,6 +32,7 @@ class ServerCore:
         prompt_ids: list[int],
         sampling_params: dict[str, Any] | None = None,
         request_id: str | None = None,
+        priority: int = 0,
     ) -> TokenOutput:
         request_id = request_id or uuid.uuid4().hex
         m = self.metrics
@@ -44,7 +45,7 @@ class ServerCore:
                 vocab_size=self.engine.vocab_size,
                 max_model_len=self.engine.max_model_len,
             )
-            out = await self.engine.generate(prompt_ids, params, request_id)
+            out = await self.engine.generate(prompt_ids, params, request_id, priority)
         except GenerateInputError:
             m.errors.labels("bad_request").inc()
             raise

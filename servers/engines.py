@@ -21,9 +21,10 @@ class EngineAdapter(Protocol):
 
     async def start(self) -> None: ...
     async def generate(
-        self, prompt_ids: list[int], params: dict[str, Any], request_id: str
+        self, prompt_ids: list[int], params: dict[str, Any], request_id: str, priority: int = 0
     ) -> TokenOutput:
-        """``params`` are already validated and normalised by ``validate_request``."""
+        """``params`` are already validated and normalised by ``validate_request``; lower
+        ``priority`` is scheduled first where the engine supports it."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

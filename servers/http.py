@@ -146,11 +146,11 @@ def build_app(core: ServerCore, chat: ChatHandler | None = None) -> FastAPI:
         body = await _json_object(request)
         if isinstance(body, JSONResponse):
             return body
-        unknown = sorted(set(body) - {"prompt_ids", "sampling_params", "request_id"})
+        unknown = sorted(set(body) - {"prompt_ids", "sampling_params", "request_id", "priority"})
         if unknown:
             return _bad(
                 f"unknown field(s) {', '.join(unknown)}; expected prompt_ids, "
-                "sampling_params, request_id",
+                "sampling_params, request_id, priority",
                 param=unknown[0],
             )
         if "prompt_ids" not in body:
@@ -158,8 +158,16 @@ def build_app(core: ServerCore, chat: ChatHandler | None = None) -> FastAPI:
         request_id = body.get("request_id")
         if request_id is not None and not isinstance(request_id, str):
             return _bad("request_id must be a string", param="request_id")
+        priority = body.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            return _bad(
+                f"priority must be an integer (lower is scheduled first), got {priority!r}",
+                param="priority",
+            )
         try:
-            out = await core.generate(body["prompt_ids"], body.get("sampling_params"), request_id)
+            out = await core.generate(
+                body["prompt_ids"], body.get("sampling_params"), request_id, priority
+            )
         except GenerateInputError as exc:
             return _bad(str(exc), param=exc.param)
         return JSONResponse(out.to_dict())

@@ -107,11 +107,13 @@ class AsyncLLMServerManager:
         return best.index
 
     @staticmethod
-    async def _call(server: Any, prompt_ids, sampling_params, engine_rid: str) -> TokenOutput:
+    async def _call(
+        server: Any, prompt_ids, sampling_params, engine_rid: str, priority: int
+    ) -> TokenOutput:
         method = server.generate
         if hasattr(method, "remote"):
-            return await method.remote(prompt_ids, sampling_params, engine_rid)
-        return await method(prompt_ids, sampling_params, engine_rid)
+            return await method.remote(prompt_ids, sampling_params, engine_rid, priority)
+        return await method(prompt_ids, sampling_params, engine_rid, priority)
 
     async def generate(
         self,
@@ -119,9 +121,11 @@ class AsyncLLMServerManager:
         *,
         prompt_ids: list[int],
         sampling_params: dict[str, Any] | None = None,
+        priority: int = 0,
     ) -> TokenOutput:
         """Generate one turn of trajectory ``request_id``; retried on another server if the
-        chosen one dies, continued from its sampled tokens if ``pause`` aborted it."""
+        chosen one dies, continued from its sampled tokens if ``pause`` aborted it. Lower
+        ``priority`` is scheduled first by engines with ``scheduling_policy=priority``."""
         params = dict(sampling_params or {})
         budget = params.get("max_tokens")
         tokens: list[int] = []
@@ -131,7 +135,7 @@ class AsyncLLMServerManager:
             if budget is not None:
                 params["max_tokens"] = budget - len(tokens)
             out, version, paused = await self._generate_once(
-                request_id, prompt_ids + tokens, params
+                request_id, prompt_ids + tokens, params, priority
             )
             tokens.extend(out.token_ids)
             versions.extend([version] * len(out.token_ids))
@@ -147,7 +151,11 @@ class AsyncLLMServerManager:
             return TokenOutput(tokens, log_probs, out.finish_reason, versions)
 
     async def _generate_once(
-        self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        priority: int = 0,
     ) -> tuple[TokenOutput, int, bool]:
         """One engine request (retried elsewhere if its server dies), sent only while the
         gate is open; with the policy version it sampled under and whether ``pause``
@@ -171,7 +179,7 @@ class AsyncLLMServerManager:
             stats.requests += 1
             server = self.servers[idx]
             try:
-                out = await self._call(server, prompt_ids, sampling_params, engine_rid)
+                out = await self._call(server, prompt_ids, sampling_params, engine_rid, priority)
             except self._dead as exc:
                 stats.failures += 1
                 # A failure of an actor a replacement already took over says nothing of it.

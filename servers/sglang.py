@@ -83,9 +83,10 @@ class SGLangEngine:
         self.max_model_len = int(tm.context_len)
 
     async def generate(
-        self, prompt_ids: list[int], params: dict[str, Any], request_id: str
+        self, prompt_ids: list[int], params: dict[str, Any], request_id: str, priority: int = 0
     ) -> TokenOutput:
-        """``params`` come from ``validate_request`` (``ServerCore`` does that)."""
+        """``params`` come from ``validate_request`` (``ServerCore`` does that). ``priority``
+        is not passed on: SGLang's priority scheduling is not wired here yet (fcfs)."""
         if self.engine is None:
             raise EngineDeadError("engine is not started")
         want_logprobs = params["logprobs"]

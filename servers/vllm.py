@@ -81,6 +81,8 @@ class VLLMEngine:
             enable_prefix_caching=cfg.enable_prefix_caching,
             enable_sleep_mode=not cpu,
             logprobs_mode=cfg.logprobs_mode,
+            scheduling_policy=cfg.scheduling_policy,
+            max_num_seqs=cfg.max_num_seqs,
             seed=cfg.seed,
             worker_extension_cls="servers.vllm_worker.WeightLoaderExtension",
             disable_log_stats=True,
@@ -107,9 +109,11 @@ class VLLMEngine:
         return self.engine
 
     async def generate(
-        self, prompt_ids: list[int], params: dict[str, Any], request_id: str
+        self, prompt_ids: list[int], params: dict[str, Any], request_id: str, priority: int = 0
     ) -> TokenOutput:
-        """``params`` come from ``validate_request`` (``ServerCore`` does that)."""
+        """``params`` come from ``validate_request`` (``ServerCore`` does that); ``priority``
+        orders waiting requests under the ``priority`` policy (lower first), ignored under
+        ``fcfs``."""
         from vllm import TokensPrompt
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMDead
@@ -123,7 +127,10 @@ class VLLMEngine:
         final = None
         try:
             async for out in engine.generate(
-                TokensPrompt(prompt_token_ids=prompt_ids), sampling, request_id
+                TokensPrompt(prompt_token_ids=prompt_ids),
+                sampling,
+                request_id,
+                priority=priority if self.config.scheduling_policy == "priority" else 0,
             ):
                 final = out
         except VLLMClientError as exc:

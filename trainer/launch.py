@@ -100,6 +100,8 @@ def start_rollout(
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         max_model_len=rollout.context_length,
         cpu_cores=rollout.cpu_cores,
+        scheduling_policy=rollout.scheduling_policy,
+        max_num_seqs=rollout.max_num_seqs,
     )
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)

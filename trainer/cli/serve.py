@@ -36,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-kvcache-space-gib", type=int, default=1)
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument(
+        "--scheduling-policy",
+        choices=["priority", "fcfs"],
+        default="priority",
+        help="priority: /generate's lower 'priority' runs first (default); fcfs: arrival order",
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer <key>' on every route but GET /health "
@@ -65,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             gpu_memory_utilization=args.gpu_memory_utilization,
             cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
             served_model_name=args.served_model_name,
+            scheduling_policy=args.scheduling_policy,
+            max_num_seqs=args.max_num_seqs,
             api_key=args.api_key,
             max_concurrent_requests=args.max_concurrent_requests,
         )

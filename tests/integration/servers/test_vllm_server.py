@@ -19,6 +19,7 @@ from servers import AsyncLLMServerManager, ServerConfig, launch_servers
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 MAX_MODEL_LEN = 512
+MAX_NUM_SEQS = 8  # small enough that requests wait, so the priority order shows
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,9 @@ def prompt(tokenizer) -> list[int]:
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    config = ServerConfig(model=str(tiny_qwen3_path), max_model_len=MAX_MODEL_LEN)
+    config = ServerConfig(
+        model=str(tiny_qwen3_path), max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS
+    )
     (handle,) = launch_servers(config, 1, num_cpus=1)
     yield handle
     ray.get(handle.shutdown.remote())
@@ -91,6 +94,37 @@ async def test_abort_ends_a_long_request_with_finish_reason_abort(server, prompt
     out = await asyncio.wait_for(task, timeout=60)
     assert out.finish_reason == "abort"
     assert len(out.token_ids) < 480
+
+
+async def test_waiting_turns_run_lowest_priority_first_not_in_arrival_order(server, prompt):
+    """Blockers fill every sequence slot; turns sent meanwhile in descending priority order
+    run in waves of MAX_NUM_SEQS by ascending priority once the blockers end."""
+    manager = AsyncLLMServerManager([server])
+    long = {"max_tokens": 128, "ignore_eos": True, "temperature": 1.0}
+    blockers = [
+        asyncio.ensure_future(
+            manager.generate(f"block-{i}", prompt_ids=prompt, sampling_params=long, priority=-99)
+        )
+        for i in range(MAX_NUM_SEQS)
+    ]
+    await asyncio.sleep(0.5)  # the blockers hold every slot
+    finished: list[int] = []
+
+    async def turn(priority: int) -> None:
+        params = {"max_tokens": 8, "ignore_eos": True, "temperature": 1.0}
+        await manager.generate(
+            f"wait-{priority}", prompt_ids=prompt, sampling_params=params, priority=priority
+        )
+        finished.append(priority)
+
+    priorities = list(range(3 * MAX_NUM_SEQS, 0, -1))  # arrival: highest value first
+    waiters = []
+    for p in priorities:
+        waiters.append(asyncio.ensure_future(turn(p)))
+        await asyncio.sleep(0.005)  # distinct arrival times
+    await asyncio.gather(*blockers, *waiters)
+    waves = [sorted(finished[k : k + MAX_NUM_SEQS]) for k in range(0, len(finished), MAX_NUM_SEQS)]
+    assert waves == [sorted(priorities)[k : k + MAX_NUM_SEQS] for k in range(0, 24, 8)]
 
 
 BAD_INPUTS = [

@@ -20,10 +20,17 @@ class ScriptedServer:
         self.eot = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.requests: list[dict[str, Any]] = []
         self.sampled: list[list[int]] = []
+        self.priorities: list[int] = []
 
     async def generate(
-        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any]
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        priority: int = 0,
     ) -> TokenOutput:
+        self.priorities.append(priority)
         self.requests.append(
             {"request_id": request_id, "prompt_ids": list(prompt_ids), **sampling_params}
         )

@@ -98,6 +98,11 @@ def test_from_dict_builds_nested_configs():
             {"multi_turn": {"max_parallel_calls": 0}},
             "multi_turn.max_parallel_calls must be >= 1, got 0",
         ),
+        (
+            {"scheduling_policy": "lifo"},
+            "rollout.scheduling_policy must be 'priority' or 'fcfs', got 'lifo'",
+        ),
+        ({"max_num_seqs": 0}, "rollout.max_num_seqs must be >= 1 or null, got 0"),
     ],
 )
 def test_from_dict_errors_name_the_key(data, message):

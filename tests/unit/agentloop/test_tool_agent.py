@@ -275,3 +275,19 @@ async def test_engine_context_limit_stops_the_rollout_before_the_response_budget
     assert len(out.prompt_ids) + len(out.response_ids) <= prompt_len + 80
     assert out.record.stop_reason == "length"
     assert all(len(r["prompt_ids"]) + r["max_tokens"] <= prompt_len + 80 for r in server.requests)
+
+
+async def test_each_turn_is_sent_with_a_priority_that_ranks_stragglers_first(tokenizer):
+    """Priority (lower runs first) drops by 1 s per turn done and by the time spent on tools,
+    so the sample held back most goes first; a sample admitted later starts behind."""
+    turns = [call("sleep", s=0.2), call("calc", a=1, b=2), "done"]
+    tools = {"sleep": SleepTool(), "calc": CalcTool()}
+    loop, server = make_loop(tokenizer, turns, tools=tools)
+    await loop.run(SAMPLING, raw_prompt=PROMPT)
+    assert len(server.priorities) == 3
+    first, second, third = server.priorities
+    assert first == loop.admitted_ms
+    assert 1000 + 200 <= first - second < 1000 + 400  # one turn and the 0.2 s tool
+    assert 1000 <= second - third < 1000 + 200  # one turn and a fast tool
+    later, _ = make_loop(tokenizer, ["done"])
+    assert later.priority() >= first  # admitted later, no turns yet: behind the first

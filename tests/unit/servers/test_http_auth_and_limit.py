@@ -46,7 +46,7 @@ class GatedEngine:
         self.gate = asyncio.Event()
         self.waiting = 0
 
-    async def generate(self, prompt_ids, params, request_id):
+    async def generate(self, prompt_ids, params, request_id, priority=0):
         self.waiting += 1
         await self.gate.wait()
         self.waiting -= 1
@@ -127,6 +127,11 @@ def test_api_key_comes_from_the_environment_when_not_given(monkeypatch):
     [
         ({"api_key": " "}, "api_key must be a non-empty string (None turns auth off)"),
         ({"max_concurrent_requests": 0}, "max_concurrent_requests must be >= 1, got 0"),
+        (
+            {"scheduling_policy": "lifo"},
+            "scheduling_policy must be 'priority' or 'fcfs', got 'lifo'",
+        ),
+        ({"max_num_seqs": 0}, "max_num_seqs must be >= 1 (or None), got 0"),
     ],
 )
 def test_bad_guard_settings_are_rejected(kwargs, message):

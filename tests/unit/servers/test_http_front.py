@@ -13,7 +13,11 @@ class ScriptedEngine:
     vocab_size = 50
     max_model_len = 32
 
-    async def generate(self, prompt_ids, params, request_id):
+    def __init__(self) -> None:
+        self.priorities: list[int] = []
+
+    async def generate(self, prompt_ids, params, request_id, priority=0):
+        self.priorities.append(priority)
         n = params["max_tokens"]
         return TokenOutput(token_ids=list(range(n)), log_probs=[-1.0] * n, finish_reason="length")
 
@@ -27,8 +31,15 @@ async def client():
     front = HttpFront(build_app(core), "127.0.0.1", 0)
     url = await front.start()
     async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+        c.engine = core.engine
         yield c
     await front.stop()
+
+
+async def test_generate_passes_priority_to_the_engine(client):
+    for body in ({"prompt_ids": [1]}, {"prompt_ids": [1], "priority": -7}):
+        assert (await client.post("/generate", json=body)).status_code == 200
+    assert client.engine.priorities == [0, -7]
 
 
 async def test_generate_returns_the_token_output_fields(client):
@@ -47,8 +58,13 @@ async def test_generate_returns_the_token_output_fields(client):
         ('{"sampling_params": {}}', "prompt_ids is required", "prompt_ids"),
         (
             '{"prompt_ids": [1], "prompt": "hi"}',
-            "unknown field(s) prompt; expected prompt_ids, sampling_params, request_id",
+            "unknown field(s) prompt; expected prompt_ids, sampling_params, request_id, priority",
             "prompt",
+        ),
+        (
+            '{"prompt_ids": [1], "priority": "high"}',
+            "priority must be an integer (lower is scheduled first), got 'high'",
+            "priority",
         ),
         ('{"prompt_ids": [1], "request_id": 5}', "request_id must be a string", "request_id"),
         (

@@ -20,7 +20,7 @@ class FakeServer:
         self.max_in_flight = 0
         self.aborted: list[str] = []
 
-    async def generate(self, prompt_ids, sampling_params, request_id):
+    async def generate(self, prompt_ids, sampling_params, request_id, priority=0):
         if self.dead:
             raise EngineDeadError(f"{self.name} is dead")
         self.seen.append(request_id)
@@ -132,7 +132,7 @@ async def test_a_turn_waiting_past_restart_wait_s_fails_with_the_clear_error():
 
 async def test_a_late_failure_of_a_replaced_actor_leaves_its_replacement_healthy():
     class DiesLate(FakeServer):
-        async def generate(self, prompt_ids, sampling_params, request_id):
+        async def generate(self, prompt_ids, sampling_params, request_id, priority=0):
             await asyncio.sleep(0.2)
             raise EngineDeadError("old actor")
 
@@ -147,7 +147,7 @@ async def test_a_late_failure_of_a_replaced_actor_leaves_its_replacement_healthy
 
 async def test_bad_input_is_not_retried():
     class Rejecting(FakeServer):
-        async def generate(self, prompt_ids, sampling_params, request_id):
+        async def generate(self, prompt_ids, sampling_params, request_id, priority=0):
             self.seen.append(request_id)
             raise ValueError("prompt_ids is empty: send at least one token id")
 
@@ -185,7 +185,7 @@ class StreamingFakeServer:
         self.requests: list[list[int]] = []
         self._aborted: set[str] = set()
 
-    async def generate(self, prompt_ids, sampling_params, request_id):
+    async def generate(self, prompt_ids, sampling_params, request_id, priority=0):
         self.requests.append(list(prompt_ids))
         tokens: list[int] = []
         while len(tokens) < sampling_params["max_tokens"]:
