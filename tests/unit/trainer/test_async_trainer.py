@@ -337,6 +337,22 @@ def test_impossible_async_combinations_fail_at_start_up(tmp_path, tokenizer, cha
     assert str(info.value) == message
 
 
+def test_async_training_on_colocated_gpus_fails_at_start_up(tmp_path, tokenizer, monkeypatch):
+    """On GPU the servers must own their GPUs to generate while the trainer updates; the
+    check runs before any data, checkpoint folder or logger is touched."""
+    from trainer.assembly import plan_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = _config(tmp_path, tokenizer, async_training__enable=True, trainer__device="cuda")
+    assert config.actor_rollout_ref.hybrid_engine
+    with pytest.raises(ValueError) as info:
+        plan_run(config)
+    assert str(info.value) == (
+        "async_training.enable=True needs rollout servers on their own GPUs (they generate "
+        "while the trainer updates): set actor_rollout_ref.hybrid_engine=False"
+    )
+
+
 def test_rollout_correction_mode_must_be_known():
     from trainer.config.async_training import RolloutCorrectionConfig
 
