@@ -10,7 +10,9 @@
 Every stage is the project's own CLI in a subprocess, so the demo is what a user would run.
 Environment knobs: ``DEMO_DIR`` (checkpoints/demo), ``DEMO_SFT_STEPS`` (3: a light warm start
 leaves RL room; 12 steps make the model perfect on this task), ``DEMO_RL_STEPS`` (5),
-``DEMO_RL_LR`` (1e-5), ``DEMO_VAL`` (held-out prompts, 64), ``DEMO_MODEL``.
+``DEMO_RL_LR`` (1e-5), ``DEMO_VAL`` (held-out prompts, 64), ``DEMO_MODEL``, ``DEMO_ASYNC``
+(0, the default: the synchronous GRPO loop; 1: async mode, the next step's rollout overlapping
+the update, staleness 1 with partial rollout; on 2 cores it was not sooner, see docs/demo.md).
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["evaluate", "evaluate_records", "main", "reward_curve", "sft_warm_start"]
+__all__ = [
+    "evaluate",
+    "evaluate_records",
+    "grpo_mode",
+    "main",
+    "reward_curve",
+    "sft_warm_start",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = "recipes/calculator/tool_config.yaml"
@@ -108,6 +117,17 @@ def evaluate(model: str, data: Path, out: Path) -> dict[str, float]:
     return evaluate_records(records, rows)
 
 
+def grpo_mode(async_mode: bool) -> tuple[str, list[str]]:
+    """The GRPO mode's name in the table and its ``agentloop-train`` overrides."""
+    if not async_mode:
+        return "sync", []
+    return "async (staleness 1, partial rollout)", [
+        "async_training.enable=True",
+        "async_training.staleness_threshold=1",
+        "async_training.partial_rollout=True",
+    ]
+
+
 def reward_curve(metrics_path: Path, png: Path) -> None:
     """Training reward per step (and the tool-call rate) as a PNG."""
     import matplotlib
@@ -155,8 +175,10 @@ def main() -> int:
     print(f"[demo] 3/5 SFT warm start: {sft_steps} steps x 16 conversations", flush=True)
     sft_model = sft_warm_start(model, data, home / "sft", sft_steps)
 
-    print(f"[demo] 4/5 GRPO with tool_agent: {rl_steps} steps", flush=True)
+    mode, mode_overrides = grpo_mode(_env("DEMO_ASYNC", "0") != "0")
+    print(f"[demo] 4/5 GRPO with tool_agent: {rl_steps} steps, {mode}", flush=True)
     rl_dir = home / "grpo"
+    grpo_start = time.perf_counter()
     _run(
         [
             "-m",
@@ -182,8 +204,10 @@ def main() -> int:
             "trainer.logger=[console,jsonl,mlflow]",
             "trainer.project_name=agentloop_demo",
             f"trainer.default_local_dir={rl_dir}",
+            *mode_overrides,
         ]
     )
+    grpo_min = (time.perf_counter() - grpo_start) / 60
     rl_model = rl_dir / f"global_step_{rl_steps}" / "actor" / "huggingface"
 
     print("[demo] 5/5 SFT and RL models on the held-out prompts", flush=True)
@@ -191,16 +215,18 @@ def main() -> int:
     results["after RL"] = evaluate(str(rl_model), data, home / "eval/rl.jsonl")
     png = home / "reward_curve.png"
     reward_curve(rl_dir / "metrics.jsonl", png)
-    (home / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    summary = {**results, "grpo": {"mode": mode, "minutes": round(grpo_min, 2)}}
+    (home / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     n = results["base model"]["samples"]
-    print(f"\ncalculator task, {n} held-out prompts, greedy decoding:")
+    print(f"\ncalculator task, {n} held-out prompts, greedy decoding; GRPO {mode}:")
     print(f"| {'model':<11} | accuracy | valid tool-call rate |")
     print(f"|{'-' * 13}|----------|----------------------|")
     for name, r in results.items():
         print(f"| {name:<11} | {r['accuracy']:8.1%} | {r['valid_tool_calls']:20.1%} |")
     print(f"\nreward curve: {png}")
     print(f"rollout traces (MLflow): .venv/bin/agentloop-traces --run-dir {rl_dir}")
+    print(f"GRPO ({mode}) took {grpo_min:.1f} min (DEMO_ASYNC=0/1 picks the mode)")
     print(f"demo took {(time.perf_counter() - start) / 60:.1f} min")
     return 0
 

@@ -13,7 +13,7 @@ from agentloop.parsers import check_calls, get_parser
 from agentloop.tokens import mask_spans
 from agentloop.tools.calculator import CALCULATOR_SCHEMA, evaluate, format_value
 from recipes.calculator.data import make_problem, make_rows, make_sft_rows, write_task
-from recipes.calculator.demo import evaluate_records, reward_curve
+from recipes.calculator.demo import evaluate_records, grpo_mode, reward_curve
 from recipes.calculator.reward import compute_score, final_answer
 from trainer.sft_data import encode_conversation
 
@@ -89,3 +89,14 @@ def test_write_task_writes_the_three_files(tmp_path):
     write_task(tmp_path, train=4, val=2, sft=3)
     files = ("train.jsonl", "val.jsonl", "sft.jsonl")
     assert [len((tmp_path / f).read_text().splitlines()) for f in files] == [4, 2, 3]
+
+
+def test_grpo_mode_names_the_mode_and_turns_async_training_on_only_when_asked():
+    assert grpo_mode(False) == ("sync", [])
+    name, overrides = grpo_mode(True)
+    assert name == "async (staleness 1, partial rollout)"
+    assert "async_training.enable=True" in overrides
+    from trainer.config import load_config  # the overrides are real config keys
+
+    config, _ = load_config(["actor_rollout_ref.model.path=tiny-qwen3", *overrides])
+    assert config.async_training.enable and config.async_training.staleness_threshold == 1
