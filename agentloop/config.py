@@ -12,6 +12,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from servers.config import SCHEDULING_POLICIES
+
 __all__ = [
     "AgentConfig",
     "MultiTurnConfig",
@@ -153,8 +155,8 @@ class RolloutConfig:
     """Engine scheduling: ``priority`` runs stragglers' turns first (the sample admitted
     earliest and held back most by turns and tools); ``fcfs``: arrival order."""
     max_num_seqs: int | None = None
-    """Sequences an engine decodes at once; None: the engine's default (see
-    docs/async-training.md for a CPU cap that lets stragglers decode faster)."""
+    """Sequences an engine decodes at once; None: the engine's default (a cap makes turns
+    wait in priority order, but cost rollout time on CPU: docs/agent-loops.md)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
@@ -178,7 +180,7 @@ class RolloutConfig:
             raise ValueError("rollout.prompt_length and rollout.response_length must be >= 1")
         if self.num_servers < 1:
             raise ValueError(f"rollout.num_servers must be >= 1, got {self.num_servers}")
-        if self.scheduling_policy not in ("priority", "fcfs"):
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"rollout.scheduling_policy must be 'priority' or 'fcfs', "
                 f"got {self.scheduling_policy!r}"

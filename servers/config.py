@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["ServerConfig", "parse_cores"]
+__all__ = ["SCHEDULING_POLICIES", "ServerConfig", "parse_cores"]
+
+SCHEDULING_POLICIES = ("priority", "fcfs")
+"""Engine scheduling policies: lowest ``priority`` value first, or arrival order."""
 
 
 def parse_cores(spec: str, key: str = "cpu_cores") -> list[int]:
@@ -64,8 +67,9 @@ class ServerConfig:
     """Order of waiting requests: ``priority`` runs the lowest ``priority`` value first (agent
     loops send their stragglers' turns with a lower one); ``fcfs``: arrival order."""
     max_num_seqs: int | None = None
-    """Sequences the engine decodes at once; None: the engine's default. On a small CPU a
-    cap near where throughput saturates lets priority turns decode with fewer companions."""
+    """Sequences the engine decodes at once; None: the engine's default. Turns wait (and the
+    priority order matters) only once they are all taken; on the 2-core CPU benchmark a cap
+    of 16 or 8 made rollout slower (docs/agent-loops.md#straggler-first-scheduling)."""
     logprobs_mode: str = "processed_logprobs"
     """Which log-probs the engine returns: ``processed_logprobs`` are under the sampling
     distribution (after temperature), what the trainer recomputes; ``raw_logprobs`` are before."""
@@ -107,7 +111,7 @@ class ServerConfig:
             raise ValueError("cpu_kvcache_space_gib must be >= 1 GiB")
         if self.logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
             raise ValueError("logprobs_mode must be 'processed_logprobs' or 'raw_logprobs'")
-        if self.scheduling_policy not in ("priority", "fcfs"):
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"scheduling_policy must be 'priority' or 'fcfs', got {self.scheduling_policy!r}"
             )

@@ -10,8 +10,8 @@ smollm2-135m-instruct (generation-bound on CPU). Measured in one run after a war
   loop with zero tool latency, and the longest per-trajectory tool chain).
 - straggler-first: the async loop again on engines that schedule by the loops' priority
   (the sample held back most by turns and tools first), with the engine's default batch and
-  with ``max_num_seqs`` capped (``BENCH_AGENT_CAPS``, default 16,8: on a small CPU the
-  prioritised turns then decode with fewer companions).
+  with ``max_num_seqs`` capped (``BENCH_AGENT_CAPS``, default 16,8: turns then wait, so
+  the priority order decides who runs, at some cost in throughput).
 Targets (printed, not asserted): async >= 1.7x faster than turn-locked; async <= 1.15x the
 lower bound. Writes bench_results/agent_loop.json. ``BENCH_AGENT_MODELS`` (comma-separated)
 picks the models.

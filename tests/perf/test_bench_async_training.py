@@ -47,9 +47,7 @@ ALL_RUNS = {
 }
 # BENCH_ASYNC_RUNS="a_shared/sync,a_shared/async" runs a subset (each run is ~10 minutes).
 _chosen = os.environ.get("BENCH_ASYNC_RUNS")
-RUNS = {k: v for k, v in ALL_RUNS.items() if _chosen is None or k in _chosen.split(",")}
-if _chosen is not None:  # in the order given
-    RUNS = {k: ALL_RUNS[k] for k in _chosen.split(",")}
+RUNS = {k: ALL_RUNS[k] for k in _chosen.split(",")} if _chosen is not None else ALL_RUNS
 
 
 def _run(args: list[str], timeout: int = 3000) -> str:

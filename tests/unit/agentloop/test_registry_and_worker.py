@@ -134,7 +134,10 @@ async def test_worker_runs_rows_concurrently_with_default_and_user_loops(tmp_pat
         async def generate(self, request_id, *, prompt_ids, sampling_params, priority=0):
             await asyncio.sleep(0.3)
             return await super().generate(
-                request_id, prompt_ids=prompt_ids, sampling_params=sampling_params
+                request_id,
+                prompt_ids=prompt_ids,
+                sampling_params=sampling_params,
+                priority=priority,
             )
 
     config = RolloutConfig(response_length=64, agent=AgentConfig(agent_loop_config_path=path))
