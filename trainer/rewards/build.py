@@ -10,7 +10,7 @@ from trainer.config.schema import Config
 from trainer.launch import start_judge
 from trainer.rewards.judge import JudgeReward
 from trainer.rewards.manager import RewardManager
-from trainer.rewards.rules import load_reward_function
+from trainer.rewards.rules import describe_function, load_reward_function, reward_keywords
 from trainer.rewards.verify import VerifyReward
 
 __all__ = ["build_rewards", "check_rewards"]
@@ -26,9 +26,12 @@ def check_rewards(config: Config) -> None:
     on = rm.components()
     rule = config.custom_reward_function
     if "rule" in on:
-        load_reward_function(rule.path, rule.name, "custom_reward_function")
+        fn = load_reward_function(rule.path, rule.name, "custom_reward_function")
+        reward_keywords(fn, describe_function(rule.path, rule.name))
     for i, extra in enumerate(rm.rules):
-        load_reward_function(extra.path, extra.function, f"reward_model.rules[{i}]", "function")
+        key = f"reward_model.rules[{i}]"
+        fn = load_reward_function(extra.path, extra.function, key, "function")
+        reward_keywords(fn, describe_function(extra.path, extra.function))
     if "verify" in on:
         load_reward_function(rm.verify.path, rm.verify.name, "reward_model.verify")
     if "judge" in on:

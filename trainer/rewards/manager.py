@@ -28,7 +28,7 @@ from agentloop.records import SampleRecord
 from trainer.algos import scores_to_token_rewards
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
 from trainer.rewards.pool import CallPool
-from trainer.rewards.rules import describe_function, load_reward_function
+from trainer.rewards.rules import describe_function, load_reward_function, reward_keywords
 from trainer.rewards.types import RewardComponent, RewardSample, as_score
 
 __all__ = ["RewardManager", "RewardOutput", "RuleReward", "reward_info", "samples_of"]
@@ -57,6 +57,8 @@ class RuleReward:
         self.name = name
         fn = load_reward_function(path, function, key, field)
         self.describe = describe_function(path, function)
+        self.keywords = reward_keywords(fn, self.describe)
+        """The verl keywords the function takes; it is called with those only."""
         self.pool = CallPool(
             fn,
             workers=workers,
@@ -66,9 +68,16 @@ class RuleReward:
         )
 
     async def score(self, samples: list[RewardSample]) -> list[Any]:
-        return await self.pool.map(
-            [(s.data_source, s.solution_str, s.ground_truth, s.extra_info) for s in samples]
-        )
+        return await self.pool.map([self._keywords(s) for s in samples])
+
+    def _keywords(self, s: RewardSample) -> dict[str, Any]:
+        every = {
+            "data_source": s.data_source,
+            "solution_str": s.solution_str,
+            "ground_truth": s.ground_truth,
+            "extra_info": s.extra_info,
+        }
+        return {k: every[k] for k in self.keywords}
 
     def metrics(self) -> dict[str, float]:
         return {}

@@ -18,6 +18,7 @@ This module imports no torch: process-pool workers import it to score.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import re
 import string
@@ -33,9 +34,14 @@ __all__ = [
     "gsm8k_score",
     "load_reward_function",
     "math_score",
+    "reward_keywords",
 ]
 
-RewardFn = Callable[[str, str, Any, dict[str, Any] | None], Any]
+RewardFn = Callable[..., Any]
+"""Called by keyword, as verl does: ``fn(data_source=, solution_str=, ground_truth=,
+extra_info=)``."""
+
+VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 _GSM8K = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
 _NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
@@ -136,3 +142,27 @@ def load_reward_function(path: str | None, name: str, key: str, field: str = "na
 
 def describe_function(path: str | None, name: str) -> str:
     return f"{path}:{name}" if path else "the built-in default_compute_score"
+
+
+def reward_keywords(fn: RewardFn, describe: str) -> tuple[str, ...]:
+    """Which of the verl keywords ``fn`` takes: all four where it has ``**kwargs``, else the
+    ones it names (in any order, so ``compute_score(solution_str, ground_truth)`` works). A
+    required parameter with another name cannot be filled: that is an error naming it."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return VERL_KEYWORDS
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [
+        p.name
+        for p in params
+        if p.default is p.empty
+        and (p.kind is p.POSITIONAL_ONLY or p.name not in VERL_KEYWORDS)
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if unknown:
+        raise ValueError(
+            f"{describe} has required parameters {unknown} that a reward call cannot fill: "
+            f"reward functions are called by keyword with {', '.join(VERL_KEYWORDS)} "
+            "(the verl signature); rename them or give them defaults"
+        )
+    return tuple(k for k in VERL_KEYWORDS if k in names)

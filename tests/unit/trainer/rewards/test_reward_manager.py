@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
 from transformers import AutoTokenizer
 
@@ -73,11 +72,27 @@ def test_a_custom_file_scores_and_sees_row_and_rollout_fields(tmp_path, tokenize
     assert info["tool_calls"] == 1 and info["num_turns"] == 2
 
 
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_a_function_with_reordered_parameters_gets_each_value_by_name(
+    tmp_path, tokenizer, executor
+):
+    path = write(
+        tmp_path / "reordered.py",
+        "def compute_score(ground_truth, solution_str, extra_info=None, data_source=None):\n"
+        "    ok = (data_source, ground_truth, solution_str.strip()) == ('mine', '42', '42')\n"
+        "    return float(ok and extra_info['index'] >= 0)\n",
+    )
+    rule = RewardFunctionConfig(path=path, executor=executor, num_workers=1)
+    manager = RewardManager(rule, RewardModelConfig(), tokenizer)
+    scores, metrics = score(manager, make_batch(tokenizer, ["42"], data_source="mine"))
+    assert scores == [1.0] and metrics["reward/errors"] == 0.0
+
+
 def test_extra_info_has_exactly_the_row_keys_and_the_rollout_keys_as_plain_dicts(tokenizer):
     seen: list[dict[str, Any]] = []
 
-    def fn(source, text, truth, info):
-        seen.append(info)
+    def fn(data_source, solution_str, ground_truth, extra_info):
+        seen.append(extra_info)
         return 1.0
 
     call = tool_call(
@@ -124,9 +139,9 @@ def test_extra_info_has_exactly_the_row_keys_and_the_rollout_keys_as_plain_dicts
 def test_the_function_sees_the_decoded_response_without_special_tokens(tokenizer):
     seen: list[str] = []
 
-    def fn(source, text, truth, info):
-        seen.append(text)
-        return default_compute_score(source, text, truth, info)
+    def fn(data_source, solution_str, ground_truth, extra_info):
+        seen.append(solution_str)
+        return default_compute_score(data_source, solution_str, ground_truth, extra_info)
 
     text = "<tool_response>41</tool_response>#### 42<|im_end|>"
     scores, _ = score(manager_with(fn, tokenizer), make_batch(tokenizer, [text]))
@@ -135,8 +150,12 @@ def test_the_function_sees_the_decoded_response_without_special_tokens(tokenizer
 
 
 def test_a_dict_result_uses_score_and_logs_its_numeric_keys(tokenizer):
-    def fn(source, text, truth, info):
-        return {"score": 2.0 * info["index"], "acc": float(info["index"] == 0), "note": "x"}
+    def fn(data_source, solution_str, ground_truth, extra_info):
+        return {
+            "score": 2.0 * extra_info["index"],
+            "acc": float(extra_info["index"] == 0),
+            "note": "x",
+        }
 
     scores, metrics = score(manager_with(fn, tokenizer), make_batch(tokenizer, ["a", "b", "c"]))
     assert scores == [0.0, 2.0, 4.0]
@@ -148,14 +167,14 @@ def test_a_dict_result_uses_score_and_logs_its_numeric_keys(tokenizer):
 @pytest.mark.parametrize("value", [np.float32(1.0), np.int64(1), np.bool_(True), True])
 def test_numpy_scalars_and_bools_are_numbers(tokenizer, value):
     scores, metrics = score(
-        manager_with(lambda *args: value, tokenizer), make_batch(tokenizer, ["a"])
+        manager_with(lambda **kwargs: value, tokenizer), make_batch(tokenizer, ["a"])
     )
     assert scores == [1.0] and metrics["reward/errors"] == 0.0
 
 
 def test_a_score_set_by_the_agent_loop_is_kept(tokenizer):
-    def fn(source, text, truth, info):
-        if info["index"] == 0:
+    def fn(data_source, solution_str, ground_truth, extra_info):
+        if extra_info["index"] == 0:
             raise RuntimeError("not consulted for a preset score")
         return 0.25
 
@@ -168,8 +187,8 @@ def test_a_score_set_by_the_agent_loop_is_kept(tokenizer):
 
 
 def test_a_raising_function_scores_zero_and_counts_an_error_without_stopping(tokenizer):
-    def fn(source, text, truth, info):
-        if info["index"] == 1:
+    def fn(data_source, solution_str, ground_truth, extra_info):
+        if extra_info["index"] == 1:
             raise RuntimeError("scorer crashed")
         return 1.0
 
@@ -181,8 +200,8 @@ def test_a_raising_function_scores_zero_and_counts_an_error_without_stopping(tok
 def test_a_timed_out_function_scores_zero_and_counts_an_error(tokenizer):
     release = threading.Event()
 
-    def fn(source, text, truth, info):
-        if info["index"] == 0:
+    def fn(data_source, solution_str, ground_truth, extra_info):
+        if extra_info["index"] == 0:
             release.wait(10)  # hangs until the test lets it go
         return 1.0
 
@@ -224,7 +243,7 @@ def test_nan_or_a_non_number_is_an_error_naming_the_function(tmp_path, tokenizer
 
 
 def test_a_dict_without_score_is_an_error_naming_the_function(tokenizer):
-    manager = manager_with(lambda *args: {"acc": 1.0}, tokenizer)
+    manager = manager_with(lambda **kwargs: {"acc": 1.0}, tokenizer)
     manager.components[0].describe = "r.py:f"
     with pytest.raises(RewardFunctionError) as err:
         score(manager, make_batch(tokenizer, ["a"]))
@@ -240,7 +259,7 @@ def test_a_dict_without_score_is_an_error_naming_the_function(tokenizer):
 def test_slow_scorers_run_in_parallel_threads(tokenizer):
     n = 8
 
-    def fn(source, text, truth, info):
+    def fn(data_source, solution_str, ground_truth, extra_info):
         time.sleep(0.3)
         return 1.0
 
@@ -253,51 +272,13 @@ def test_slow_scorers_run_in_parallel_threads(tokenizer):
 
 
 def test_the_timeout_counts_the_call_not_the_wait_for_a_free_worker(tokenizer):
-    def fn(source, text, truth, info):
+    def fn(data_source, solution_str, ground_truth, extra_info):
         time.sleep(0.3)  # each call is well inside its 0.5 s budget
         return 1.0
 
     manager = manager_with(fn, tokenizer, timeout_s=0.5, num_workers=1)
     scores, metrics = score(manager, make_batch(tokenizer, ["a", "b", "c"]))
     assert scores == [1.0, 1.0, 1.0] and metrics["reward/errors"] == 0.0
-
-
-SLOW_FILE = (
-    "import time\n"
-    "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
-    "    if solution_str.startswith('hang'):\n"
-    "        time.sleep(60)\n"
-    "    time.sleep(0.5)\n"
-    "    return 1.0\n"
-)
-
-
-def test_a_process_pool_scores_in_parallel_and_replaces_a_hung_worker(tmp_path, tokenizer):
-    path = write(tmp_path / "slow_reward.py", SLOW_FILE)
-    rule = RewardFunctionConfig(path=path, executor="process", num_workers=4, timeout_s=3.0)
-    manager = RewardManager(rule, RewardModelConfig(), tokenizer)
-    try:
-        manager.score(make_batch(tokenizer, ["a"] * 4))  # warm-up: spawn the workers
-        start = time.perf_counter()
-        out = manager.score(make_batch(tokenizer, ["a"] * 4))
-        elapsed = time.perf_counter() - start
-        assert out.scores.tolist() == [1.0] * 4
-        assert elapsed < 1.5, f"4 x 0.5 s scorers in 4 processes took {elapsed:.2f} s"
-
-        pool = manager.components[0].pool
-        before = set(pool._executor._processes)  # noqa: SLF001 - the worker pids
-        hung = manager.score(make_batch(tokenizer, ["hang", "a"]))
-        assert hung.scores.tolist() == [0.0, 1.0] and hung.metrics["reward/errors"] == 1.0
-        after = set(pool._executor._processes)  # noqa: SLF001
-        assert len(after) == 4 and not before & after
-        gone, alive = psutil.wait_procs(
-            [psutil.Process(p) for p in before if psutil.pid_exists(p)], timeout=5
-        )
-        assert not alive, "the hung worker was not terminated"
-        again = manager.score(make_batch(tokenizer, ["a", "a"]))  # a fresh pool answers
-        assert again.scores.tolist() == [1.0, 1.0]
-    finally:
-        manager.close()
 
 
 # --- composition -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer.rewards import default_compute_score, load_reward_function
+from trainer.rewards.rules import VERL_KEYWORDS, reward_keywords
 
 
 @pytest.mark.parametrize(
@@ -92,4 +93,41 @@ def test_a_file_that_fails_to_import_is_a_clear_error(tmp_path):
     assert str(err.value) == (
         f"custom_reward_function.path={path!r} failed to import: "
         "No module named 'not_a_module_anywhere_xyz'"
+    )
+
+
+# --- keyword calls (verl calls compute_score(data_source=..., solution_str=..., ...)) ------
+
+
+def test_keywords_are_the_verl_names_a_function_takes_in_any_order():
+    def reordered(ground_truth, extra_info, solution_str, data_source):
+        return 0.0
+
+    def two(solution_str, ground_truth, method="strict"):
+        return 0.0
+
+    def anything(**kwargs):
+        return 0.0
+
+    assert reward_keywords(reordered, "r.py:f") == (
+        "data_source",
+        "solution_str",
+        "ground_truth",
+        "extra_info",
+    )
+    assert reward_keywords(two, "r.py:f") == ("solution_str", "ground_truth")
+    assert reward_keywords(anything, "r.py:f") == VERL_KEYWORDS
+
+
+def test_a_required_parameter_a_call_cannot_fill_is_a_clear_error():
+    def positional(source, text, truth, info):
+        return 0.0
+
+    with pytest.raises(ValueError) as err:
+        reward_keywords(positional, "r.py:f")
+    assert str(err.value) == (
+        "r.py:f has required parameters ['source', 'text', 'truth', 'info'] that a reward "
+        "call cannot fill: reward functions are called by keyword with data_source, "
+        "solution_str, ground_truth, extra_info (the verl signature); rename them or give "
+        "them defaults"
     )
