@@ -156,6 +156,12 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
     metrics |= _spread("agent_loop/response_length", [len(o.response_ids) for o in outputs])
     metrics |= _spread("agent_loop/tool_calls", [o.record.tool_calls for o in outputs])
     metrics["agent_loop/tool_errors/mean"] = float(np.mean([o.record.tool_errors for o in outputs]))
+    # Calls whose JSON only parsed after repair (multi_turn.repair_tool_calls): the step's
+    # count, and their share of the calls that ran.
+    ran = [c for o in outputs for c in o.record.calls]
+    repaired = sum(c.repaired for c in ran)
+    metrics["agent_loop/repaired_calls"] = float(repaired)
+    metrics["agent_loop/repaired_calls/frac"] = repaired / len(ran) if ran else 0.0
     slowest = max(range(len(outputs)), key=lambda i: outputs[i].metrics.get("total_s", 0.0))
     out = outputs[slowest]
     metrics |= {

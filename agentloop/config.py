@@ -49,6 +49,11 @@ class MultiTurnConfig:
     """Tool-call syntax the parser reads (``hermes``: ``<tool_call>{json}</tool_call>``)."""
     max_tokens_per_turn: int | None = None
     """Tokens one model turn may sample (None: whatever is left of response_length)."""
+    repair_tool_calls: bool = True
+    """Parse tool-call JSON leniently (trailing commas, single quotes, Python literals,
+    unclosed braces are repaired; logged as ``agent_loop/repaired_calls``). The served
+    endpoint parses strictly, so a model can learn to lean on repair its deployment lacks:
+    False makes such a call a ``bad_json`` error the model sees, as it would when served."""
 
     def __post_init__(self) -> None:
         for name in ("max_assistant_turns", "max_user_turns"):

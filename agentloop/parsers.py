@@ -8,7 +8,9 @@ that need the tool set: unknown tool, arguments failing the tool's JSON schema.
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +34,8 @@ __all__ = [
 ErrorKind = Literal[
     "bad_json", "missing_name", "bad_arguments", "unknown_tool", "schema", "too_many_calls"
 ]
+logger = logging.getLogger(__name__)
+
 CALL_HINT = 'write {"name": <tool name>, "arguments": {...}} inside <tool_call></tool_call>'
 
 
@@ -90,12 +94,28 @@ def register_parser(name: str) -> Callable[[type], type]:
     return wrap
 
 
-def get_parser(name: str) -> ToolCallParser:
+def get_parser(name: str, *, repair: bool = True) -> ToolCallParser:
+    """A fresh parser for ``multi_turn.format=name``. ``repair``
+    (``multi_turn.repair_tool_calls``) goes to parsers whose constructor takes it; a user
+    parser that does not is used as it is (logged once when repair is off)."""
     if name not in _PARSERS:
         raise ValueError(
             f"unknown multi_turn.format {name!r}; registered: {', '.join(sorted(_PARSERS))}"
         )
-    return _PARSERS[name]()
+    cls = _PARSERS[name]
+    if "repair" in inspect.signature(cls).parameters:
+        return cls(repair=repair)
+    if not repair and name not in _WARNED:
+        _WARNED.add(name)
+        logger.warning(
+            "multi_turn.repair_tool_calls=False: the %r parser takes no repair switch and "
+            "parses as it always does",
+            name,
+        )
+    return cls()
+
+
+_WARNED: set[str] = set()
 
 
 # ---- tolerant JSON ----------------------------------------------------------------------------
@@ -174,12 +194,14 @@ def _loads(text: str) -> Any:
         raise json.JSONDecodeError("a number has too many digits", text, 0) from None
 
 
-def loads_tolerant(text: str) -> tuple[Any, bool]:
-    """``json.loads``; on failure retry once on a repaired copy. Returns (value, repaired) or
-    raises the original ``json.JSONDecodeError``."""
+def loads_tolerant(text: str, repair: bool = True) -> tuple[Any, bool]:
+    """``json.loads``; on failure retry once on a repaired copy (with ``repair``). Returns
+    (value, repaired) or raises the original ``json.JSONDecodeError``."""
     try:
         return _loads(text), False
     except json.JSONDecodeError as first:
+        if not repair:
+            raise
         try:
             return _loads(_repair(text)), True
         except json.JSONDecodeError:
@@ -190,21 +212,25 @@ def loads_tolerant(text: str) -> tuple[Any, bool]:
 @register_parser("hermes")
 class HermesToolParser:
     """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks (Hermes,
-    Qwen2.5/Qwen3). Several per turn; a final block the model did not close is still read."""
+    Qwen2.5/Qwen3). Several per turn; a final block the model did not close is still read.
+    ``repair=False`` parses the JSON strictly, as the served endpoint does."""
 
     _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+    def __init__(self, repair: bool = True) -> None:
+        self.repair = repair
 
     def parse(self, text: str) -> ParsedTurn:
         items: list[ToolCall | ToolCallError] = []
         for index, match in enumerate(self._BLOCK.finditer(text), start=1):
-            items.append(_read_call(match.group(1).strip(), index))
+            items.append(_read_call(match.group(1).strip(), index, self.repair))
         content = self._BLOCK.sub("", text).strip()
         return ParsedTurn(content=content, items=items)
 
 
-def _read_call(raw: str, index: int) -> ToolCall | ToolCallError:
+def _read_call(raw: str, index: int, repair: bool) -> ToolCall | ToolCallError:
     try:
-        obj, repaired = loads_tolerant(raw)
+        obj, repaired = loads_tolerant(raw, repair)
     except json.JSONDecodeError as exc:
         return ToolCallError(
             "bad_json",
@@ -223,7 +249,7 @@ def _read_call(raw: str, index: int) -> ToolCall | ToolCallError:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
         try:
-            args, again = loads_tolerant(args) if args.strip() else ({}, False)
+            args, again = loads_tolerant(args, repair) if args.strip() else ({}, False)
             repaired = repaired or again
         except json.JSONDecodeError as exc:
             return ToolCallError(

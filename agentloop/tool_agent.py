@@ -26,7 +26,7 @@ class ToolAgentLoop(AgentLoopBase):
     def __init__(self, context: AgentLoopContext, **kwargs: Any) -> None:
         super().__init__(context, **kwargs)
         self.multi_turn = self.config.multi_turn
-        self.parser = get_parser(self.multi_turn.format)
+        self.parser = get_parser(self.multi_turn.format, repair=self.multi_turn.repair_tool_calls)
         self.runner = context.tool_runner
         self.schemas = {name: tool.tool_schema for name, tool in context.tools.items()}
         self.eot_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)

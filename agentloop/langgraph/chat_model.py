@@ -252,7 +252,10 @@ class AgentLoopChatModel(BaseChatModel):
         """Content, valid calls, invalid calls (in LangChain's shapes), each invalid call's
         error kind, and all call ids in order of appearance."""
         loop = self.loop
-        parser: ToolCallParser = self.parser or get_parser(loop.config.multi_turn.format)
+        multi_turn = loop.config.multi_turn
+        parser: ToolCallParser = self.parser or get_parser(
+            multi_turn.format, repair=multi_turn.repair_tool_calls
+        )
         schemas = {s["function"]["name"]: s for s in tools}
         parse_ns = time.time_ns()
         parsed = check_calls(parser.parse(text), schemas)

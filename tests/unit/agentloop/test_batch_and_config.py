@@ -15,6 +15,7 @@ from agentloop import (
 )
 from agentloop.batch import rollout_metrics
 from agentloop.manager import expand_rows
+from agentloop.records import ToolCallRecord
 
 
 def output(prompt, response, mask, total_s=1.0) -> AgentLoopOutput:
@@ -61,6 +62,24 @@ def test_rollout_metrics_report_the_slowest_sample():
     assert m["agent_loop/slowest/index"] == 1 and m["agent_loop/slowest/total_s"] == 4.0
     assert m["agent_loop/slowest/response_length"] == 3
     assert m["agent_loop/total_s/mean"] == 2.5 and m["agent_loop/total_s/min"] == 1.0
+
+
+def test_rollout_metrics_count_the_repaired_calls_of_the_step():
+    def calls(*repaired: bool) -> list[ToolCallRecord]:
+        return [
+            ToolCallRecord(
+                name="calc", arguments={}, ok=True, seconds=0.1, repaired=r, reward=None, turn=0
+            )
+            for r in repaired
+        ]
+
+    outs = [output([1], [2], [1]), output([1], [2], [1]), output([1], [2], [1])]
+    outs[0].record.calls = calls(True, False)
+    outs[1].record.calls = calls(True, True)
+    m = rollout_metrics(outs, wall_s=1.0)
+    assert m["agent_loop/repaired_calls"] == 3.0
+    assert m["agent_loop/repaired_calls/frac"] == 0.75
+    assert rollout_metrics([output([1], [2], [1])], 1.0)["agent_loop/repaired_calls/frac"] == 0.0
 
 
 def test_expand_rows_repeats_each_row_n_times_with_one_uid():

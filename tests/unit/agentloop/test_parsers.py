@@ -407,3 +407,50 @@ def test_register_parser_makes_a_custom_parser_available(monkeypatch):
     assert isinstance(parser, ShoutParser)
     assert parser.parse("hi").content == "HI"
     assert isinstance(get_parser("hermes"), HermesToolParser)
+
+
+# ---- repair switch (multi_turn.repair_tool_calls) -------------------------------------------
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "calc", "arguments": {"a": 1, "b": 2,}}',
+        "{'name': 'calc', 'arguments': {'a': 1}}",
+        '{"name": "calc", "arguments": {"a": 1',
+        '{"name": "calc", "arguments": "{\'a\': 1}"}',
+    ],
+    ids=["trailing-comma", "single-quotes", "unclosed", "arguments-string"],
+)
+def test_with_repair_off_what_repair_would_fix_is_an_error_the_model_sees(body):
+    assert get_parser("hermes").parse(block(body)).calls[0].repaired is True
+    (error,) = get_parser("hermes", repair=False).parse(block(body)).items
+    assert isinstance(error, ToolCallError)
+    assert error.kind in ("bad_json", "bad_arguments")
+    assert error.to_message()["content"].startswith(
+        "Error: tool call 1 is not valid JSON ("
+        if error.kind == "bad_json"
+        else "Error: arguments of tool call 1 (calc) are not valid JSON ("
+    )
+
+
+def test_with_repair_off_valid_json_still_parses():
+    body = '{"name": "calc", "arguments": {"a": 1, "b": 2}}'
+    call = get_parser("hermes", repair=False).parse(block(body)).calls[0]
+    assert call.arguments == {"a": 1, "b": 2} and call.repaired is False
+
+
+def test_a_user_parser_without_a_repair_switch_is_used_as_is_and_logged_once(monkeypatch, caplog):
+    monkeypatch.setattr(parsers, "_PARSERS", dict(parsers._PARSERS))
+    monkeypatch.setattr(parsers, "_WARNED", set())
+
+    @register_parser("plain")
+    class PlainParser:
+        def parse(self, text: str) -> ParsedTurn:
+            return ParsedTurn(content=text)
+
+    with caplog.at_level("WARNING", logger="agentloop.parsers"):
+        assert isinstance(get_parser("plain", repair=False), PlainParser)
+        assert isinstance(get_parser("plain", repair=False), PlainParser)
+    assert [r.getMessage() for r in caplog.records] == [
+        "multi_turn.repair_tool_calls=False: the 'plain' parser takes no repair switch and "
+        "parses as it always does"
+    ]

@@ -159,6 +159,18 @@ async def test_repaired_call_runs_and_is_marked(tokenizer):
     assert out.record.calls[0].repaired is True
 
 
+async def test_with_repair_off_a_repairable_call_is_the_error_the_served_model_would_get(
+    tokenizer,
+):
+    turn = "<tool_call>\n{'name': 'calc', 'arguments': {'a': 2, 'b': 3,}\n</tool_call>"
+    loop, server = make_loop(tokenizer, [turn, "5"], repair_tool_calls=False)
+    out = await loop.run(SAMPLING, raw_prompt=PROMPT)
+    (message,) = tool_texts(tokenizer, out)
+    assert message.startswith("Error: tool call 1 is not valid JSON (Expecting property name")
+    assert out.record.tool_error_kinds == ["bad_json"] and out.record.calls == []
+    assert len(server.requests) == 2
+
+
 async def test_tool_exceptions_timeouts_and_non_text_become_error_messages(tokenizer):
     tools = {"broken": BrokenTool(), "sleep": SleepTool(), "calc": CalcTool()}
     turn = "\n".join(

@@ -85,12 +85,14 @@ def test_hydra_config_takes_verl_overrides_and_extras():
             "actor_rollout_ref.model.path=tiny-qwen3",
             "data.max_prompt_length=300",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
+            "actor_rollout_ref.rollout.multi_turn.repair_tool_calls=false",
             "+output=o.jsonl",
         ]
     )
     rollout = cfg.actor_rollout_ref.rollout
     assert rollout.prompt_length == 300  # interpolated from data.max_prompt_length
     assert rollout.multi_turn.max_assistant_turns == 4
+    assert rollout.multi_turn.repair_tool_calls is False
     assert extras == {"output": "o.jsonl"}
 
 
