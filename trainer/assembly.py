@@ -13,12 +13,15 @@ server or trainer rank starts:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from agentloop import AgentLoopManager
 from agentloop.config import TraceConfig
@@ -35,6 +38,7 @@ from trainer.rewards.manager import RewardManager
 from trainer.trace_tags import TraceTagger
 from trainer.tracking import Tracking
 from trainer.weight_sync import WeightSync
+from trainer.worker_logs import init_ray
 from trainer.workers import WorkerGroup, WorkerSpec
 
 __all__ = ["RunParts", "RunPlan", "build_run", "needs_ref_policy", "plan_run"]
@@ -118,6 +122,7 @@ def plan_run(config: Config) -> RunPlan:
         contents = config.actor_rollout_ref.actor.checkpoint.save_contents
         checkpoints.check_free_space(checkpoint_bytes(setup.model_path, contents))
     check_rewards(config)
+    write_config(config, checkpoints.root)
     tracking = Tracking(
         run.logger,
         project=run.project_name,
@@ -135,6 +140,17 @@ def plan_run(config: Config) -> RunPlan:
     )
 
 
+def write_config(config: Config, run_dir: Path) -> Path:
+    """``<run dir>/config.yaml``: the whole resolved config this start runs with (defaults,
+    overrides and interpolations applied), rewritten at every start."""
+    path = run_dir / "config.yaml"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plain = json.loads(json.dumps(asdict(config), default=str))  # tuples -> lists
+    path.write_text(yaml.safe_dump(plain, sort_keys=False))
+    logger.info("resolved config written to %s", path)
+    return path
+
+
 def build_run(config: Config, plan: RunPlan) -> RunParts:
     """Start the parts of a checked run. The parts own the plan's loggers from here on: if a
     part fails to start, the loggers are finished and what already started is stopped."""
@@ -149,6 +165,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         tagger = configure_traces(ref.rollout.trace, config.trainer, plan)
         if tagger is not None:
             undo.callback(tagger.close)
+        init_ray(config.trainer.worker_log_level)
         # Before the servers: the agent-loop workers take the trace settings with them.
         servers, manager = start_rollout(ref.rollout, model_path, share)
         undo.callback(stop_rollout, servers, manager)

@@ -11,6 +11,7 @@ from agentloop.config import RolloutConfig
 from servers import stop_servers
 from trainer.config.reward import JudgeConfig
 from trainer.config.schema import Config
+from trainer.worker_logs import init_ray
 
 if TYPE_CHECKING:
     from agentloop import AgentLoopManager
@@ -88,7 +89,6 @@ def start_rollout(
 
     ``gpu_share``: GPUs per tensor-parallel rank a server asks Ray for (None: whole GPUs;
     a fraction lets colocated trainer ranks share them)."""
-    import ray
 
     from agentloop import AgentLoopManager
     from servers import ServerConfig, ServerGroup
@@ -103,8 +103,7 @@ def start_rollout(
         scheduling_policy=rollout.scheduling_policy,
         max_num_seqs=rollout.max_num_seqs,
     )
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+    init_ray()  # no-op where agentloop-train started it at trainer.worker_log_level
     num_gpus = None if gpu_share is None else gpu_share * rollout.tensor_model_parallel_size
     group = ServerGroup(
         server_config,
@@ -120,7 +119,6 @@ def start_judge(judge: JudgeConfig, device: str) -> tuple[list[Any], Any, Any]:
     balancer over them and the judge tokenizer. On GPU each server takes
     ``tensor_model_parallel_size`` GPUs of its own; on CPU it shares the node (no CPU claimed
     in Ray's accounting, like the trainer ranks)."""
-    import ray
     from transformers import AutoTokenizer
 
     from servers import AsyncLLMServerManager, ServerConfig, launch_servers
@@ -134,8 +132,7 @@ def start_judge(judge: JudgeConfig, device: str) -> tuple[list[Any], Any, Any]:
         max_model_len=judge.max_model_len,
         http=False,
     )
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+    init_ray()
     gpus = float(judge.tensor_model_parallel_size) if device == "cuda" else 0.0
     servers = launch_servers(
         server_config, judge.num_servers, num_cpus=0 if device == "cpu" else 1, num_gpus=gpus

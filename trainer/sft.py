@@ -24,6 +24,7 @@ from tqdm import tqdm
 from trainer.checkpoint import CheckpointManager
 from trainer.config.sft import SFTConfig
 from trainer.sft_data import SFTSample, collate_sft, encode_rows, epoch_order
+from trainer.worker_logs import init_ray
 
 __all__ = ["SFTSetup", "prepare", "train"]
 
@@ -182,7 +183,7 @@ def train(cfg: SFTConfig, setup: SFTSetup) -> Path:
     ckpt = CheckpointManager(trainer.default_local_dir, trainer.max_ckpt_to_keep)
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(include_dashboard=False, log_to_driver=False)
+        init_ray()
     tracking = Tracking(
         trainer.logger,
         project=trainer.project_name,

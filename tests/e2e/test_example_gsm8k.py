@@ -4,12 +4,14 @@ GRPO step (async rollout, calculator tool, MLflow metrics and rollout traces).""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from tests.e2e.run_script import REPO, run_script
 
@@ -42,8 +44,20 @@ def test_cpu_script_trains_a_step_and_traces_it_in_mlflow(tmp_path):
         run,
         "data.val_batch_size=2",
         "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=2",
+        "trainer.worker_log_level=INFO",
     )
     assert "done: 1 steps" in proc.stdout
+    # Worker logs reach this console, prefixed with their actor, at the level asked for.
+    console = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+    assert re.search(
+        r"^\(AsyncServer pid=\d+\) INFO servers\.vllm: vLLM engine for .* ready in", console, re.M
+    ), console[-3000:]
+    # The resolved config of this start is in the run folder.
+    resolved = yaml.safe_load((run / "config.yaml").read_text())
+    assert resolved["trainer"]["worker_log_level"] == "INFO"
+    assert resolved["data"]["val_batch_size"] == 2
+    rollout = resolved["actor_rollout_ref"]["rollout"]
+    assert rollout["prompt_length"] == resolved["data"]["max_prompt_length"]  # interpolated
 
     from mlflow.tracking import MlflowClient
 

@@ -8,6 +8,7 @@ from typing import Literal
 from trainer.algos import ADV_ESTIMATORS, KL_TYPES
 from trainer.config.async_training import FilterGroupsConfig, RolloutCorrectionConfig
 from trainer.tracking import BACKENDS as LOGGERS
+from trainer.worker_logs import LOG_LEVELS
 
 __all__ = [
     "AlgorithmConfig",
@@ -89,8 +90,16 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = None
     weight_sync_bucket_mb: int = 256
     seed: int = 1
+    worker_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    """Level at which Ray workers (servers, agent-loop workers, trainer ranks) log to this
+    console, vLLM's engine logs included; INFO shows the engines' start-up."""
 
     def __post_init__(self) -> None:
+        if self.worker_log_level not in LOG_LEVELS:
+            raise ValueError(
+                f"trainer.worker_log_level={self.worker_log_level!r}: use one of "
+                f"{', '.join(LOG_LEVELS)}"
+            )
         check_run_keys(
             self.logger,
             self.nnodes,

@@ -68,6 +68,9 @@ def started(monkeypatch) -> list[str]:
         events.append(f"start rewards on {device}")
         return FakeRewards(events), []
 
+    monkeypatch.setattr(
+        trainer.assembly, "init_ray", lambda level: events.append(f"ray logs at {level}")
+    )
     monkeypatch.setattr(trainer.assembly, "start_rollout", start_rollout)
     monkeypatch.setattr(trainer.assembly, "stop_rollout", stop_rollout)
     monkeypatch.setattr(trainer.assembly, "build_rewards", build_rewards)
@@ -99,7 +102,11 @@ def config_with(**actor: Any) -> Config:
 def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
     parts = build_run(config_with(use_kl_loss=True), plan_of(tmp_path, started))
 
-    assert started == ["start rollout /models/m share=None", "start rewards on cpu"]
+    assert started == [
+        "ray logs at WARNING",
+        "start rollout /models/m share=None",
+        "start rewards on cpu",
+    ]
     ((spec, world),) = FakeWorkers.specs
     assert (spec.model_path, spec.device, spec.need_ref, spec.gpu_share, world) == (
         "/models/m",
@@ -115,7 +122,7 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
 
     parts.close()
     parts.close()  # a second close does nothing
-    assert started[2:] == ["finish tracking", "close rewards", "stop rollout ['server-0']"]
+    assert started[3:] == ["finish tracking", "close rewards", "stop rollout ['server-0']"]
 
 
 def test_a_part_that_fails_to_start_stops_those_before_it(tmp_path, started, monkeypatch):
@@ -125,4 +132,4 @@ def test_a_part_that_fails_to_start_stops_those_before_it(tmp_path, started, mon
     monkeypatch.setattr(trainer.assembly, "WorkerGroup", no_ranks)
     with pytest.raises(RuntimeError, match="no room for the trainer ranks"):
         build_run(config_with(), plan_of(tmp_path, started))
-    assert started[2:] == ["close rewards", "stop rollout ['server-0']", "finish tracking"]
+    assert started[3:] == ["close rewards", "stop rollout ['server-0']", "finish tracking"]
