@@ -16,6 +16,7 @@ from servers.config import ServerConfig
 from servers.core import ServerCore
 from servers.engines import make_engine
 from servers.http import HttpFront, build_app
+from servers.shm import engine_shm
 from servers.types import TokenOutput
 from servers.weights import bucketize
 
@@ -86,6 +87,15 @@ class AsyncServer:
     def address(self) -> str | None:
         """Base URL of the HTTP front (None when it is off)."""
         return self._http.url if self._http else None
+
+    def shm_footprint(self) -> dict[str, Any]:
+        """``{"node_id", "names"}``: this server's Ray node (None outside Ray) and the
+        ``/dev/shm`` entries its engine's processes map, which a kill would leave behind
+        (``ServerGroup`` removes them after one)."""
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"node_id": node_id, "names": engine_shm()}
 
     def metrics_text(self) -> str:
         return self.core.metrics.text().decode()

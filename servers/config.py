@@ -90,8 +90,20 @@ class ServerConfig:
     (``Authorization: Bearer <key>``); None reads ``AGENTLOOP_API_KEY`` from the environment,
     and neither set means no auth. Ray calls to the actor are not affected."""
     max_concurrent_requests: int = 256
-    """Requests admitted at once over HTTP (``/generate`` and ``/v1/chat/completions``); more
-    get 503 with ``Retry-After`` (no waiting queue). Ray calls to the actor are not counted."""
+    """Requests admitted at once over HTTP (``/generate`` and ``/v1/chat/completions``),
+    counted in sequences: a chat request with ``n`` choices counts as ``n``. One that does not
+    fit gets 503 with ``Retry-After`` (no waiting queue). Ray calls to the actor are not
+    counted."""
+    max_n: int = 64
+    """Most choices (``n``) one chat request may ask for over HTTP; more is a 400 naming this
+    limit. Enough for a GRPO group; ``/generate`` samples one sequence per request."""
+    max_tokens_per_request: int = 32768
+    """Largest ``max_tokens`` (chat: also ``max_completion_tokens``) one HTTP request may ask
+    for, per sequence; more is a 400. Below it, ``max_tokens`` is still clamped to the room the
+    model length leaves after the prompt."""
+    max_prompt_tokens: int | None = None
+    """Longest prompt one HTTP request may send, in tokens (``/generate``: ``prompt_ids``;
+    chat: after the chat template); more is a 400. None: only the model length bounds it."""
 
     @property
     def model_name(self) -> str:
@@ -126,6 +138,14 @@ class ServerConfig:
         if self.max_concurrent_requests < 1:
             raise ValueError(
                 f"max_concurrent_requests must be >= 1, got {self.max_concurrent_requests}"
+            )
+        for key in ("max_n", "max_tokens_per_request"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(
+                f"max_prompt_tokens must be >= 1 (or None for the model length), got "
+                f"{self.max_prompt_tokens}"
             )
         if self.cpu_cores is not None:
             parse_cores(self.cpu_cores)

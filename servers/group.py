@@ -4,16 +4,21 @@ checks and the restart of a server that died.
 ``handles`` is one list, changed in place when a server is replaced, so every holder of it
 (weight sync, shutdown) sees the new actor. Agent-loop workers hold their own copies and are
 told of a replacement by the ``AgentLoopManager``.
+
+A killed engine cannot unlink its shared memory (``servers/shm.py``), so each started server
+tells what its engine maps in ``/dev/shm``, and whoever kills it here (``restart``,
+``stop_servers``) removes exactly those entries on the server's node afterwards.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from servers.actor import AsyncServer
 from servers.config import ServerConfig
+from servers.shm import remove_shm
 
 __all__ = ["ServerGroup", "ServerRestartError", "launch_servers", "stop_servers"]
 
@@ -22,6 +27,65 @@ logger = logging.getLogger(__name__)
 
 class ServerRestartError(RuntimeError):
     """A dead server could not be replaced (restart budget spent or the new one failed)."""
+
+
+@dataclass(slots=True)
+class _Footprint:
+    node_id: str | None
+    """Ray node the server runs on (None: not under Ray)."""
+    names: set[str]
+    """``/dev/shm`` entries its engine's processes map."""
+
+
+# Footprints by actor id, of every server started here: ``stop_servers`` gets only handles
+# (the trainer holds ``group.handles``), and a dead server cannot be asked for its own.
+_FOOTPRINTS: dict[str, _Footprint] = {}
+
+
+def _actor_key(handle: Any) -> str:
+    return handle._actor_id.hex()
+
+
+def _record_shm(handle: Any, timeout_s: float = 30.0) -> None:
+    """Ask a live server what its engine maps (a dead or busy one keeps what was recorded)."""
+    import ray
+
+    try:
+        info = ray.get(handle.shm_footprint.remote(), timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - dead or not answering: nothing new to learn
+        return
+    known = _FOOTPRINTS.setdefault(_actor_key(handle), _Footprint(info["node_id"], set()))
+    known.names.update(info["names"])
+
+
+def _remove_shm_of(handle: Any) -> None:
+    """After ``handle``'s actor was killed: unlink what its engine mapped, on its node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    footprint = _FOOTPRINTS.pop(_actor_key(handle), None)
+    if footprint is None or not footprint.names:
+        return
+    names = sorted(footprint.names)
+    if footprint.node_id is None:
+        remove_shm(names)
+        return
+    task = ray.remote(num_cpus=0)(remove_shm).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(footprint.node_id, soft=False)
+    )
+    try:
+        ray.get(task.remote(names), timeout=60)
+    except Exception as exc:  # noqa: BLE001 - a lost node took its /dev/shm with it
+        logger.warning("could not remove a killed engine's shared memory: %s", _first_line(exc))
+
+
+def _kill(handle: Any) -> None:
+    """Kill a server's actor and remove the shared memory its engine leaves behind."""
+    import ray
+
+    _record_shm(handle, timeout_s=5.0)  # alive: what it maps now; dead: what it mapped
+    ray.kill(handle, no_restart=True)
+    _remove_shm_of(handle)
 
 
 class ServerGroup:
@@ -54,6 +118,8 @@ class ServerGroup:
         self._name_prefix = name_prefix
         self.handles: list[Any] = [self._create(i) for i in range(num_servers)]
         ray.get([h.start.remote() for h in self.handles])
+        for handle in self.handles:
+            _record_shm(handle)
         logger.info("%d %s server(s) ready for %s", num_servers, config.backend, config.model)
 
     def _create(self, index: int) -> Any:
@@ -89,22 +155,24 @@ class ServerGroup:
         import ray
 
         if self.restarts >= self.max_restarts:
+            _kill(self.handles[index])  # dead all the same: free its shared memory
             raise ServerRestartError(
                 f"server {index} died and {self.restarts} restart(s) were already spent "
                 f"(max_restarts={self.max_restarts}): look at the server's log (OOM kill? "
                 "engine error?)"
             )
         self.restarts += 1
-        ray.kill(self.handles[index], no_restart=True)
+        _kill(self.handles[index])
         handle = self._create(index)
         try:
             ray.get(handle.start.remote())
         except Exception as exc:
-            ray.kill(handle, no_restart=True)
+            _kill(handle)
             raise ServerRestartError(
                 f"server {index} died and its replacement failed to start: {_first_line(exc)}"
             ) from exc
         self.handles[index] = handle
+        _record_shm(handle)
         logger.warning("server %d restarted (%d of %d)", index, self.restarts, self.max_restarts)
         return handle
 
@@ -134,13 +202,20 @@ def launch_servers(
 
 
 def stop_servers(servers: list[Any]) -> None:
-    """Shut every server's engine down and kill its actor (a dead one is just killed)."""
+    """Shut every server's engine down and kill its actor (a dead one is just killed), then
+    remove the shared memory a killed engine left."""
     import ray
 
     for server in servers:
+        clean = False
         try:
             ray.get(server.shutdown.remote())
+            clean = True  # its engine unlinked its own shared memory
         except Exception:  # noqa: BLE001 - a dead server has nothing left to shut down
             pass
         finally:
             ray.kill(server)
+            if clean:
+                _FOOTPRINTS.pop(_actor_key(server), None)
+            else:
+                _remove_shm_of(server)

@@ -5,15 +5,20 @@ Routes: ``POST /generate`` (token ids in; ids, log-probs, finish reason out), ``
 ``GET /metrics`` (Prometheus text). Bad input answers 400 with an OpenAI-style error body.
 
 In front of every route sits ``_Guard``: with ``ServerConfig.api_key`` set, every route but
-``GET /health`` needs ``Authorization: Bearer <key>`` (else 401), and at most
-``max_concurrent_requests`` calls of ``/generate`` and ``/v1/chat/completions`` run at once
-(more get 503 with ``Retry-After: 1`` at once; there is no waiting queue).
+``GET /health`` needs ``Authorization: Bearer <key>`` (else 401). A call of ``/generate`` or
+``/v1/chat/completions`` is then checked against the per-request work limits
+(``servers/limits.py``: ``n``, ``max_tokens``, prompt length; 400 naming the limit) and
+admitted only while the sequences in flight, its own included, stay within
+``max_concurrent_requests`` (else 503 with ``Retry-After: 1`` at once; there is no waiting
+queue). The guard reads the body to know the request's work, parses it once and hands the
+parsed body on to the route.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -21,9 +26,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servers.core import ServerCore
+from servers.limits import CHAT_PATH, GENERATE_PATH, request_sequences
 from servers.types import GenerateInputError, error_body
 
 __all__ = ["build_app", "HttpFront"]
@@ -32,8 +38,10 @@ logger = logging.getLogger(__name__)
 
 ChatHandler = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
 
-# Routes that run the engine: the ones the in-flight limit counts.
-_LIMITED_PATHS = frozenset({"/generate", "/v1/chat/completions"})
+# Routes that run the engine: the ones the work limits and the in-flight limit apply to.
+_LIMITED_PATHS = frozenset({GENERATE_PATH, CHAT_PATH})
+# Scope key under which the guard hands the body it parsed on to the route.
+_PARSED = "agentloop.json_body"
 
 
 def _bad(message: str, param: str | None = None) -> JSONResponse:
@@ -41,12 +49,15 @@ def _bad(message: str, param: str | None = None) -> JSONResponse:
 
 
 async def _json_object(request: Request) -> dict[str, Any] | JSONResponse:
-    try:
-        body = await request.json()
-    except ValueError:
-        return _bad("request body must be JSON")
-    except RecursionError:  # json's C decoder gives up at ~1000 levels of [ or {
-        return _bad("request body is nested too deeply to parse as JSON")
+    if _PARSED in request.scope:  # the guard parsed it already
+        body = request.scope[_PARSED]
+    else:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _bad("request body must be JSON")
+        except RecursionError:  # json's C decoder gives up at ~1000 levels of [ or {
+            return _bad("request body is nested too deeply to parse as JSON")
     if not isinstance(body, dict):
         return _bad("request body must be a JSON object")
     lone = _lone_surrogate(body)
@@ -77,16 +88,46 @@ def _lone_surrogate(value: Any) -> str | None:
     return None
 
 
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body; None when the client left before sending it."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the route ``body`` first, then the client's later messages
+    (a disconnect, which ends a streamed response early)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class _Guard:
-    """ASGI middleware: bearer-token check, then the in-flight limit. A request counts from
-    admission until its response (streamed or not) is fully sent or the client is gone."""
+    """ASGI middleware: bearer-token check, then the work limits, then the in-flight limit. A
+    request holds its ``n`` slots from admission until its response (streamed or not) is fully
+    sent or the client is gone."""
 
     def __init__(self, app: ASGIApp, *, core: ServerCore) -> None:
         self.app = app
+        self.config = core.config
         key = core.config.api_key
         self._key = key.encode() if key else None
         self.limit = core.config.max_concurrent_requests
         self.in_flight = 0
+        """Sequences of the admitted requests still running."""
         self.metrics = core.metrics
 
     def _authorized(self, scope: Scope) -> bool:
@@ -119,22 +160,48 @@ class _Guard:
         if path not in _LIMITED_PATHS:
             await self.app(scope, receive, send)
             return
-        if self.in_flight >= self.limit:
+        body = await _read_body(receive)
+        if body is None:  # the client is gone: nothing to answer
+            return
+        receive = _replay(body, receive)
+        try:
+            scope[_PARSED] = parsed = json.loads(body)
+        except (ValueError, RecursionError):  # not JSON: the route answers 400
+            parsed = None
+        try:
+            sequences = request_sequences(path, parsed, self.config)
+        except GenerateInputError as exc:
+            self.metrics.rejected.labels("over_limit").inc()
+            reply = JSONResponse(error_body(str(exc), param=exc.param), status_code=400)
+            await reply(scope, receive, send)
+            return
+        if self.in_flight + sequences > self.limit:
             self.metrics.rejected.labels("overloaded").inc()
-            message = (
-                f"server overloaded: {self.in_flight} requests in flight (limit "
-                f"max_concurrent_requests={self.limit}); retry later or raise the limit"
-            )
             reply = JSONResponse(
-                error_body(message, code=503), status_code=503, headers={"Retry-After": "1"}
+                error_body(self._overloaded(sequences), code=503),
+                status_code=503,
+                headers={"Retry-After": "1"},
             )
             await reply(scope, receive, send)
             return
-        self.in_flight += 1  # no await since the check: admission cannot overshoot the limit
+        # no await since the check: admission cannot overshoot the limit
+        self.in_flight += sequences
         try:
             await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            self.in_flight -= sequences
+
+    def _overloaded(self, sequences: int) -> str:
+        if sequences == 1:
+            return (
+                f"server overloaded: {self.in_flight} requests in flight (limit "
+                f"max_concurrent_requests={self.limit}); retry later or raise the limit"
+            )
+        return (
+            f"server overloaded: {self.in_flight} requests in flight and this one counts as "
+            f"{sequences} (n={sequences}; the limit max_concurrent_requests={self.limit} counts "
+            "each choice); retry later, lower n or raise the limit"
+        )
 
 
 def build_app(core: ServerCore, chat: ChatHandler | None = None) -> FastAPI:

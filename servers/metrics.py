@@ -30,7 +30,8 @@ class ServerMetrics:
         self.rejected = Counter(
             "agentloop_http_rejected",
             "HTTP requests turned away before running: 'overloaded' (503, over "
-            "max_concurrent_requests) or 'unauthorized' (401, missing or wrong bearer token)",
+            "max_concurrent_requests), 'over_limit' (400, over max_n, max_tokens_per_request "
+            "or max_prompt_tokens) or 'unauthorized' (401, missing or wrong bearer token)",
             ["reason"],
             registry=self.registry,
         )

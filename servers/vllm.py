@@ -156,7 +156,9 @@ class VLLMEngine:
         from servers.vllm_openai import VLLMChat
 
         cfg = self.config
-        return VLLMChat(self._require(), cfg.model, cfg.model_name, cfg.tool_parser)
+        return VLLMChat(
+            self._require(), cfg.model, cfg.model_name, cfg.tool_parser, cfg.max_prompt_tokens
+        )
 
     async def abort(self, request_id: str) -> None:
         await self._require().abort(request_id)

@@ -1,12 +1,17 @@
 """The OpenAI chat-completions endpoint, served by vLLM's own serving layer and Hermes tool
-parser over the running ``AsyncLLM`` (reuse beats a hand-written copy)."""
+parser over the running ``AsyncLLM`` (reuse beats a hand-written copy).
+
+The HTTP front checks a request's ``n`` and ``max_tokens`` before admitting it
+(``servers/limits.py``); its prompt length is known only once vLLM has applied the chat
+template, so ``max_prompt_tokens`` is checked here, before the engine sees the request."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from servers.types import error_body
+from servers.limits import check_prompt_tokens
+from servers.types import GenerateInputError, error_body
 
 __all__ = ["VLLMChat"]
 
@@ -14,7 +19,14 @@ __all__ = ["VLLMChat"]
 class VLLMChat:
     """``await chat(body) -> (status, json | async iterator of SSE strings)``."""
 
-    def __init__(self, engine, model_path: str, served_name: str, tool_parser: str) -> None:
+    def __init__(
+        self,
+        engine,
+        model_path: str,
+        served_name: str,
+        tool_parser: str,
+        max_prompt_tokens: int | None = None,
+    ) -> None:
         from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
         from vllm.entrypoints.openai.models.protocol import BaseModelPath
         from vllm.entrypoints.openai.models.serving import OpenAIServingModels
@@ -34,9 +46,10 @@ class VLLMChat:
         renderer = OnlineRenderer(
             model_config=engine.model_config, renderer=engine.renderer, **common
         )
-        self._serving = OpenAIServingChat(
-            engine, models, "assistant", online_renderer=renderer, **common
-        )
+        serving_cls = OpenAIServingChat
+        if max_prompt_tokens is not None:
+            serving_cls = _prompt_limited(OpenAIServingChat, max_prompt_tokens)
+        self._serving = serving_cls(engine, models, "assistant", online_renderer=renderer, **common)
 
     async def __call__(self, body: dict[str, Any]) -> tuple[int, Any]:
         from pydantic import ValidationError
@@ -50,6 +63,8 @@ class VLLMChat:
         try:
             request = _validated(ChatCompletionRequest, body)
             result = await self._serving.create_chat_completion(request, raw_request=None)
+        except GenerateInputError as exc:  # over max_prompt_tokens
+            return 400, error_body(str(exc), param=exc.param)
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first.get("loc", ()))
@@ -68,6 +83,22 @@ class VLLMChat:
             return 200, result.model_dump()
         # streaming: async iterator of "data: ...\n\n" strings
         return 200, _constraint_errors_named(result) if _constrained(request) else result
+
+
+def _prompt_limited(serving_cls: Any, limit: int) -> Any:
+    """``serving_cls`` that raises ``GenerateInputError`` for a templated prompt over ``limit``
+    tokens (vLLM renders the chat in ``render_chat_request``, before scheduling it)."""
+
+    class PromptLimited(serving_cls):
+        async def render_chat_request(self, request: Any) -> Any:
+            result = await super().render_chat_request(request)
+            if isinstance(result, tuple):  # (conversation, engine inputs); else an error
+                for engine_input in result[1]:
+                    length = self._extract_prompt_len(engine_input)
+                    check_prompt_tokens("messages", length, limit, " after the chat template")
+            return result
+
+    return PromptLimited
 
 
 # vLLM checks a grammar before the request starts, but its backends (xgrammar, guidance as

@@ -1,4 +1,5 @@
-"""Shared test fixtures: model assets from the project cache, GPU-marker skipping."""
+"""Shared test fixtures: model assets from the project cache, GPU-marker skipping, and the check
+that the session leaves ``/dev/shm`` as it found it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.shm import leaked, shm_entries
 
 # A small fixed KV cache for vLLM CPU engines started by tests (see ENVIRONMENT.md).
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -25,6 +28,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _dev_shm_left_as_found():
+    """No ``psm_*`` segment or ``sem.*`` semaphore the session created may outlive it: they
+    are RAM, and a killed engine's are 160-250 MB each. Only entries new since the session
+    started count, and only those no live process maps (another session's running engines
+    are not this one's leaks)."""
+    before = shm_entries()
+    yield
+    left = leaked(before)
+    assert not left, (
+        f"the test session left {len(left)} shared-memory entries in /dev/shm that no process "
+        f"uses: {', '.join(left)}; a test killed a process that owned them without removing "
+        "them (ServerGroup.restart and stop_servers remove a killed engine's; see tests/shm.py)"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -23,8 +23,9 @@ import ray
 
 from agentloop import AgentLoopManager, RolloutConfig
 from agentloop.config import RecoveryConfig
-from servers import ServerConfig, ServerGroup, ServerRestartError
+from servers import ServerConfig, ServerGroup, ServerRestartError, stop_servers
 from tests.ray_local import init_local_ray
+from tests.shm import shm_entries
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,8 +52,7 @@ def rollout(tiny_qwen3_path):
     manager.on_server_restart = pushed.extend
     yield group, manager, pushed
     manager.shutdown()
-    for handle in group.handles:
-        ray.kill(handle)
+    stop_servers(group.handles)  # removes the shared memory of any that cannot stop cleanly
     ray.shutdown()
 
 
@@ -95,9 +95,19 @@ def _assert_every_sample(batch: Any, tag: str) -> None:
     assert batch.response_mask.sum(dim=1).tolist() == [TOKENS] * PROMPTS * N
 
 
+def _shm(handle: Any) -> set[str]:
+    return set(ray.get(handle.shm_footprint.remote())["names"])
+
+
 def test_a_killed_server_has_its_turns_retried_elsewhere_and_is_restarted(rollout):
     group, manager, pushed = rollout
     victim = group.handles[1]
+    # Each engine's /dev/shm entries: its message-queue segments and its worker's semaphore.
+    killed, kept = _shm(victim), _shm(group.handles[0])
+    for names in (killed, kept):
+        assert any(n.startswith("psm_") for n in names), names
+        assert any(n.startswith("sem.") for n in names), names
+    assert not killed & kept and (killed | kept) <= shm_entries()
     killer = _kill_when_busy([victim])
     batch = manager.generate_sequences(_rows("a"), sampling_params=PARAMS)
     killer.join()
@@ -110,6 +120,10 @@ def test_a_killed_server_has_its_turns_retried_elsewhere_and_is_restarted(rollou
         time.sleep(0.5)
     assert manager.server_restarts == group.restarts == 1
     assert group.handles[1] is not victim and pushed == [group.handles[1]]
+    # A SIGKILLed engine cannot unlink its shared memory: the group removed the killed
+    # engine's entries on restart, and only those.
+    entries = shm_entries()
+    assert not killed & entries and kept <= entries
     # The new server takes work again.
     batch = manager.generate_sequences(_rows("b"), sampling_params=PARAMS)
     _assert_every_sample(batch, "b")

@@ -17,6 +17,7 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     """``agentloop-serve``: one engine behind the HTTP front, standalone (no Ray)."""
     import asyncio
+    from dataclasses import fields
 
     from servers.config import ServerConfig
     from trainer.models import resolve_model
@@ -52,7 +53,30 @@ def main(argv: list[str] | None = None) -> int:
         "--max-concurrent-requests",
         type=int,
         default=256,
-        help="HTTP requests generating at once; more get 503 with Retry-After (default 256)",
+        help="HTTP requests generating at once, a chat request with n choices counting as n; "
+        "more get 503 with Retry-After (default 256)",
+    )
+    limits = {f.name: f.default for f in fields(ServerConfig)}
+    parser.add_argument(
+        "--max-n",
+        type=int,
+        default=limits["max_n"],
+        help=f"most choices (n) one chat request may ask for; more is a 400 (default "
+        f"{limits['max_n']})",
+    )
+    parser.add_argument(
+        "--max-tokens-per-request",
+        type=int,
+        default=limits["max_tokens_per_request"],
+        help="largest max_tokens one HTTP request may ask for, per choice; more is a 400 "
+        f"(default {limits['max_tokens_per_request']})",
+    )
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=limits["max_prompt_tokens"],
+        help="longest prompt one HTTP request may send, in tokens (chat: after the template); "
+        "more is a 400 (default: the model length)",
     )
     args = parser.parse_args(argv)
     setup_logging()
@@ -76,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             max_num_seqs=args.max_num_seqs,
             api_key=args.api_key,
             max_concurrent_requests=args.max_concurrent_requests,
+            max_n=args.max_n,
+            max_tokens_per_request=args.max_tokens_per_request,
+            max_prompt_tokens=args.max_prompt_tokens,
         )
     except ValueError as exc:
         sys.stderr.write(f"agentloop-serve: error: {exc}\n")

@@ -1,5 +1,6 @@
 """The vLLM AsyncServer as a real Ray actor on the vLLM CPU engine (tiny-qwen3), one engine
-for the whole module: generate, abort, weight update, bad input, HTTP front, OpenAI client."""
+for the whole module: generate, abort, weight update, bad input, HTTP front (with its work
+limits and sequence-counting admission), OpenAI client."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 MAX_MODEL_LEN = 512
 MAX_NUM_SEQS = 8  # small enough that requests wait, so the priority order shows
+# The HTTP front's limits (Ray calls are not limited): small, so that tests can cross them.
+MAX_N, MAX_TOKENS, MAX_PROMPT, MAX_SEQUENCES = 4, 256, 300, 4
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,13 @@ def prompt(tokenizer) -> list[int]:
 def server(tiny_qwen3_path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = ServerConfig(
-        model=str(tiny_qwen3_path), max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS
+        model=str(tiny_qwen3_path),
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_n=MAX_N,
+        max_tokens_per_request=MAX_TOKENS,
+        max_prompt_tokens=MAX_PROMPT,
+        max_concurrent_requests=MAX_SEQUENCES,
     )
     (handle,) = launch_servers(config, 1, num_cpus=1)
     yield handle
@@ -159,7 +168,21 @@ async def test_bad_input_over_ray_is_a_value_error_and_server_stays_healthy(
     assert len(ok.token_ids) >= 1
 
 
-@pytest.mark.parametrize("prompt_ids,params,message", BAD_INPUTS)
+def _over_prompt_limit(length: int, field: str = "prompt_ids", how: str = "") -> str:
+    return (
+        f"{field} has {length} tokens{how}, over this server's limit "
+        f"max_prompt_tokens={MAX_PROMPT} (agentloop-serve --max-prompt-tokens)"
+    )
+
+
+# Over HTTP a prompt past max_prompt_tokens is turned away before the model-length check.
+HTTP_BAD_INPUTS = [
+    (ids, params, _over_prompt_limit(len(ids)) if len(ids) > MAX_PROMPT else message)
+    for ids, params, message in BAD_INPUTS
+]
+
+
+@pytest.mark.parametrize("prompt_ids,params,message", HTTP_BAD_INPUTS)
 async def test_bad_input_over_http_is_400_with_openai_error_body(
     base_url, prompt_ids, params, message
 ):
@@ -252,6 +275,107 @@ async def test_openai_bad_request_is_400(base_url):
             model="tiny-qwen3", messages=[{"role": "user", "content": "hi"}], temperature=-3
         )
     assert info.value.status_code == 400
+
+
+def _error(message: str, param: str | None, code: int = 400) -> dict:
+    kind = "invalid_request_error" if code < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _over(field: str, value: int, key: str, limit: int) -> dict:
+    flag = "--" + key.replace("_", "-")
+    message = f"{field}={value} exceeds this server's limit {key}={limit} (agentloop-serve {flag})"
+    return _error(message, field)
+
+
+CHAT = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    "path,body,error",
+    [
+        ("/v1/chat/completions", {**CHAT, "n": MAX_N + 1}, _over("n", MAX_N + 1, "max_n", MAX_N)),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "max_tokens": MAX_TOKENS + 1},
+            _over("max_tokens", MAX_TOKENS + 1, "max_tokens_per_request", MAX_TOKENS),
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "max_completion_tokens": 10**6},
+            _over("max_completion_tokens", 10**6, "max_tokens_per_request", MAX_TOKENS),
+        ),
+        (
+            "/generate",
+            {"prompt_ids": [1, 2], "sampling_params": {"max_tokens": MAX_TOKENS + 1}},
+            _over(
+                "sampling_params.max_tokens", MAX_TOKENS + 1, "max_tokens_per_request", MAX_TOKENS
+            ),
+        ),
+        (
+            "/generate",
+            {"prompt_ids": [1] * (MAX_PROMPT + 1)},
+            _error(_over_prompt_limit(MAX_PROMPT + 1), "prompt_ids"),
+        ),
+    ],
+)
+async def test_a_request_over_a_work_limit_is_400_naming_the_limit(base_url, path, body, error):
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        r = await client.post(path, json=body)
+        assert (r.status_code, r.json()) == (400, error)
+        metrics = (await client.get("/metrics")).text
+    assert 'agentloop_http_rejected_total{reason="over_limit"}' in metrics
+
+
+async def test_a_chat_prompt_over_the_limit_after_the_template_is_400(base_url, tokenizer):
+    words = " ".join(["apple"] * MAX_PROMPT)  # under the model length, over the prompt limit
+    messages = [{"role": "user", "content": words}]
+    length = len(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    )
+    assert MAX_PROMPT < length < MAX_MODEL_LEN - 4
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model="tiny-qwen3", messages=messages, max_tokens=4)
+    assert info.value.status_code == 400
+    assert (
+        info.value.body
+        == _error(_over_prompt_limit(length, "messages", " after the chat template"), "messages")[
+            "error"
+        ]
+    )
+
+
+async def _in_flight(client: httpx.AsyncClient) -> float:
+    text = (await client.get("/metrics")).text
+    line = next(x for x in text.splitlines() if x.startswith("agentloop_requests_in_flight "))
+    return float(line.split()[1])
+
+
+async def test_admission_counts_each_choice_of_a_chat_request(base_url):
+    """With room for MAX_SEQUENCES=4 sequences, a chat request with n=3 running leaves room
+    for one more: an n=2 request gets 503 at once, an n=1 request runs beside it."""
+    long = {**CHAT, "max_tokens": 200, "ignore_eos": True, "temperature": 1.0}
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        first = asyncio.ensure_future(client.post("/v1/chat/completions", json={**long, "n": 3}))
+        deadline = asyncio.get_running_loop().time() + 30
+        while await _in_flight(client) < 1:
+            assert asyncio.get_running_loop().time() < deadline, "n=3 request never started"
+            await asyncio.sleep(0.05)
+        busy = await client.post("/v1/chat/completions", json={**CHAT, "n": 2})
+        message = (
+            "server overloaded: 3 requests in flight and this one counts as 2 (n=2; the limit "
+            "max_concurrent_requests=4 counts each choice); retry later, lower n or raise the "
+            "limit"
+        )
+        assert (busy.status_code, busy.json()) == (503, _error(message, None, 503))
+        assert busy.headers["retry-after"] == "1"
+        assert not first.done()  # the n=2 request was turned away while n=3 ran
+        beside = await client.post("/v1/chat/completions", json={**CHAT, "n": 1})
+        assert beside.status_code == 200
+        done = await first
+        assert done.status_code == 200 and len(done.json()["choices"]) == 3
+        assert (await client.post("/v1/chat/completions", json={**CHAT, "n": 2})).status_code == 200
 
 
 def _hf_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """The HTTP front's guard over real uvicorn + httpx, with scripted engine adapters: the bearer
-token (``ServerConfig.api_key`` / ``AGENTLOOP_API_KEY``) and the in-flight request limit
-(``max_concurrent_requests``: 503 at once with ``Retry-After``, counted in the metrics)."""
+token (``ServerConfig.api_key`` / ``AGENTLOOP_API_KEY``), the per-request work limits
+(``max_n``, ``max_tokens_per_request``, ``max_prompt_tokens``: 400 naming the limit) and the
+in-flight limit (``max_concurrent_requests``, counted in sequences: 503 at once with
+``Retry-After``, counted in the metrics)."""
 
 from __future__ import annotations
 
@@ -132,6 +134,12 @@ def test_api_key_comes_from_the_environment_when_not_given(monkeypatch):
             "scheduling_policy must be 'priority' or 'fcfs', got 'lifo'",
         ),
         ({"max_num_seqs": 0}, "max_num_seqs must be >= 1 (or None), got 0"),
+        ({"max_n": 0}, "max_n must be >= 1, got 0"),
+        ({"max_tokens_per_request": 0}, "max_tokens_per_request must be >= 1, got 0"),
+        (
+            {"max_prompt_tokens": 0},
+            "max_prompt_tokens must be >= 1 (or None for the model length), got 0",
+        ),
     ],
 )
 def test_bad_guard_settings_are_rejected(kwargs, message):
@@ -198,5 +206,151 @@ async def test_a_streamed_chat_response_holds_its_slot_until_the_stream_ends():
                 release.set()
                 assert [line async for line in lines if line] == ["data: [DONE]"]
             assert (await c.post("/generate", json=GENERATE)).status_code == 200
+    finally:
+        await front.stop()
+
+
+def _gated_chat(gate: asyncio.Event, bodies: list[dict]):
+    async def chat(body):
+        bodies.append(body)
+        await gate.wait()
+        return 200, {"choices": [], "usage": {}}
+
+    return chat
+
+
+async def test_admission_counts_a_chat_requests_n_choices():
+    gate, bodies = asyncio.Event(), []
+    config = ServerConfig(model="gated", max_concurrent_requests=4)
+    front, url = await _front(config, GatedEngine(), _gated_chat(gate, bodies))
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            held = asyncio.create_task(c.post("/v1/chat/completions", json={"n": 3}))
+            await _until(lambda: len(bodies) == 1)
+            over = await c.post("/v1/chat/completions", json={"n": 2})
+            assert over.status_code == 503 and over.headers["retry-after"] == "1"
+            assert over.json()["error"]["message"] == (
+                "server overloaded: 3 requests in flight and this one counts as 2 (n=2; the "
+                "limit max_concurrent_requests=4 counts each choice); retry later, lower n or "
+                "raise the limit"
+            )
+            one = asyncio.create_task(c.post("/v1/chat/completions", json={"messages": []}))
+            await _until(lambda: len(bodies) == 2)  # n absent counts as 1: 3 + 1 fit
+            full = await c.post("/generate", json=GENERATE)
+            assert full.json() == overloaded(4)
+            gate.set()
+            assert [r.status_code for r in await asyncio.gather(held, one)] == [200, 200]
+            assert bodies == [{"n": 3}, {"messages": []}]  # the guard's parse reaches the route
+            assert (await c.post("/v1/chat/completions", json={"n": 4})).status_code == 200
+    finally:
+        await front.stop()
+
+
+def _over(field: str, value: int, key: str, limit: int, why: str = "") -> str:
+    flag = "--" + key.replace("_", "-")
+    return (
+        f"{field}={value} exceeds this server's limit {key}={limit}{why} (agentloop-serve {flag})"
+    )
+
+
+LIMITS = {"max_n": 8, "max_tokens_per_request": 100, "max_prompt_tokens": 10}
+
+
+@pytest.mark.parametrize(
+    "config,path,body,message,param",
+    [
+        (LIMITS, "/v1/chat/completions", {"n": 9}, _over("n", 9, "max_n", 8), "n"),
+        (
+            {"max_concurrent_requests": 4},
+            "/v1/chat/completions",
+            {"n": 5},
+            _over(
+                "n",
+                5,
+                "max_concurrent_requests",
+                4,
+                ", which counts each of a request's n sequences",
+            ),
+            "n",
+        ),
+        (
+            LIMITS,
+            "/v1/chat/completions",
+            {"max_tokens": 101},
+            _over("max_tokens", 101, "max_tokens_per_request", 100),
+            "max_tokens",
+        ),
+        (
+            LIMITS,
+            "/v1/chat/completions",
+            {"max_completion_tokens": 500, "max_tokens": 5},
+            _over("max_completion_tokens", 500, "max_tokens_per_request", 100),
+            "max_completion_tokens",
+        ),
+        (
+            LIMITS,
+            "/generate",
+            {"prompt_ids": [1, 2], "sampling_params": {"max_tokens": 101}},
+            _over("sampling_params.max_tokens", 101, "max_tokens_per_request", 100),
+            "sampling_params.max_tokens",
+        ),
+        (
+            LIMITS,
+            "/generate",
+            {"prompt_ids": [1] * 11},
+            "prompt_ids has 11 tokens, over this server's limit max_prompt_tokens=10 "
+            "(agentloop-serve --max-prompt-tokens)",
+            "prompt_ids",
+        ),
+    ],
+)
+async def test_a_request_over_a_work_limit_is_400_before_admission(
+    config, path, body, message, param
+):
+    gate, bodies = asyncio.Event(), []
+    gate.set()
+    engine = GatedEngine()
+    engine.gate.set()
+    front, url = await _front(
+        ServerConfig(model="gated", **config), engine, _gated_chat(gate, bodies)
+    )
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            r = await c.post(path, json=body)
+            assert r.status_code == 400
+            assert r.json() == {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": param,
+                    "code": 400,
+                }
+            }
+            metrics = (await c.get("/metrics")).text
+            assert 'agentloop_http_rejected_total{reason="over_limit"} 1.0' in metrics
+            assert bodies == [] and engine.waiting == 0
+    finally:
+        await front.stop()
+
+
+async def test_limits_leave_mistyped_fields_to_the_routes_own_check():
+    engine = GatedEngine()
+    engine.gate.set()
+    front, url = await _front(ServerConfig(model="gated", max_tokens_per_request=5), engine)
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            r = await c.post(
+                "/generate", json={"prompt_ids": [1], "sampling_params": {"max_tokens": "9"}}
+            )
+            assert r.json()["error"]["message"] == (
+                "sampling_params.max_tokens must be an integer >= 1, got str '9'"
+            )
+            assert (await c.post("/generate", content=b"{not json")).json()["error"][
+                "message"
+            ] == "request body must be JSON"
+            ok = await c.post(
+                "/generate", json={"prompt_ids": [1], "sampling_params": {"max_tokens": 5}}
+            )
+            assert ok.status_code == 200
     finally:
         await front.stop()

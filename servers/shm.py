@@ -1,0 +1,96 @@
+"""The shared memory an engine leaves behind when it is killed.
+
+A vLLM engine runs in child processes of its server (``EngineCore``, and its ``Worker``), which
+map two message-queue segments ``/dev/shm/psm_*`` (160-250 MB each) and hold a named semaphore
+``/dev/shm/sem.*`` (called ``sem.loky-<pid>-*``: joblib, imported by transformers through
+scikit-learn, renames every ``multiprocessing`` semaphore). A clean shutdown unlinks them; a
+killed engine cannot, and ``/dev/shm`` is RAM. So a server records what its engine's processes
+hold (``engine_shm``: the segments they map, and the semaphores named after their pids, since
+a semaphore maps a temporary file that is unlinked once it has its name) and whoever kills it
+removes exactly those (``remove_shm``), leaving other engines' entries alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+__all__ = ["SHM", "engine_shm", "remove_shm"]
+
+logger = logging.getLogger(__name__)
+
+SHM = Path("/dev/shm")
+_KINDS = ("psm_", "sem.")  # multiprocessing.shared_memory segments, named POSIX semaphores
+_SEM_PID = re.compile(r"sem\.[A-Za-z]+-(\d+)-")  # sem.loky-<creator pid>-<random>
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:  # the thread or process is gone
+            continue
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    found, stack = [], _children(pid)
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(_children(child))
+    return found
+
+
+def _mapped(pid: int) -> set[str]:
+    """Names of the ``/dev/shm`` segments and semaphores ``pid`` maps (and has not unlinked)."""
+    try:
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return set()
+    names = set()
+    for line in lines:
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if path.startswith(f"{SHM}/") and not path.endswith(" (deleted)"):
+            name = path[len(str(SHM)) + 1 :]
+            if name.startswith(_KINDS):
+                names.add(name)
+    return names
+
+
+def engine_shm(pid: int | None = None) -> list[str]:
+    """Sorted names of the ``/dev/shm`` segments mapped, and semaphores created, by the child
+    processes of ``pid`` (default: this process), i.e. by the engine a server started. Empty
+    where ``/proc`` is not readable (not Linux)."""
+    root = os.getpid() if pid is None else pid
+    children = _descendants(root)
+    names: set[str] = set()
+    for child in children:
+        names |= _mapped(child)
+    if children and SHM.is_dir():
+        pids = {str(c) for c in children}
+        for entry in SHM.iterdir():
+            match = _SEM_PID.match(entry.name)
+            if match and match.group(1) in pids:
+                names.add(entry.name)
+    return sorted(names)
+
+
+def remove_shm(names: list[str]) -> list[str]:
+    """Unlink these ``/dev/shm`` entries (names from ``engine_shm``); returns those removed.
+    Processes still mapping one keep their memory until they exit; the name is gone at once."""
+    removed = []
+    for name in names:
+        if "/" in name or not name.startswith(_KINDS):
+            raise ValueError(f"{name!r} is not a /dev/shm segment or semaphore name")
+        try:
+            (SHM / name).unlink()
+        except FileNotFoundError:  # the engine's own shutdown got there first
+            continue
+        removed.append(name)
+    if removed:
+        logger.info("removed %d shared-memory entries of a killed engine", len(removed))
+    return removed
