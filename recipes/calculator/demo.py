@@ -63,16 +63,22 @@ def _run(args: list[str], *, capture: bool = False) -> str:
 
 def evaluate_records(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, float]:
     """Accuracy (the task reward) and valid-tool-call rate (the sample made at least one call
-    and every call parsed and ran) of rollout records against their rows."""
+    and every call parsed and ran) of rollout records against their rows, as
+    ``agentloop-rollout`` reports them (``trainer.rollout_score``)."""
     from recipes.calculator.reward import compute_score
+    from trainer.rollout_score import summarize
 
     truth = {r["extra_info"]["index"]: r["reward_model"]["ground_truth"] for r in rows}
-    correct = valid = 0
-    for rec in records:
-        correct += compute_score("calculator", rec["response_text"], truth[rec["index"]], {})
-        valid += rec["tool_calls"] >= 1 and rec["tool_errors"] == 0
-    n = max(len(records), 1)
-    return {"accuracy": correct / n, "valid_tool_calls": valid / n, "samples": len(records)}
+    scored = [
+        {**rec, "score": compute_score("calculator", rec["response_text"], truth[rec["index"]], {})}
+        for rec in records
+    ]
+    summary = summarize(scored)
+    return {
+        "accuracy": summary.accuracy,
+        "valid_tool_calls": summary.valid_tool_calls,
+        "samples": summary.samples,
+    }
 
 
 def sft_warm_start(model: str, data: Path, out: Path, steps: int) -> str:
@@ -108,6 +114,7 @@ def evaluate(model: str, data: Path, out: Path) -> dict[str, float]:
             "actor_rollout_ref.rollout.response_length=128",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS}",
+            f"custom_reward_function.path={REWARD}",
             "+split=val",
             f"+output={out}",
         ]

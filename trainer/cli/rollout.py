@@ -1,9 +1,13 @@
-"""``agentloop-rollout``: run the agent loops over a dataset against freshly started servers
-and write one JSON line per trajectory. Same Hydra config as training, plus extras:
+"""``agentloop-rollout``: run the agent loops over a dataset against freshly started servers,
+score each trajectory with the configured reward (``custom_reward_function``,
+``reward_model.*``: the same rewards as training) and write one JSON line per trajectory
+(with its ``score``). Ends with a table of accuracy, valid-tool-call rate and mean reward
+(``trainer.rollout_score``). Same Hydra config as training, plus extras:
 
   +output=PATH     where the JSONL goes (required)
   +split=val       read data.val_files instead of data.train_files
   +max_samples=N   only the first N rows
+  +correct_at=X    a sample counts as correct when its reward is >= X (default 1.0)
 """
 
 from __future__ import annotations
@@ -17,15 +21,21 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from trainer.rollout_score import format_summary, summarize
+
 if TYPE_CHECKING:
     from agentloop import RolloutBatch
     from trainer.config.schema import Config
+    from trainer.launch import RolloutSetup
+    from trainer.rewards.manager import RewardManager
 
-__all__ = ["main", "trajectory_records"]
+__all__ = ["main", "scored_records", "trajectory_records"]
 
 logger = logging.getLogger("agentloop.rollout")
 
-EXTRAS = ("output", "split", "max_samples")
+SUMMARY_KEYS = ("score", "tool_calls", "tool_errors")
+
+EXTRAS = ("output", "split", "max_samples", "correct_at")
 
 
 def trajectory_records(batch: RolloutBatch, tokenizer: Any) -> list[dict[str, Any]]:
@@ -67,7 +77,9 @@ def trajectory_records(batch: RolloutBatch, tokenizer: Any) -> list[dict[str, An
 def main(argv: list[str] | None = None) -> int:
     from trainer.cli.common import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
+    from trainer.config.validate import resolve_device
     from trainer.launch import load_split, prepare_rollout
+    from trainer.rewards.build import check_rewards
 
     argv = hydra_argv(argv, __doc__)
     if argv is None:
@@ -79,47 +91,87 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise ConfigError(
                 f"unknown extra +{unknown[0]}; agentloop-rollout takes "
-                "+output, +split, +max_samples"
+                "+output, +split, +max_samples, +correct_at"
             )
         if not extras.get("output"):
             raise ConfigError("set +output=PATH for the trajectories JSONL")
         split = extras.get("split", "train")
         if split not in ("train", "val"):
             raise ConfigError(f"+split must be train or val, got {split!r}")
+        correct_at = _number(extras.get("correct_at", 1.0), "+correct_at")
         setup = prepare_rollout(config)
+        check_rewards(config)
+        device = resolve_device(config.trainer.device)  # where a judge model would run
         rows = load_split(config, setup, split)
         if extras.get("max_samples"):
             rows = rows[: int(extras["max_samples"])]
     except ValueError as exc:
         return cli_error("agentloop-rollout", str(exc))
-    return _run(config, setup.model_path, rows, setup.tokenizer, Path(extras["output"]))
+    output = Path(extras["output"])
+    return _run(config, setup, rows, output, correct_at, device)
+
+
+def _number(value: Any, key: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a number, got {value!r}") from None
+
+
+def scored_records(batch: RolloutBatch, tokenizer: Any, rewards: RewardManager) -> list[dict]:
+    """``trajectory_records`` of a batch, each with ``score`` (the configured reward, the
+    weighted sum training would use) and ``scores`` (each named reward before weighting)."""
+    reward = rewards.score(batch)
+    records = trajectory_records(batch, tokenizer)
+    for i, record in enumerate(records):
+        record["score"] = float(reward.scores[i])
+        record["scores"] = {name: values[i] for name, values in reward.components.items()}
+    return records
 
 
 def _run(
-    config: Config, model_path: str, rows: list[dict[str, Any]], tokenizer: Any, output: Path
+    config: Config,
+    setup: RolloutSetup,
+    rows: list[dict[str, Any]],
+    output: Path,
+    correct_at: float,
+    device: str,
 ) -> int:
+    from servers import stop_servers
     from trainer.launch import start_rollout, stop_rollout
+    from trainer.rewards.build import build_rewards
 
     rollout = config.actor_rollout_ref.rollout
-    servers, manager = start_rollout(rollout, model_path)
+    tokenizer = setup.tokenizer
+    rewards, judge_servers = build_rewards(config, tokenizer, device)
     batch_size = config.data.train_batch_size
     output.parent.mkdir(parents=True, exist_ok=True)
-    written = 0
+    written: list[dict[str, Any]] = []  # what the summary needs of each written line
     try:
-        with (
-            output.open("w") as f,
-            tqdm(total=len(rows) * rollout.n, desc="rollout", unit="traj") as bar,
-        ):
-            for start in range(0, len(rows), batch_size):
-                batch = manager.generate_sequences(rows[start : start + batch_size])
-                for record in trajectory_records(batch, tokenizer):
-                    f.write(json.dumps(record) + "\n")
-                    written += 1
-                bar.update(len(batch))
-                bar.set_postfix(turns=f"{batch.metrics['agent_loop/num_turns/mean']:.1f}")
+        servers, manager = start_rollout(rollout, setup.model_path)
+        try:
+            with (
+                output.open("w") as f,
+                tqdm(total=len(rows) * rollout.n, desc="rollout", unit="traj") as bar,
+            ):
+                for start in range(0, len(rows), batch_size):
+                    batch = manager.generate_sequences(rows[start : start + batch_size])
+                    for record in scored_records(batch, tokenizer, rewards):
+                        f.write(json.dumps(record) + "\n")
+                        written.append({k: record[k] for k in SUMMARY_KEYS})
+                    bar.update(len(batch))
+                    so_far = summarize(written, correct_at)
+                    bar.set_postfix(
+                        turns=f"{batch.metrics['agent_loop/num_turns/mean']:.1f}",
+                        acc=f"{so_far.accuracy:.0%}",
+                    )
+        finally:
+            stop_rollout(servers, manager)
     finally:
-        stop_rollout(servers, manager)
-    sys.stdout.write(f"wrote {written} trajectories to {output}\n")
+        rewards.close()
+        stop_servers(judge_servers)
+    sys.stdout.write(f"wrote {len(written)} trajectories to {output}\n")
+    sys.stdout.write(format_summary(summarize(written, correct_at)))
     return 0
 
 

@@ -1,11 +1,13 @@
 """`agentloop-rollout`: bad input fails at start-up with a message naming what to change (no
 server started), and a real run (tiny-qwen3 on vLLM CPU, Ray workers) writes one JSON line
-per trajectory with ids, mask, log-probs and decoded text that agree."""
+per trajectory with ids, mask, log-probs and decoded text that agree, each scored with the
+configured reward, and ends with the accuracy / valid-tool-call table."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,8 +92,28 @@ def run_main(capsys, *overrides: str) -> tuple[int, str]:
             "trainer/config/ppo_trainer.yaml (extras for a command take a +, e.g. "
             "+output=out.jsonl)",
         ),
+        (
+            [{"prompt": USER}],
+            ["custom_reward_function.path=no_such_reward.py"],
+            "custom_reward_function.path='no_such_reward.py' does not exist: point it at a .py "
+            "file",
+        ),
+        (
+            [{"prompt": USER}],
+            ["+correct_at=high"],
+            "+correct_at must be a number, got 'high'",
+        ),
     ],
-    ids=["no_prompt", "unknown_agent", "unconfigured_tool", "sync_mode", "raw_chat_off", "bad_key"],
+    ids=[
+        "no_prompt",
+        "unknown_agent",
+        "unconfigured_tool",
+        "sync_mode",
+        "raw_chat_off",
+        "bad_key",
+        "missing_reward_file",
+        "bad_correct_at",
+    ],
 )
 def test_bad_input_fails_at_start_up_with_what_to_change(
     tmp_path, capsys, tool_yaml, rows, extra, message
@@ -150,6 +172,11 @@ def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_
     ]
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
     out = tmp_path / "traj.jsonl"
+    reward = tmp_path / "reward.py"  # deterministic scores, whatever the random model says
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    return 1.0 if data_source == 'toy' else 0.25\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [
@@ -160,6 +187,7 @@ def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.rollout.agent.num_workers=2",
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_yaml}",
+            f"custom_reward_function.path={reward}",
             f"+output={out}",
         ],
         capture_output=True,
@@ -168,8 +196,20 @@ def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == f"wrote 6 trajectories to {out}"
     records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["score"], r["scores"]) for r in records] == [(1.0, {"rule": 1.0})] * 4 + [
+        (0.25, {"rule": 0.25})
+    ] * 2
+    valid = sum(r["tool_calls"] >= 1 and r["tool_errors"] == 0 for r in records) / 6
+    assert result.stdout.splitlines()[-4:] == [
+        f"wrote 6 trajectories to {out}",
+        "| samples | accuracy (reward >= 1) | valid tool-call rate | reward mean |",
+        "|---------|------------------------|----------------------|-------------|",
+        f"|       6 |                  66.7% | {valid:20.1%} |      0.7500 |",
+    ]
+    assert re.fullmatch(
+        r"\|       6 \| +66\.7% \| +\d+\.\d% \|      0\.7500 \|", result.stdout.splitlines()[-1]
+    )
     tok = AutoTokenizer.from_pretrained(tiny_qwen3_path)
     assert [r["agent_name"] for r in records] == ["single_turn_agent"] * 4 + ["tool_agent"] * 2
     assert [r["index"] for r in records[:4]] == [7, 7, 1, 1]

@@ -42,12 +42,19 @@ def test_serve_cli_rejects_a_zero_request_limit(monkeypatch, tmp_path, capsys):
 
 
 def test_traces_cli_starts_the_mlflow_ui_on_loopback(monkeypatch, capsys):
-    commands: list[list[str]] = []
+    served: list[tuple[str, str, int]] = []
     monkeypatch.setattr(traces_cli, "traces_summary", lambda store, run_dir: ("0", None, 0))
-    monkeypatch.setattr(traces_cli.subprocess, "call", lambda cmd: commands.append(cmd) or 0)
+    monkeypatch.setattr(traces_cli, "serve_ui", lambda *args: served.append(args) or 0)
     assert traces_cli.main(["--store", "sqlite:///x.db"]) == 0
-    assert commands == [
-        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", "sqlite:///x.db"]
-        + ["--host", "127.0.0.1", "--port", "5000"]
+    assert served == [("sqlite:///x.db", "127.0.0.1", 5000)]
+    command = traces_cli.ui_command(*served[0])
+    assert command == [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri"] + [
+        "sqlite:///x.db",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "5000",
+        "--workers",
+        "1",
     ]
     assert "open http://127.0.0.1:5000/#/experiments/0/traces" in capsys.readouterr().out

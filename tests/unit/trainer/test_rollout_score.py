@@ -1,0 +1,62 @@
+"""``agentloop-rollout``'s scoring: each trajectory line carries the configured reward (the
+real ``RewardManager``, built-in gsm8k scorer), and the summary table's accuracy,
+valid-tool-call rate and mean reward, exactly."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from agentloop.records import SampleRecord
+from tests.unit.trainer.rewards.batch import make_batch
+from trainer.cli.rollout import scored_records
+from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
+from trainer.rewards.manager import RewardManager
+from trainer.rollout_score import RolloutSummary, format_summary, summarize
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3_path):
+    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
+
+
+def test_each_line_carries_its_score_and_each_named_reward(tokenizer):
+    records = [SampleRecord(tool_calls=1), SampleRecord(tool_calls=2, tool_errors=1)]
+    batch = make_batch(tokenizer, ["#### 42", "#### 41"], records=records)
+    rewards = RewardManager(RewardFunctionConfig(), RewardModelConfig(), tokenizer)
+    try:
+        lines = scored_records(batch, tokenizer, rewards)
+    finally:
+        rewards.close()
+    assert [(r["score"], r["scores"]) for r in lines] == [
+        (1.0, {"rule": 1.0}),
+        (0.0, {"rule": 0.0}),
+    ]
+    assert summarize(lines) == RolloutSummary(
+        samples=2, accuracy=0.5, valid_tool_calls=0.5, reward_mean=0.5
+    )
+
+
+def test_accuracy_counts_rewards_at_the_threshold_and_the_table_is_exact():
+    records = [
+        {"score": 1.0, "tool_calls": 1, "tool_errors": 0},
+        {"score": 0.5, "tool_calls": 2, "tool_errors": 0},
+        {"score": 0.25, "tool_calls": 1, "tool_errors": 1},
+        {"score": 0.0, "tool_calls": 0, "tool_errors": 0},
+    ]
+    assert summarize(records).accuracy == 0.25
+    summary = summarize(records, correct_at=0.5)
+    assert summary == RolloutSummary(
+        samples=4, accuracy=0.5, valid_tool_calls=0.5, reward_mean=0.4375, correct_at=0.5
+    )
+    assert format_summary(summary) == (
+        "| samples | accuracy (reward >= 0.5) | valid tool-call rate | reward mean |\n"
+        "|---------|--------------------------|----------------------|-------------|\n"
+        "|       4 |                    50.0% |                50.0% |      0.4375 |\n"
+    )
+
+
+def test_no_samples_is_an_all_zero_row():
+    assert format_summary(summarize([])).splitlines()[-1] == (
+        "|       0 |                   0.0% |                 0.0% |      0.0000 |"
+    )
