@@ -26,7 +26,7 @@ from agentloop.stream import FinishedGroup, RolloutStream
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from agentloop.trace import TraceContext
-from agentloop.worker import AgentLoopWorker, validate_rows
+from agentloop.worker import AgentLoopWorker, toolless_rows, validate_rows
 
 __all__ = [
     "AgentConfig",
@@ -60,5 +60,6 @@ __all__ = [
     "register_parser",
     "registered_agent_loops",
     "rollout_metrics",
+    "toolless_rows",
     "validate_rows",
 ]

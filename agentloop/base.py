@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import yaml
 
@@ -100,6 +100,11 @@ class AgentLoopContext:
 class AgentLoopBase(abc.ABC):
     """One instance per sample. Subclasses implement ``run``; helpers keep trajectories exact
     (``encode_prompt``/``encode_delta`` run in a thread, ``generate`` respects the budget)."""
+
+    offers_tools: ClassVar[bool | None] = None
+    """Whether the loop puts the configured tools in front of the model: False for
+    ``single_turn_agent`` (start-up warns when tools are configured but rows run it), None
+    where a loop does not say (user loops)."""
 
     def __init__(self, context: AgentLoopContext, **kwargs: Any) -> None:
         self.context = context

@@ -156,6 +156,16 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
     metrics |= _spread("agent_loop/response_length", [len(o.response_ids) for o in outputs])
     metrics |= _spread("agent_loop/tool_calls", [o.record.tool_calls for o in outputs])
     metrics["agent_loop/tool_errors/mean"] = float(np.mean([o.record.tool_errors for o in outputs]))
+    # Per sample: calls written = succeeded (tool_calls) + malformed + failed; model turns
+    # (num_turns counts messages, verl's way: the prompt's, the model's and the tools').
+    records = [o.record for o in outputs]
+    for name in ("attempted", "malformed", "failed"):
+        counts = [getattr(r, f"calls_{name}") for r in records]
+        metrics[f"agent_loop/calls_{name}/mean"] = float(np.mean(counts))
+    metrics["agent_loop/samples_with_calls"] = float(
+        np.mean([r.calls_attempted > 0 for r in records])
+    )
+    metrics |= _spread("agent_loop/assistant_turns", [r.assistant_turns for r in records])
     # Calls whose JSON only parsed after repair (multi_turn.repair_tool_calls): the step's
     # count, and their share of the calls that ran.
     ran = [c for o in outputs for c in o.record.calls]

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
-__all__ = ["SAMPLE_RECORD_FIELDS", "SampleRecord", "ToolCallRecord"]
+from agentloop.parsers import ErrorKind
+
+__all__ = ["MALFORMED_CALL_KINDS", "SAMPLE_RECORD_FIELDS", "SampleRecord", "ToolCallRecord"]
+
+MALFORMED_CALL_KINDS = frozenset(get_args(ErrorKind))
+"""Error kinds of calls the model wrote wrongly (they never ran); every other kind is a call
+that ran, or tried to start, and failed."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -68,6 +74,22 @@ class SampleRecord:
     """Each used tool's ``calc_reward`` at the end of the sample, by tool name."""
     trace_id: str | None = None
     """The sample's MLflow trace id, when it was traced (set by the worker)."""
+
+    # What happened to the calls the model wrote: attempted = succeeded + malformed + failed.
+    @property
+    def calls_attempted(self) -> int:
+        """Tool calls the model wrote, well-formed or not."""
+        return self.tool_calls + self.tool_errors
+
+    @property
+    def calls_malformed(self) -> int:
+        """Calls that never ran: bad JSON, no name, unknown tool, schema, over the limit."""
+        return sum(kind in MALFORMED_CALL_KINDS for kind in self.tool_error_kinds)
+
+    @property
+    def calls_failed(self) -> int:
+        """Well-formed calls whose tool raised, timed out or could not start."""
+        return self.tool_errors - self.calls_malformed
 
 
 SAMPLE_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(SampleRecord))

@@ -14,6 +14,8 @@ __all__ = ["SingleTurnAgentLoop"]
 
 @register("single_turn_agent")
 class SingleTurnAgentLoop(AgentLoopBase):
+    offers_tools = False
+
     async def run(
         self, sampling_params: dict[str, Any], *, raw_prompt: list[dict[str, Any]], **row: Any
     ) -> AgentLoopOutput:

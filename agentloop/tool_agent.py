@@ -23,6 +23,8 @@ __all__ = ["ToolAgentLoop", "reached"]
 
 @register("tool_agent")
 class ToolAgentLoop(AgentLoopBase):
+    offers_tools = True
+
     def __init__(self, context: AgentLoopContext, **kwargs: Any) -> None:
         super().__init__(context, **kwargs)
         self.multi_turn = self.config.multi_turn

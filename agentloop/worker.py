@@ -63,6 +63,17 @@ def validate_rows(
                 )
 
 
+def toolless_rows(rows: list[Mapping[str, Any]], default_agent_loop: str) -> dict[str, int]:
+    """Rows per agent loop that offers the model no tools (``offers_tools`` False), by loop
+    name: with tools configured, these rows never use them."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        name = str(row.get("agent_name") or default_agent_loop)
+        if get_agent_loop(name).cls.offers_tools is False:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 class AgentLoopWorker:
     def __init__(
         self,

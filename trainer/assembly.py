@@ -25,6 +25,7 @@ import yaml
 
 from agentloop import AgentLoopManager
 from agentloop.config import TraceConfig
+from agentloop.tools.mcp_errors import RUN_DIR_ENV
 from servers import stop_servers
 from servers.config import parse_cores
 from trainer.checkpoint import CheckpointManager, checkpoint_bytes
@@ -105,6 +106,9 @@ def plan_run(config: Config) -> RunPlan:
     """Every start-up check of ``agentloop-train``, in order; raises ValueError saying what to
     set. The loggers open last, once everything else has passed."""
     check_train_config(config)
+    warn_unscheduled_validation(config)
+    # Tool servers (MCP) started from here on write their logs under the run folder.
+    os.environ[RUN_DIR_ENV] = str(Path(config.trainer.default_local_dir).expanduser().resolve())
     device = resolve_device(config.trainer.device)
     if config.async_training.enable and device == "cuda" and config.actor_rollout_ref.hybrid_engine:
         raise ValueError(
@@ -140,6 +144,18 @@ def plan_run(config: Config) -> RunPlan:
     )
 
 
+def warn_unscheduled_validation(config: Config) -> None:
+    """``data.val_files`` given, but nothing ever runs validation: say so and what to set."""
+    run = config.trainer
+    if config.data.val_files and run.test_freq <= 0 and not run.val_before_train:
+        logger.warning(
+            "data.val_files is set but validation never runs (trainer.test_freq=%d, "
+            "trainer.val_before_train=False): set trainer.test_freq=N to validate every N steps "
+            "and after the last one",
+            run.test_freq,
+        )
+
+
 def write_config(config: Config, run_dir: Path) -> Path:
     """``<run dir>/config.yaml``: the whole resolved config this start runs with (defaults,
     overrides and interpolations applied), rewritten at every start."""
@@ -165,7 +181,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         tagger = configure_traces(ref.rollout.trace, config.trainer, plan)
         if tagger is not None:
             undo.callback(tagger.close)
-        init_ray(config.trainer.worker_log_level)
+        init_ray(config.trainer.worker_log_level, {RUN_DIR_ENV: str(plan.checkpoints.root)})
         # Before the servers: the agent-loop workers take the trace settings with them.
         servers, manager = start_rollout(ref.rollout, model_path, share)
         undo.callback(stop_rollout, servers, manager)

@@ -4,6 +4,7 @@ rollout servers and the AgentLoopManager."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +17,11 @@ from trainer.worker_logs import init_ray
 if TYPE_CHECKING:
     from agentloop import AgentLoopManager
 
+logger = logging.getLogger("agentloop.train")
+
 __all__ = [
     "RolloutSetup",
+    "warn_toolless_rows",
     "load_split",
     "prepare_rollout",
     "start_judge",
@@ -77,7 +81,33 @@ def load_split(config: Config, setup: RolloutSetup, split: str) -> list[dict[str
         chat_template_kwargs=rollout.chat_template_kwargs,
     )
     validate_rows(rows, setup.tool_names, rollout.agent.default_agent_loop)
+    warn_toolless_rows(rows, setup.tool_names, rollout.agent.default_agent_loop, split)
     return rows
+
+
+def warn_toolless_rows(
+    rows: list[dict[str, Any]], tool_names: list[str], default_agent_loop: str, split: str
+) -> None:
+    """With tools configured, say (once per split) how many rows run a loop that offers the
+    model none, and what to set."""
+    from agentloop import toolless_rows
+
+    if not tool_names:
+        return
+    counts = toolless_rows(rows, default_agent_loop)
+    if not counts:
+        return
+    loops = ", ".join(f"{n} run {name}" for name, n in sorted(counts.items()))
+    logger.warning(
+        "data.%s_files: %d of %d rows never see the configured tools (%s) because their agent "
+        "loop offers none (%s): give the rows agent_name: tool_agent, or set "
+        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent for rows without one",
+        split,
+        sum(counts.values()),
+        len(rows),
+        ", ".join(tool_names),
+        loops,
+    )
 
 
 def start_rollout(

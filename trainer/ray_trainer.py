@@ -130,6 +130,7 @@ class RayPPOTrainer:
         self.tracking = parts.tracking
         self.checkpoints = parts.checkpoints
         self.tagger = parts.tagger
+        self._warned_no_calls = False
 
     def _resume(self) -> int:
         """Load the checkpoint to continue from (per ``trainer.resume_mode``); returns its step."""
@@ -160,6 +161,7 @@ class RayPPOTrainer:
             while step < self.total_steps:
                 step += 1
                 metrics = self.train_step(step)
+                self._check_tools_used(step, metrics)
                 if self._due(self.config.trainer.test_freq, step) and self.val_rows:
                     metrics |= self._validate(step)
                 if self._due(self.config.trainer.save_freq, step):
@@ -174,6 +176,22 @@ class RayPPOTrainer:
         finally:
             self.close()
         return metrics
+
+    def _check_tools_used(self, step: int, metrics: dict[str, float]) -> None:
+        """Warn (once a run) after a step in which tools were configured but no sample so much
+        as attempted a call: the tool path went unexercised."""
+        path = self.config.actor_rollout_ref.rollout.multi_turn.tool_config_path
+        if self._warned_no_calls or not path or metrics.get("agent_loop/samples_with_calls", 1):
+            return
+        self._warned_no_calls = True
+        logger.warning(
+            "step %d: no sample attempted a tool call although tools are configured "
+            "(actor_rollout_ref.rollout.multi_turn.tool_config_path=%s): check that the rows run "
+            "a loop that offers them (agent_name: tool_agent) and that the model writes tool "
+            "calls (agent_loop/calls_attempted/mean); said once per run",
+            step,
+            path,
+        )
 
     def _stopped_message(self, exc: BaseException, step: int) -> str:
         return stopped_message(exc, step, self.checkpoints)

@@ -25,9 +25,10 @@ def setup_worker_logging() -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
 
 
-def init_ray(worker_log_level: str = "WARNING") -> None:
+def init_ray(worker_log_level: str = "WARNING", env: dict[str, str] | None = None) -> None:
     """Start local Ray (no dashboard) with worker logs forwarded to this console at
-    ``worker_log_level``; a no-op where Ray is already up (the caller's settings stand)."""
+    ``worker_log_level`` and ``env`` set in every worker; a no-op where Ray is already up
+    (the caller's settings stand)."""
     import ray
 
     if ray.is_initialized():
@@ -37,6 +38,10 @@ def init_ray(worker_log_level: str = "WARNING") -> None:
         log_to_driver=True,
         runtime_env={
             "worker_process_setup_hook": "trainer.worker_logs.setup_worker_logging",
-            "env_vars": {_ENV: worker_log_level, "VLLM_LOGGING_LEVEL": worker_log_level},
+            "env_vars": {
+                _ENV: worker_log_level,
+                "VLLM_LOGGING_LEVEL": worker_log_level,
+                **(env or {}),
+            },
         },
     )

@@ -60,6 +60,8 @@ def build_react_graph(model: Runnable, tools_node: Any, route: Callable[..., str
 
 @register("react_agent")
 class ReactAgentLoop(AgentLoopBase):
+    offers_tools = True
+
     parser: Any = None
     """Tool-call parser of the chat model (None: ``multi_turn.format``)."""
     recursion_limit: int | None = None

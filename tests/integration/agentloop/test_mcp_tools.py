@@ -1,10 +1,15 @@
 """MCP servers from a JSON config (a real MCP server over stdio, written for the tests with
 the mcp SDK): tools listed with schemas, called concurrently from tool_agent, a server that
-exits mid-rollout restarted up to its max_restarts, and bad configs rejected at start-up."""
+exits mid-rollout restarted up to its max_restarts, bad configs rejected at start-up, a server
+that cannot start reported in one line, and a tool's exception read by the model with its
+message while the server's traceback goes to its log file."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import os
 import socket
 import subprocess
 import sys
@@ -19,11 +24,13 @@ from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig
 from agentloop.tool_agent import ToolAgentLoop
 from agentloop.tools import load_tool_config
 from agentloop.tools.mcp import load_mcp_servers
+from agentloop.tools.mcp_errors import RUN_DIR_ENV
 from tests.unit.agentloop.scripted import ScriptedServer
 
 pytestmark = pytest.mark.integration
 
 SERVER = Path(__file__).with_name("mcp_server.py")
+UNITS_SERVER = Path(__file__).with_name("mcp_units_server.py")
 PROMPT = [{"role": "user", "content": "Add 2 and 3."}]
 
 
@@ -36,6 +43,13 @@ def write_config(tmp_path: Path, command: str = sys.executable, **options) -> Pa
     spec = {"command": command, "args": [str(SERVER)], **options}
     path.write_text(json.dumps({"mcpServers": {"calc": spec}}))
     return path
+
+
+@pytest.fixture(autouse=True)
+def run_dir(tmp_path, monkeypatch) -> Path:
+    """Server stderr logs go to ``<tmp_path>/logs``, as the trainer's run dir would hold them."""
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
+    return tmp_path
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +121,96 @@ def test_missing_server_command_fails_at_start_up(tmp_path):
     with pytest.raises(ValueError) as info:
         load_mcp_servers(write_config(tmp_path, command="no-such-mcp-server"))
     assert str(info.value) == (
-        "MCP server 'calc' failed to start: ToolInfraError: MCP server 'calc': command "
-        "'no-such-mcp-server' not found"
+        "MCP server 'calc' failed to start: command 'no-such-mcp-server' not found on PATH"
     )
+
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [
+        (
+            "import nonexistent_module_xyz",
+            "exited with code 1 running `{python} -c 'import nonexistent_module_xyz'`; last "
+            "stderr lines: ModuleNotFoundError: No module named 'nonexistent_module_xyz' "
+            "(full log: {log})",
+        ),
+        (
+            "import sys; sys.exit(3)",
+            "exited with code 3 running `{python} -c 'import sys; sys.exit(3)'`; no stderr "
+            "output (log: {log})",
+        ),
+    ],
+    ids=["import_error", "silent_exit"],
+)
+def test_server_that_fails_to_start_is_one_line_with_exit_code_command_and_stderr(
+    tmp_path, code, why
+):
+    path = tmp_path / "mcp.json"
+    path.write_text(
+        json.dumps({"mcpServers": {"units": {"command": sys.executable, "args": ["-c", code]}}})
+    )
+    with pytest.raises(ValueError) as info:
+        load_mcp_servers(path)
+    log = tmp_path / "logs" / f"mcp-units-{os.getpid()}.log"
+    message = why.format(python=sys.executable, log=log)
+    assert str(info.value) == f"MCP server 'units' failed to start: {message}"
+
+
+def write_units_config(tmp_path: Path, *args: str) -> Path:
+    path = tmp_path / "mcp.json"
+    spec = {"command": sys.executable, "args": [str(UNITS_SERVER), *args]}
+    path.write_text(json.dumps({"mcpServers": {"units": spec}}))
+    return path
+
+
+@pytest.mark.parametrize("log_format", ["rich", "plain"])
+async def test_tool_exception_reaches_the_model_with_its_message_and_traceback_goes_to_log(
+    tmp_path, tokenizer, capfd, caplog, log_format
+):
+    caplog.set_level(logging.INFO, logger="agentloop.tools")
+    tools = load_mcp_servers(
+        write_units_config(tmp_path, *(["plain"] if log_format == "plain" else []))
+    )
+    turns = [
+        call("units-convert", value=1, unit="furlong"),  # a plain ValueError in the server
+        call("units-convert", value=-1, unit="m"),  # the SDK's own ToolError
+        call("units-convert", value=2, unit="km"),
+        "done",
+    ]
+    loop, server = tool_loop(tokenizer, tools, turns)
+    out = await loop.run({"temperature": 1.0}, raw_prompt=PROMPT)
+    assert tool_messages(tokenizer, server) == [
+        "Error: units-convert failed: ValueError: unknown unit 'furlong'",
+        "Error: units-convert failed: value must be >= 0",
+        "2000 m",
+    ]
+    assert out.record.tool_error_kinds == ["tool_failed", "tool_failed"]
+    log = tmp_path / "logs" / f"mcp-units-{os.getpid()}.log"
+    assert "Traceback" not in capfd.readouterr().err  # not on the trainer's console
+    assert "ValueError: unknown unit 'furlong'" in log.read_text()
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("agentloop.tools.mcp")]
+    assert f"MCP server units started; its stderr goes to {log}" in messages
+    assert (
+        f"MCP server units: tool convert raised ValueError: unknown unit 'furlong' "
+        f"(traceback in {log})"
+    ) in messages
+
+
+async def test_concurrent_tool_exceptions_each_reach_their_own_call(tmp_path):
+    tools = load_mcp_servers(write_units_config(tmp_path))
+    units = ["furlong", "league", "cubit", "m", "fathom", "span", "km", "ell"] * 2
+
+    async def convert(unit: str) -> str:
+        try:
+            return (await tools["units-convert"].execute("i", {"value": 1, "unit": unit})).text
+        except Exception as exc:  # noqa: BLE001 - the message is what is compared
+            return str(exc)
+
+    answers = await asyncio.gather(*(convert(u) for u in units))
+    expected = {"m": "1 m", "km": "1000 m"}
+    assert answers == [
+        expected.get(u, f"units-convert failed: ValueError: unknown unit {u!r}") for u in units
+    ]
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,23 @@ def test_rollout_metrics_count_the_repaired_calls_of_the_step():
     assert rollout_metrics([output([1], [2], [1])], 1.0)["agent_loop/repaired_calls/frac"] == 0.0
 
 
+def test_rollout_metrics_say_what_happened_to_the_calls_and_count_model_turns():
+    outs = [output([1], [2], [1]) for _ in range(4)]
+    outs[0].record = SampleRecord(tool_calls=2, assistant_turns=3)
+    outs[1].record = SampleRecord(
+        tool_errors=3, tool_error_kinds=["bad_json", "tool_timeout", "unknown_tool"]
+    )
+    outs[2].record = SampleRecord(tool_calls=1, tool_errors=1, tool_error_kinds=["tool_failed"])
+    outs[3].record = SampleRecord(assistant_turns=1)  # answered without a call
+    m = rollout_metrics(outs, wall_s=1.0)
+    assert m["agent_loop/calls_attempted/mean"] == (2 + 3 + 2 + 0) / 4
+    assert m["agent_loop/tool_calls/mean"] == (2 + 0 + 1 + 0) / 4  # succeeded
+    assert m["agent_loop/calls_malformed/mean"] == 2 / 4
+    assert m["agent_loop/calls_failed/mean"] == 2 / 4
+    assert m["agent_loop/samples_with_calls"] == 3 / 4
+    assert m["agent_loop/assistant_turns/max"] == 3.0
+
+
 def test_expand_rows_repeats_each_row_n_times_with_one_uid():
     rows = expand_rows(
         [{"raw_prompt": [], "uid": "q1"}, {"raw_prompt": []}], 3, "single_turn_agent"

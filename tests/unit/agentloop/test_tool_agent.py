@@ -195,6 +195,23 @@ async def test_tool_exceptions_timeouts_and_non_text_become_error_messages(token
     assert len(server.requests) == 2
 
 
+async def test_the_record_counts_attempted_succeeded_malformed_and_failed_calls(tokenizer):
+    tools = {"broken": BrokenTool(), "calc": CalcTool()}
+    turn = "\n".join(
+        [
+            call("calc", a=2, b=3),
+            "<tool_call>\n{not json}\n</tool_call>",
+            call("nope"),
+            call("broken"),
+        ]
+    )
+    loop, _ = make_loop(tokenizer, [turn, "done"], tools=tools, max_parallel_calls=4)
+    out = await loop.run(SAMPLING, raw_prompt=PROMPT)
+    r = out.record
+    assert (r.calls_attempted, r.tool_calls, r.calls_malformed, r.calls_failed) == (4, 1, 2, 1)
+    assert r.assistant_turns == 2 and out.num_turns == 4  # messages: user, model, tools, model
+
+
 async def test_calls_over_max_parallel_calls_get_an_error_and_the_rest_run_concurrently(tokenizer):
     tools = {"sleep": SleepTool()}
     turn = "\n".join([call("sleep", s=0.3), call("sleep", s=0.3), call("sleep", s=0.3)])

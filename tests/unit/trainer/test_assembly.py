@@ -69,7 +69,9 @@ def started(monkeypatch) -> list[str]:
         return FakeRewards(events), []
 
     monkeypatch.setattr(
-        trainer.assembly, "init_ray", lambda level: events.append(f"ray logs at {level}")
+        trainer.assembly,
+        "init_ray",
+        lambda level, env: events.append(f"ray logs at {level}, env {sorted(env)}"),
     )
     monkeypatch.setattr(trainer.assembly, "start_rollout", start_rollout)
     monkeypatch.setattr(trainer.assembly, "stop_rollout", stop_rollout)
@@ -103,7 +105,7 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
     parts = build_run(config_with(use_kl_loss=True), plan_of(tmp_path, started))
 
     assert started == [
-        "ray logs at WARNING",
+        "ray logs at WARNING, env ['AGENTLOOP_RUN_DIR']",
         "start rollout /models/m share=None",
         "start rewards on cpu",
     ]

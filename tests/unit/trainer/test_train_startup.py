@@ -179,3 +179,56 @@ def test_cuda_requested_without_a_gpu(capsys, tmp_path, data):
         pytest.skip("this machine has CUDA")
     err = run(capsys, tmp_path, data, "trainer.device=cuda")
     assert err == "trainer.device=cuda but no CUDA device is visible: set trainer.device=cpu"
+
+
+# ---- start-up warnings: silent fallbacks said out loud, once each ----------------------------
+CALC_TOOLS = Path(__file__).resolve().parents[3] / "recipes" / "calculator" / "tool_config.yaml"
+
+
+def test_tools_that_rows_never_see_and_validation_never_run_are_warned_at_start_up(
+    capsys, tmp_path, data, caplog
+):
+    blocker = tmp_path / "a_file"  # stops the start after the checks that warn
+    blocker.write_text("")
+    with caplog.at_level("WARNING", logger="agentloop.train"):
+        run(
+            capsys,
+            tmp_path,
+            data,
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CALC_TOOLS}",
+            f"data.val_files={data}",
+            f"trainer.default_local_dir={blocker / 'run'}",
+        )
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "data.val_files is set but validation never runs (trainer.test_freq=-1, "
+        "trainer.val_before_train=False): set trainer.test_freq=N to validate every N steps and "
+        "after the last one",
+        "data.train_files: 8 of 8 rows never see the configured tools (calculator) because "
+        "their agent loop offers none (8 run single_turn_agent): give the rows agent_name: "
+        "tool_agent, or set actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent for "
+        "rows without one",
+        "data.val_files: 8 of 8 rows never see the configured tools (calculator) because their "
+        "agent loop offers none (8 run single_turn_agent): give the rows agent_name: "
+        "tool_agent, or set actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent for "
+        "rows without one",
+    ]
+
+
+def test_rows_on_a_tool_loop_and_scheduled_validation_are_not_warned(
+    capsys, tmp_path, data, caplog
+):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with caplog.at_level("WARNING", logger="agentloop.train"):
+        run(
+            capsys,
+            tmp_path,
+            data,
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CALC_TOOLS}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+            f"data.val_files={data}",
+            "trainer.test_freq=5",
+            f"trainer.default_local_dir={blocker / 'run'}",
+        )
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -408,6 +408,27 @@ def test_fit_logs_every_step_and_closes_the_parts(make_run):
     assert run.rollout.shut_down and run.policy.shut_down and run.trainer.parts.closed
 
 
+def test_a_run_with_tools_whose_samples_never_call_one_is_warned_once(make_run, caplog):
+    run = make_run()
+    run.config.actor_rollout_ref.rollout.multi_turn.tool_config_path = "tools.yaml"
+    with caplog.at_level("WARNING", logger="agentloop.train"):
+        run.trainer.fit()  # 2 steps; the scripted model writes no tool call
+    warned = [r.getMessage() for r in caplog.records if "tool call" in r.getMessage()]
+    assert warned == [
+        "step 1: no sample attempted a tool call although tools are configured "
+        "(actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml): check that the "
+        "rows run a loop that offers them (agent_name: tool_agent) and that the model writes "
+        "tool calls (agent_loop/calls_attempted/mean); said once per run"
+    ]
+
+
+def test_a_run_without_tools_is_not_warned_about_tool_calls(make_run, caplog):
+    run = make_run()
+    with caplog.at_level("WARNING", logger="agentloop.train"):
+        run.trainer.fit()
+    assert not [r for r in caplog.records if "tool call" in r.getMessage()]
+
+
 # ---- how a stopped run explains itself ------------------------------------------------------
 def test_stopped_message_names_the_server_restart_budget(tmp_path):
     exc = ServerRestartError(
