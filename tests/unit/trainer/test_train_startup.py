@@ -204,14 +204,13 @@ def test_tools_that_rows_never_see_and_validation_never_run_are_warned_at_start_
         "data.val_files is set but validation never runs (trainer.test_freq=-1, "
         "trainer.val_before_train=False): set trainer.test_freq=N to validate every N steps and "
         "after the last one",
-        "data.train_files: 8 of 8 rows never see the configured tools (calculator) because "
-        "their agent loop offers none (8 run single_turn_agent): give the rows agent_name: "
-        "tool_agent, or set actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent for "
-        "rows without one",
-        "data.val_files: 8 of 8 rows never see the configured tools (calculator) because their "
-        "agent loop offers none (8 run single_turn_agent): give the rows agent_name: "
-        "tool_agent, or set actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent for "
-        "rows without one",
+        *(
+            f"data.{split}_files: 8 of 8 rows never see the configured tools (calculator) "
+            "because their agent loop offers none (8 run single_turn_agent): give the rows "
+            "agent_name: tool_agent, or set actor_rollout_ref.rollout.agent."
+            "default_agent_loop=tool_agent for rows without one"
+            for split in ("train", "val")
+        ),
     ]
 
 
