@@ -106,6 +106,10 @@ def _group_alive(pgid: int) -> list[int]:
     return alive
 
 
+KILL_WAIT_S = 5.0
+"""How long ``stop_group`` waits for SIGKILLed processes to be gone."""
+
+
 def stop_group(leader: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM to the leader's whole process group, then SIGKILL to what is left after
     ``grace_s``; the leader is reaped."""
@@ -126,6 +130,9 @@ def stop_group(leader: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -
     except ProcessLookupError:
         pass
     leader.wait()
+    deadline = time.monotonic() + KILL_WAIT_S  # SIGKILL is delivered, but exits take a moment
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def ui_command(store: str, host: str, port: int) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -423,6 +424,13 @@ async def test_sleep_and_wake_up_are_noops_on_cpu_and_server_still_generates(ser
     assert len(out.token_ids) >= 1
 
 
+async def _running(server) -> bool:
+    """The server has a generate request running (its in-flight gauge)."""
+    text = await server.metrics_text.remote()
+    line = next(x for x in text.splitlines() if x.startswith("agentloop_requests_in_flight "))
+    return float(line.split()[1]) >= 1
+
+
 async def test_a_turn_aborted_for_a_weight_update_resumes_and_each_token_matches_its_version(
     server, prompt, tiny_qwen3_path
 ):
@@ -437,12 +445,19 @@ async def test_a_turn_aborted_for_a_weight_update_resumes_and_each_token_matches
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     manager = AsyncLLMServerManager([server])
-    budget = 400
+    await manager.generate("warm", prompt_ids=prompt, sampling_params={"max_tokens": 4})
+    budget = MAX_MODEL_LEN - len(prompt) - 8  # about 4.5 s of decoding at full speed
     params = {"max_tokens": budget, "temperature": 1.0, "ignore_eos": True}
     task = asyncio.ensure_future(
         manager.generate("partial-1", prompt_ids=prompt, sampling_params=params)
     )
-    await asyncio.sleep(3.0)  # engine start-up of the request, then some tokens
+    # Pause once the (warm) engine has run the request for a second: some tokens, far from
+    # the end, however long the request took to reach it under load.
+    deadline = time.monotonic() + 60
+    while not await _running(server):
+        assert time.monotonic() < deadline, "the request never started"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
     assert await manager.pause(abort=True) == 1
     await server.update_weights.remote(list(new.state_dict().items()), 1 << 20)
     manager.resume(1)
