@@ -23,8 +23,11 @@ class ModelConfig:
     """Model folder or an ``agentloop-models`` asset name."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
-    use_remove_padding: bool = False
-    """Padding-free packed sequences (GPU with flash-attn only; ignored on CPU)."""
+    use_remove_padding: bool = True
+    """Pack each micro-batch's samples into one sequence without padding (attention confined
+    to each sample; ``trainer.workers.varlen_attention``), and count token budgets
+    (``ppo_max_token_len_per_gpu``) in real tokens. False: rows padded to the micro-batch's
+    longest."""
     attn_implementation: str = "sdpa"
     """transformers attention kernel of the trainer's model."""
 
@@ -90,6 +93,13 @@ class ActorConfig:
     use_dynamic_bsz: bool = False
     """Pack micro-batches by token count (``ppo_max_token_len_per_gpu``) instead of count."""
     ppo_max_token_len_per_gpu: int = 16384
+    """Token budget of one micro-batch with use_dynamic_bsz (real tokens when packed)."""
+    log_prob_max_token_len_per_gpu: int | None = None
+    """Token budget of one old-log-prob forward (None: ppo_max_token_len_per_gpu)."""
+    log_prob_chunk_size: int = 2048
+    """Positions per LM-head chunk when computing log-probs/entropy: the full-vocabulary
+    logits of a micro-batch are never held at once (recomputed in backward). 0: whole
+    micro-batch logits at once."""
     ppo_epochs: int = 1
     shuffle: bool = False
     """Shuffle samples before splitting into mini-batches (seeded by the step)."""
@@ -128,6 +138,14 @@ class ActorConfig:
             raise ValueError("actor_rollout_ref.actor.clip_ratio_c must be > 1")
         if self.ppo_max_token_len_per_gpu < 1:
             raise ValueError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu must be >= 1")
+        if (self.log_prob_max_token_len_per_gpu or 1) < 1:
+            raise ValueError(
+                "actor_rollout_ref.actor.log_prob_max_token_len_per_gpu must be >= 1 (or null)"
+            )
+        if self.log_prob_chunk_size < 0:
+            raise ValueError(
+                "actor_rollout_ref.actor.log_prob_chunk_size must be >= 0 (0: no chunking)"
+            )
 
     @property
     def clip_low(self) -> float:
@@ -141,9 +159,15 @@ class ActorConfig:
     def log_prob_micro_batch_size(self) -> int:
         return self.log_prob_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu
 
+    @property
+    def log_prob_max_token_len(self) -> int:
+        return self.log_prob_max_token_len_per_gpu or self.ppo_max_token_len_per_gpu
+
 
 @dataclass(kw_only=True, slots=True)
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Samples per forward of the reference policy (None: the actor's)."""
+    log_prob_max_token_len_per_gpu: int | None = None
+    """Token budget of one reference forward with use_dynamic_bsz (None: the actor's)."""
     param_offload: bool = False

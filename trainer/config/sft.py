@@ -41,7 +41,8 @@ class SFTDataConfig:
     use_dynamic_bsz: bool = False
     """Pack micro-batches by token count (``max_token_len_per_gpu``) instead of count."""
     max_token_len_per_gpu: int = 16384
-    """Padded tokens per micro-batch with use_dynamic_bsz (>= max_length)."""
+    """Tokens per micro-batch with use_dynamic_bsz (>= max_length): real tokens with
+    model.use_remove_padding, else rows x the longest row."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat template variables (e.g. ``enable_thinking``), as in the rollout config."""
     shuffle: bool = True

@@ -106,11 +106,13 @@ def fixed_micro_batches(n: int, size: int) -> list[torch.Tensor]:
 
 
 def balanced_micro_batches(
-    tokens: torch.Tensor, max_tokens: int, min_count: int = 1
+    tokens: torch.Tensor, max_tokens: int, min_count: int = 1, *, packed: bool = False
 ) -> list[torch.Tensor]:
-    """Split rows into as few micro-batches as fit ``max_tokens`` padded tokens each (rows x
-    the longest row), at least ``min_count`` (ranks must run the same number of forwards),
-    balancing token counts: longest rows first, each into the lightest group.
+    """Split rows into as few micro-batches as fit ``max_tokens`` tokens each, at least
+    ``min_count`` (ranks must run the same number of forwards), balancing token counts:
+    longest rows first, each into the lightest group. A group's tokens are what its forward
+    holds: the sum of its rows' tokens when ``packed`` (no padding), else rows x its
+    longest row.
 
     Returns index tensors, each sorted; groups never empty when ``min_count <= len(tokens)``.
     """
@@ -132,6 +134,7 @@ def balanced_micro_batches(
             groups[g].append(i)
             load[g] += int(tokens[i])
             peak[g] = max(peak[g], int(tokens[i]))
-        if all(len(g) * peak[k] <= max_tokens for k, g in enumerate(groups)) or count >= n:
+        held = load if packed else [len(g) * peak[k] for k, g in enumerate(groups)]
+        if all(h <= max_tokens for h in held) or count >= n:
             return [torch.tensor(sorted(g)) for g in groups if g]
         count += 1

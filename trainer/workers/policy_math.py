@@ -28,6 +28,9 @@ from trainer.algos import (
 )
 from trainer.config.actor import ActorConfig
 from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
+from trainer.workers.log_prob_head import LogProbRequest, install_log_prob_head
+from trainer.workers.packing import model_input, scatter_rows
+from trainer.workers.varlen_attention import PACKED_ATTENTION, enable_packed_attention
 
 __all__ = [
     "LossSpec",
@@ -63,39 +66,66 @@ def forward_log_probs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    remove_padding: bool = True,
+    chunk_size: int = 2048,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [mb, r] (and entropy) of the response tokens of a trimmed micro-batch."""
-    r = mb.response_length
+    """Log-probs [mb, r] (and entropy) of the sampled response tokens of a trimmed
+    micro-batch; 0 where ``response_mask`` is 0.
+
+    ``remove_padding``: the rows packed into one sequence (``trainer.workers.packing``).
+    ``chunk_size`` > 0: log-probs from the LM head ``chunk_size`` positions at a time
+    (``trainer.workers.log_prob_head``); 0: full-vocabulary logits."""
     device = next(model.parameters()).device
-    out = model(
-        input_ids=mb.input_ids.to(device),
-        attention_mask=mb.attention_mask.to(device),
-        position_ids=mb.position_ids.to(device),
-        use_cache=False,
-        logits_to_keep=r + 1,  # positions P-1 .. P+R-1; the first R predict the response
+    if remove_padding:  # sdpa/eager -> per-sample SDPA; flash/flex see restarting positions
+        enable_packed_attention(model)
+    inputs = model_input(mb, packed=remove_padding)
+    targets = inputs.targets
+    positions, tokens = targets.positions.to(device), targets.tokens.to(device)
+    kwargs: dict = {
+        "input_ids": inputs.input_ids.to(device),
+        "position_ids": inputs.position_ids.to(device),
+        "use_cache": False,
+        "logits_to_keep": inputs.logits_to_keep,
+    }
+    if inputs.attention_mask is not None:
+        kwargs["attention_mask"] = inputs.attention_mask.to(device)
+    elif getattr(model.config, "_attn_implementation", None) == PACKED_ATTENTION:
+        kwargs["agentloop_bounds"] = inputs.bounds
+    head = install_log_prob_head(model) if chunk_size > 0 else None
+    if head is not None:
+        head.request = LogProbRequest(positions, tokens, temperature, chunk_size, with_entropy)
+        try:
+            out = model(**kwargs).logits  # [k, 2]
+        finally:
+            head.request = None
+        log_probs, entropy = out[:, 0], (out[:, 1] if with_entropy else None)
+    else:
+        logits = model(**kwargs).logits
+        logits = logits.reshape(-1, logits.shape[-1]).index_select(0, positions)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_probs = logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+        entropy = entropy_from_logits(logits) if with_entropy else None
+    shape = (len(mb), mb.response_length)
+    return (
+        scatter_rows(log_probs, targets, shape),
+        None if entropy is None else scatter_rows(entropy, targets, shape),
     )
-    logits = out.logits[:, :-1].float()  # [mb, r, vocab]
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = mb.responses.to(device)
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
-        logits, dim=-1
-    )
-    entropy = entropy_from_logits(logits) if with_entropy else None
-    return log_probs, entropy
 
 
 def _micro_batches(
-    batch: TrainBatch, size: int, dynamic: bool, max_tokens: int
+    batch: TrainBatch, size: int, dynamic: bool, max_tokens: int, packed: bool = False
 ) -> list[torch.Tensor]:
-    """Index groups; with dynamic batching every rank runs the same number (the max)."""
+    """Index groups; with dynamic batching every rank runs the same number (the max).
+    ``packed``: a group's tokens are its real tokens, else rows x its longest row."""
     if not dynamic:
         return fixed_micro_batches(len(batch), size)
     prompt_len, resp_len = batch.lengths()
     tokens = prompt_len + resp_len
-    count = len(balanced_micro_batches(tokens, max_tokens))
+    count = len(balanced_micro_batches(tokens, max_tokens, packed=packed))
     count = int(_all_reduce([float(count)], op="max")[0])
-    return balanced_micro_batches(tokens, max_tokens, min_count=count)
+    return balanced_micro_batches(tokens, max_tokens, min_count=count, packed=packed)
 
 
 @torch.no_grad()
@@ -108,18 +138,31 @@ def log_probs_in_micro_batches(
     with_entropy: bool = False,
     use_dynamic_bsz: bool = False,
     max_token_len: int = 16384,
+    remove_padding: bool = True,
+    chunk_size: int = 2048,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [batch, R] (0 on padding) and entropy of the whole (rank-local) batch."""
+    """Log-probs [batch, R] (0 where ``response_mask`` is 0) and entropy of the whole
+    (rank-local) batch. ``remove_padding``/``chunk_size``: see ``forward_log_probs``."""
     r = batch.response_length
     log_probs = torch.zeros(len(batch), r, dtype=torch.float32)
     entropy = torch.zeros(len(batch), r, dtype=torch.float32) if with_entropy else None
-    for idx in _micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len):
+    groups = _micro_batches(
+        batch, micro_batch_size, use_dynamic_bsz, max_token_len, packed=remove_padding
+    )
+    for idx in groups:
         mb = batch.select(idx).trimmed()
-        lp, ent = forward_log_probs(model, mb, temperature=temperature, with_entropy=with_entropy)
+        lp, ent = forward_log_probs(
+            model,
+            mb,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            remove_padding=remove_padding,
+            chunk_size=chunk_size,
+        )
         width = lp.shape[1]
-        log_probs[idx, :width] = lp.cpu() * mb.response_mask.to(lp.dtype)
+        log_probs[idx, :width] = lp.cpu()
         if entropy is not None and ent is not None:
-            entropy[idx, :width] = ent.cpu() * mb.response_mask.to(ent.dtype)
+            entropy[idx, :width] = ent.cpu()
     return log_probs, entropy
 
 
@@ -164,6 +207,8 @@ class LossSpec:
     kl_loss_coef: float
     kl_loss_type: str
     temperature: float = 1.0
+    remove_padding: bool = True
+    chunk_size: int = 2048
     correction: str = "none"
     """Off-policy correction (``algorithm.rollout_correction.mode``): none | tis | decoupled."""
     correction_clip: float = 2.0
@@ -175,6 +220,7 @@ class LossSpec:
         temperature: float = 1.0,
         correction: str = "none",
         correction_clip: float = 2.0,
+        remove_padding: bool = True,
     ) -> LossSpec:
         return cls(
             clip_low=cfg.clip_low,
@@ -186,6 +232,8 @@ class LossSpec:
             kl_loss_coef=cfg.kl_loss_coef,
             kl_loss_type=cfg.kl_loss_type,
             temperature=temperature,
+            remove_padding=remove_padding,
+            chunk_size=cfg.log_prob_chunk_size,
             correction=correction,
             correction_clip=correction_clip,
         )
@@ -211,7 +259,12 @@ def _micro_loss(
     """Backward-ready loss of one trimmed micro-batch and its summed statistics."""
     assert mb.old_log_probs is not None and mb.advantages is not None
     log_probs, entropy = forward_log_probs(
-        model, mb, temperature=spec.temperature, with_entropy=spec.entropy_coeff != 0
+        model,
+        mb,
+        temperature=spec.temperature,
+        with_entropy=spec.entropy_coeff != 0,
+        remove_padding=spec.remove_padding,
+        chunk_size=spec.chunk_size,
     )
     device = log_probs.device
     mask = mb.response_mask.to(device)
@@ -262,12 +315,15 @@ def update_policy(
     seed: int = 0,
     correction: str = "none",
     correction_clip: float = 2.0,
+    remove_padding: bool = True,
 ) -> dict[str, float]:
     """PPO epochs over mini-batches of this rank's ``batch`` (``samples_per_mini_batch`` rows
     each, per rank); one optimizer step per mini-batch. Returns mean metrics over steps.
     ``correction``: weight each token's loss by ``correction_weights`` (needs the batch's
-    ``rollout_log_probs``)."""
-    spec = LossSpec.from_config(cfg, temperature, correction, correction_clip)
+    ``rollout_log_probs``). ``remove_padding``: micro-batches packed without padding (and
+    their token budget counts real tokens); ``cfg.log_prob_chunk_size``: see
+    ``forward_log_probs``."""
+    spec = LossSpec.from_config(cfg, temperature, correction, correction_clip, remove_padding)
     world = _world()
     totals: dict[str, float] = {}
     steps = 0
@@ -287,6 +343,7 @@ def update_policy(
                 cfg.ppo_micro_batch_size_per_gpu,
                 cfg.use_dynamic_bsz,
                 cfg.ppo_max_token_len_per_gpu,
+                packed=remove_padding,
             )
             norm = max(denominator, 1.0)
             sums = accumulate_gradients(

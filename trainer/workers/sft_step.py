@@ -39,6 +39,7 @@ def sft_update(
     use_dynamic_bsz: bool,
     max_token_len: int,
     grad_clip: float,
+    remove_padding: bool = True,
 ) -> dict[str, float]:
     """Forward/backward over this rank's ``batch`` in micro-batches, then one clipped
     optimizer step. Metrics are global (reduced over ranks): ``train/loss`` (token-mean NLL
@@ -48,11 +49,13 @@ def sft_update(
     denominator = max(tokens, 1.0)
 
     def micro_loss(mb: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        log_probs, _ = forward_log_probs(model, mb)  # [mb, r]
+        log_probs, _ = forward_log_probs(model, mb, remove_padding=remove_padding)  # [mb, r]
         nll = agg_numerator(-log_probs, mb.response_mask.to(log_probs.device), _MODE)
         return nll * (world / denominator), {"nll": float(nll.detach())}
 
-    groups = _micro_batches(batch, micro_batch_size, use_dynamic_bsz, max_token_len)
+    groups = _micro_batches(
+        batch, micro_batch_size, use_dynamic_bsz, max_token_len, packed=remove_padding
+    )
     nll_sum = accumulate_gradients(model, batch, groups, micro_loss).get("nll", 0.0)
     lr = optimizer.param_groups[0]["lr"]
     grad_norm = _clip_and_step(model, optimizer, scheduler, grad_clip)

@@ -1,0 +1,114 @@
+"""Packed micro-batches (``trainer.workers.packing``, ``varlen_attention``): the packed row
+holds exactly the real tokens, positions restart per sample, each sampled token is predicted
+by the position before it; attention never sees a mask or a query longer than one sample;
+packed log-probs equal padded ones on a tiny random Qwen3; token budgets count real tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.unit.trainer.tiny_model import tiny_qwen3
+from trainer.workers.batch import TrainBatch, balanced_micro_batches
+from trainer.workers.packing import model_input, scatter_rows
+from trainer.workers.policy_math import forward_log_probs
+
+P, R = 6, 9
+PROMPTS = [6, 2, 4]
+RESPONSES = [9, 3, 1]
+
+
+def _batch(vocab: int = 256) -> TrainBatch:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (3, P + R), generator=g)
+    attn = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        attn[i, P - p : P + r] = 1
+    response = attn[:, P:].clone()
+    response[0, 3:6] = 0  # a tool span inside the first response
+    return TrainBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(1) - 1).clamp(min=0),
+        response_mask=response,
+    )
+
+
+def test_packed_row_holds_the_real_tokens_back_to_back():
+    mb = _batch()
+    packed = model_input(mb, packed=True)
+    expected = torch.cat([mb.input_ids[i][mb.attention_mask[i].bool()] for i in range(3)])
+    assert torch.equal(packed.input_ids[0], expected)
+    assert packed.attention_mask is None
+    assert packed.bounds == (0, 15, 20, 25)
+    starts = [0, 15, 20]
+    positions = packed.position_ids[0].tolist()
+    assert [positions[s] for s in starts] == [0, 0, 0]
+    assert positions[:15] == list(range(15))
+
+
+def test_each_sampled_token_is_predicted_by_the_position_before_it():
+    mb = _batch()
+    for packed in (True, False):
+        inputs = model_input(mb, packed=packed)
+        t = inputs.targets
+        if packed:
+            assert inputs.logits_to_keep == 0
+            assert torch.equal(inputs.input_ids.reshape(-1)[t.positions + 1], t.tokens)
+        else:  # the head sees columns P - 1 .. P + R - 1 of each row
+            kept = inputs.logits_to_keep
+            assert kept == R + 1 and torch.equal(t.positions // kept, t.rows)
+            assert torch.equal(mb.input_ids[t.rows, P - 1 + t.positions % kept + 1], t.tokens)
+        assert torch.equal(mb.responses[t.rows, t.cols], t.tokens)
+        assert int(t.tokens.numel()) == int(mb.response_mask.sum())  # tool tokens left out
+
+
+def test_scatter_rows_fills_sampled_positions_only():
+    mb = _batch()
+    t = model_input(mb, packed=True).targets
+    out = scatter_rows(torch.arange(1, len(t.rows) + 1, dtype=torch.float32), t, (3, R))
+    assert torch.equal(out != 0, mb.response_mask.bool())
+
+
+def test_attention_runs_per_sample_without_a_mask(monkeypatch):
+    model = tiny_qwen3().eval()
+    calls: list[tuple[int, bool, object]] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        calls.append((q.shape[2], bool(kw.get("is_causal")), attn_mask))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        forward_log_probs(model, _batch(), remove_padding=True)
+    layers = model.config.num_hidden_layers
+    assert sorted(c[0] for c in calls) == sorted([15, 5, 5] * layers)
+    assert all(causal and mask is None for _, causal, mask in calls)
+
+
+@pytest.mark.parametrize("chunk", [0, 4])
+def test_packed_log_probs_equal_padded(chunk):
+    model = tiny_qwen3().eval()
+    mb = _batch()
+    with torch.no_grad():
+        ref, ref_ent = forward_log_probs(
+            model, mb, with_entropy=True, remove_padding=False, chunk_size=0
+        )
+        got, ent = forward_log_probs(
+            model, mb, with_entropy=True, remove_padding=True, chunk_size=chunk
+        )
+    assert torch.equal(ref != 0, mb.response_mask.bool())
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_budget_counts_real_tokens():
+    tokens = torch.tensor([100, 10, 10, 10])
+    # padded: a group holds rows x its longest row, so 100 never shares a 130-token budget
+    assert len(balanced_micro_batches(tokens, 130)) == 2
+    groups = balanced_micro_batches(tokens, 130, packed=True)
+    assert [g.tolist() for g in groups] == [[0, 1, 2, 3]]
+    groups = balanced_micro_batches(tokens, 115, packed=True)
+    assert all(int(tokens[g].sum()) <= 115 for g in groups) and len(groups) == 2

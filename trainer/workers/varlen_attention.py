@@ -1,0 +1,110 @@
+"""Attention for packed rows: several samples back to back in one sequence, each attending
+only to itself, without a [tokens, tokens] mask or score matrix.
+
+``enable_packed_attention(model)`` switches a transformers model (sdpa or eager) to the
+attention registered here under ``PACKED_ATTENTION``. A forward that passes
+``agentloop_bounds`` (sample k spans tokens ``bounds[k]:bounds[k + 1]``) runs causal SDPA per
+sample: memory grows with the longest sample, never with the packed row, and the SDPA
+kernels (flash on GPU, the flash CPU kernel on CPU) stay eligible because no mask is passed.
+Any other forward (a padded batch with a 2-D attention mask) goes to transformers' own SDPA
+attention unchanged, so one model serves both layouts. The switch is permanent rather than
+per call, so activation-checkpoint recomputation in backward sees the same attention.
+
+flash-attn models (``attn_implementation=flash_attention_2``) are left alone: transformers
+runs them varlen from the restarting position ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["PACKED_ATTENTION", "enable_packed_attention", "packed_attention"]
+
+logger = logging.getLogger(__name__)
+
+PACKED_ATTENTION = "agentloop_packed"
+
+_SWITCHABLE = ("sdpa", "eager", PACKED_ATTENTION)
+
+
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    agentloop_bounds: tuple[int, ...] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention interface: query [1, heads, tokens, dim], key/value
+    [1, kv_heads, tokens, dim] -> ([1, tokens, heads, dim], None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if agentloop_bounds is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    if query.shape[0] != 1 or attention_mask is not None:
+        raise ValueError("packed attention takes one packed row and no attention mask")
+    lengths = [e - s for s, e in zip(agentloop_bounds[:-1], agentloop_bounds[1:], strict=True)]
+    p = dropout if module.training else 0.0
+    gqa = query.shape[1] != key.shape[1]
+    # split (not slicing): its backward writes each piece's gradient into one buffer
+    # instead of a zero-filled full-row tensor per sample.
+    pieces = [
+        F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scaling, dropout_p=p, enable_gqa=gqa
+        )
+        for q, k, v in zip(
+            query.split(lengths, dim=2),
+            key.split(lengths, dim=2),
+            value.split(lengths, dim=2),
+            strict=True,
+        )
+        if q.shape[2]
+    ]
+    out = torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _packed_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any):
+    """No mask for a packed row (``packed_attention`` confines it); SDPA's mask otherwise."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    AttentionMaskInterface.register(PACKED_ATTENTION, _packed_mask)
+
+
+def enable_packed_attention(model: torch.nn.Module) -> bool:
+    """Switch ``model`` to ``PACKED_ATTENTION`` (idempotent). False when its attention is
+    another kernel (flash-attn handles packed rows itself)."""
+    config = model.config
+    current = getattr(config, "_attn_implementation", None)
+    if current == PACKED_ATTENTION:
+        return True
+    if current not in _SWITCHABLE:
+        return False
+    _register()
+    if current == "eager":
+        logger.info("packed sequences use SDPA attention in place of eager")
+    for sub in model.modules():  # the model's and any sub-model's config
+        cfg = getattr(sub, "config", None)
+        if cfg is not None and getattr(cfg, "_attn_implementation", None) in _SWITCHABLE:
+            cfg._attn_implementation = PACKED_ATTENTION
+    return True
