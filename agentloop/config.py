@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servers.config import SCHEDULING_POLICIES
+from servers.config import SCHEDULING_POLICIES, WEIGHT_TRANSFERS
 
 __all__ = [
     "AgentConfig",
@@ -162,6 +162,10 @@ class RolloutConfig:
     max_num_seqs: int | None = None
     """Sequences an engine decodes at once; None: the engine's default (a cap makes turns
     wait in priority order, but cost rollout time on CPU: docs/agent-loops.md)."""
+    weight_transfer: str = "host"
+    """How the trainer's weights reach the engines after each update: ``host`` (shards
+    written into shared memory on one node, Ray objects across nodes; CPU and GPU), or vLLM's
+    GPU weight-transfer API: ``nccl`` (servers on their own GPUs) or ``ipc`` (colocated)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
@@ -192,6 +196,16 @@ class RolloutConfig:
             )
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"rollout.max_num_seqs must be >= 1 or null, got {self.max_num_seqs}")
+        if self.weight_transfer not in WEIGHT_TRANSFERS:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.weight_transfer={self.weight_transfer!r}: use host, "
+                "nccl or ipc"
+            )
+        if self.weight_transfer != "host" and self.name != "vllm":
+            raise ValueError(
+                f"actor_rollout_ref.rollout.weight_transfer={self.weight_transfer} is vLLM's "
+                f"weight-transfer API: set it to host with rollout.name={self.name}"
+            )
 
     @property
     def context_length(self) -> int:

@@ -6,6 +6,7 @@ Contract (DESIGN.md): ``generate(prompt_ids, sampling_params, request_id) -> Tok
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -18,7 +19,7 @@ from servers.engines import make_engine
 from servers.http import HttpFront, build_app
 from servers.shm import engine_shm
 from servers.types import TokenOutput
-from servers.weights import bucketize
+from servers.weights import WeightSyncInfo, bucketize
 
 __all__ = ["AsyncServer"]
 
@@ -73,6 +74,44 @@ class AsyncServer:
         for bucket in bucketize(named, bucket_bytes):
             await self.update_weights_bucket(bucket)
         return await self.finish_weight_update()
+
+    def weight_sync_info(self) -> WeightSyncInfo:
+        """The serving dtype, how weights can reach the engine, and this server's node."""
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return dataclasses.replace(self.core.engine.weight_sync_info(), node_id=node_id)
+
+    async def load_staged_weights(self, buckets: list[dict]) -> int:
+        """Load shared-memory buckets a sender on this node wrote itself
+        (``StagedBucket.to_wire``); returns tensors loaded."""
+        return await self._engine_with("load_staged").load_staged(buckets)
+
+    # vLLM's weight-transfer API (``weight_transfer=nccl|ipc``): a trainer drives these through
+    # vLLM's trainer-side engine, which sends the tensors itself (NCCL broadcast / CUDA IPC).
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        await self._engine_with("init_weight_transfer").init_weight_transfer(init_info)
+
+    async def shutdown_weight_transfer(self) -> None:
+        await self._engine_with("shutdown_weight_transfer").shutdown_weight_transfer()
+
+    async def start_weight_transfer(self) -> None:
+        await self._engine_with("start_weight_transfer").start_weight_transfer()
+
+    async def transfer_weights(self, update_info: dict[str, Any]) -> None:
+        await self._engine_with("transfer_weights").transfer_weights(update_info)
+
+    async def finish_weight_transfer(self) -> None:
+        await self._engine_with("finish_weight_transfer").finish_weight_transfer()
+
+    def _engine_with(self, method: str) -> Any:
+        engine = self.core.engine
+        if not hasattr(engine, method):
+            raise NotImplementedError(
+                f"{self.config.backend} servers have no {method}: send weights with "
+                "begin_weight_update / update_weights_bucket / finish_weight_update"
+            )
+        return engine
 
     async def sleep(self) -> None:
         await self.core.engine.sleep()

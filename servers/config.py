@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["SCHEDULING_POLICIES", "ServerConfig", "parse_cores"]
+__all__ = ["SCHEDULING_POLICIES", "WEIGHT_TRANSFERS", "ServerConfig", "parse_cores"]
 
 SCHEDULING_POLICIES = ("priority", "fcfs")
 """Engine scheduling policies: lowest ``priority`` value first, or arrival order."""
+
+WEIGHT_TRANSFERS = ("host", "nccl", "ipc")
+"""How new weights reach an engine: through host memory, or vLLM's GPU weight-transfer API."""
 
 
 def parse_cores(spec: str, key: str = "cpu_cores") -> list[int]:
@@ -75,6 +78,12 @@ class ServerConfig:
     distribution (after temperature), what the trainer recomputes; ``raw_logprobs`` are before."""
     seed: int = 0
     """Engine seed."""
+    weight_transfer: Literal["host", "nccl", "ipc"] = "host"
+    """How a trainer's weights reach the engine. ``host``: through host memory (a
+    shared-memory file the trainer writes when it shares the node, Ray objects otherwise);
+    works on CPU and GPU, with either backend. vLLM on GPU only: ``nccl`` (vLLM's
+    weight-transfer API; trainer rank 0 broadcasts from its GPU, nothing touches host memory)
+    or ``ipc`` (CUDA IPC: for trainer ranks on the engine's own GPUs, i.e. colocated)."""
     served_model_name: str | None = None
     """Model name on the OpenAI endpoint; defaults to the folder name."""
     tool_parser: str = "hermes"
@@ -129,6 +138,15 @@ class ServerConfig:
             )
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1 (or None), got {self.max_num_seqs}")
+        if self.weight_transfer not in WEIGHT_TRANSFERS:
+            raise ValueError(
+                f"weight_transfer must be 'host', 'nccl' or 'ipc', got {self.weight_transfer!r}"
+            )
+        if self.weight_transfer != "host" and self.backend != "vllm":
+            raise ValueError(
+                f"weight_transfer={self.weight_transfer!r} is vLLM's weight-transfer API: use "
+                f"backend='vllm', or weight_transfer='host' with {self.backend}"
+            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.api_key is None:

@@ -17,6 +17,7 @@ import torch
 
 from servers.config import ServerConfig
 from servers.types import EngineDeadError, TokenOutput
+from servers.weights import WeightSyncInfo
 
 __all__ = ["SGLangEngine", "to_sglang_sampling", "from_sglang_output"]
 
@@ -122,6 +123,17 @@ class SGLangEngine:
         if not ok:
             raise EngineDeadError(f"sglang rejected a weight bucket: {result}")
         return sum(t.numel() * t.element_size() for _, t in named)
+
+    def weight_sync_info(self) -> WeightSyncInfo:
+        """Named-tensor buckets only (no staged files); the serving dtype where SGLang's model
+        config shows it."""
+        dtype = getattr(getattr(self.engine.tokenizer_manager, "model_config", None), "dtype", None)
+        return WeightSyncInfo(
+            backend="sglang",
+            dtype=None if dtype is None else str(dtype).removeprefix("torch."),
+            loads_staged=False,
+            workers=self.config.tensor_parallel_size,
+        )
 
     async def finish_weight_update(self) -> int:
         tm = self.engine.tokenizer_manager

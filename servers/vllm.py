@@ -7,8 +7,10 @@ actor (``servers/actor.py``) holds; it can also be used directly in a process.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
+import pickle
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,7 +20,7 @@ import torch
 
 from servers.config import ServerConfig, parse_cores
 from servers.types import EngineDeadError, GenerateInputError, TokenOutput
-from servers.weights import StagedBucket, new_staging_file, stage_bucket
+from servers.weights import StagedBucket, WeightSyncInfo, new_staging_file, stage_bucket
 
 __all__ = ["VLLMEngine", "to_vllm_sampling"]
 
@@ -62,6 +64,11 @@ class VLLMEngine:
 
         cfg = self.config
         cpu = _on_cpu()
+        if cpu and cfg.weight_transfer != "host":
+            raise ValueError(
+                f"weight_transfer={cfg.weight_transfer!r} needs CUDA GPUs (vLLM's "
+                "weight-transfer API); use weight_transfer='host' on CPU"
+            )
         if cpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
             if cfg.cpu_cores is not None:  # the engine process inherits both
@@ -70,6 +77,15 @@ class VLLMEngine:
                 os.sched_setaffinity(0, cores)
         dtype = "float32" if (cfg.dtype == "auto" and cpu) else cfg.dtype
         eager = cpu if cfg.enforce_eager is None else cfg.enforce_eager
+        transfer = None
+        if cfg.weight_transfer != "host":
+            from vllm.config.weight_transfer import WeightTransferConfig
+
+            transfer = WeightTransferConfig(backend=cfg.weight_transfer)
+            if cfg.weight_transfer == "ipc":
+                # CUDA IPC handles reach the workers pickled (vLLM's own HTTP route does the
+                # same); the engine's RPC channel is local to this server.
+                os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         args = AsyncEngineArgs(
             model=cfg.model,
             served_model_name=cfg.model_name,
@@ -85,6 +101,7 @@ class VLLMEngine:
             max_num_seqs=cfg.max_num_seqs,
             seed=cfg.seed,
             worker_extension_cls="servers.vllm_worker.WeightLoaderExtension",
+            weight_transfer_config=transfer,
             disable_log_stats=True,
         )
         t0 = time.perf_counter()
@@ -179,17 +196,58 @@ class VLLMEngine:
 
     async def finish_weight_update(self) -> int:
         """Load every staged bucket into the running engine, then reset the prefix cache."""
-        engine = self._require()
         if not self._staged:
             return 0
         try:
-            counts = await engine.collective_rpc(
-                "agentloop_load_staged", kwargs={"buckets": [b.to_wire() for b in self._staged]}
-            )
-            await engine.reset_prefix_cache()
+            return await self.load_staged([b.to_wire() for b in self._staged])
         finally:
             self._staged = []
+
+    async def load_staged(self, buckets: list[dict]) -> int:
+        """Load buckets a sender on this node staged itself (``StagedBucket.to_wire``); returns
+        the tensors loaded. The files are only read (and must not change until this returns)."""
+        engine = self._require()
+        counts = await engine.collective_rpc("agentloop_load_staged", kwargs={"buckets": buckets})
+        await engine.reset_prefix_cache()
         return int(counts[0])
+
+    def weight_sync_info(self) -> WeightSyncInfo:
+        engine = self._require()
+        return WeightSyncInfo(
+            backend="vllm",
+            dtype=str(engine.model_config.dtype).removeprefix("torch."),
+            loads_staged=True,
+            transfer=self.config.weight_transfer,
+            workers=self.config.tensor_parallel_size,
+        )
+
+    # ---- vLLM's weight-transfer API (weight_transfer=nccl|ipc; GPU) ------------------------
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self._require().init_weight_transfer_engine(WeightTransferInitRequest(init_info))
+
+    async def shutdown_weight_transfer(self) -> None:
+        await self._require().shutdown_weight_transfer_engine()
+
+    async def start_weight_transfer(self) -> None:
+        await self._require().start_weight_update()
+
+    async def transfer_weights(self, update_info: dict[str, Any]) -> None:
+        """One chunk of vLLM's weight transfer (names, dtypes, shapes; IPC handles for
+        ``ipc``, which travel to the workers pickled, as vLLM's own HTTP route sends them)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if update_info.get("ipc_handles") is not None:
+            handles = update_info["ipc_handles"]
+            update_info = {k: v for k, v in update_info.items() if k != "ipc_handles"}
+            update_info["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode()
+        await self._require().update_weights(WeightTransferUpdateRequest(update_info))
+
+    async def finish_weight_transfer(self) -> None:
+        engine = self._require()
+        await engine.finish_weight_update()
+        await engine.reset_prefix_cache()
 
     def _discard_staging_files(self) -> None:
         for path in self._staging_files:

@@ -1,14 +1,20 @@
-"""Weight buckets staged in shared memory between a server and its engine workers.
+"""Weight buckets staged in shared memory for a server's engine workers.
 
-The sender (trainer -> server actor) streams named tensors in buckets of about
-``bucket_bytes``. Each bucket is written as one flat file under ``/dev/shm`` (raw bytes, tensor
-after tensor) plus a small metadata list; the engine worker memory-maps the files and hands
-zero-copy tensor views to vLLM's in-place ``reload_weights``. One memcpy on each side, no
-pickling of tensor data, and the same path on CPU and GPU (the worker copies to its device).
+A staged bucket is one flat file under ``/dev/shm`` (raw bytes, tensor after tensor) plus a
+small metadata list; the engine worker memory-maps the files and hands zero-copy tensor views
+to vLLM's in-place ``reload_weights`` (the same path on CPU and GPU: the worker copies to its
+device). Two writers:
+
+- a sender on the server's node writes the file itself (``plan_bucket`` gives the layout,
+  ``reserve_staging_file`` the memory) and the server only loads it: trainer ranks write
+  their shards in place, so nothing is gathered, pickled or copied twice;
+- a remote sender streams named tensors in buckets of about ``bucket_bytes`` (Ray objects),
+  which the server writes into its own staging files (``stage_bucket``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -21,14 +27,21 @@ import torch
 __all__ = [
     "TensorMeta",
     "StagedBucket",
+    "WeightSyncInfo",
+    "bucket_size",
     "bucketize",
     "new_staging_file",
+    "plan_bucket",
+    "reserve_staging_file",
     "stage_bucket",
     "read_bucket",
     "iter_buckets",
     "shm_dir",
     "sweep_orphans",
 ]
+
+ALIGN = 64
+"""Byte alignment of each tensor in a planned bucket (any dtype can view it; cache lines)."""
 
 _DTYPES = {
     str(d).removeprefix("torch."): d
@@ -82,6 +95,26 @@ class StagedBucket:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class WeightSyncInfo:
+    """What a server tells a weight sender (``AsyncServer.weight_sync_info``)."""
+
+    backend: str
+    """``vllm`` or ``sglang``."""
+    dtype: str | None
+    """The dtype the engine serves in (``bfloat16``, ``float32``, ...); senders cast to it on
+    their own device before any copy. None: unknown (send float32; the engine casts)."""
+    loads_staged: bool
+    """The engine loads staging files a sender on its node wrote (``load_staged_weights``)."""
+    transfer: str = "host"
+    """``host`` (staging files or Ray buckets), or vLLM's weight-transfer API (``nccl`` /
+    ``ipc``; ``init_weight_transfer`` ... ``finish_weight_transfer``)."""
+    workers: int = 1
+    """Engine worker processes (tensor-parallel ranks): an NCCL group gives each a rank."""
+    node_id: str | None = None
+    """The server's Ray node (None outside Ray)."""
+
+
 def shm_dir() -> Path:
     """``/dev/shm`` where it exists (RAM-backed), else the temp dir."""
     shm = Path("/dev/shm")
@@ -123,6 +156,54 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def plan_bucket(
+    path: str, entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]
+) -> StagedBucket:
+    """The layout of a bucket a sender writes itself into ``path``: each ``(name, dtype,
+    shape)`` at an offset aligned to ``ALIGN`` bytes, in order; the file needs
+    ``bucket_size(plan)`` bytes (``reserve_staging_file``)."""
+    metas: list[TensorMeta] = []
+    offset = 0
+    for name, dtype, shape in entries:
+        key = str(dtype).removeprefix("torch.")
+        if key not in _DTYPES:
+            raise ValueError(f"weight {name!r} has unsupported dtype {dtype}")
+        nbytes = _DTYPES[key].itemsize
+        for dim in shape:
+            nbytes *= int(dim)
+        offset = -(-offset // ALIGN) * ALIGN
+        metas.append(TensorMeta(name, key, tuple(int(d) for d in shape), offset, nbytes))
+        offset += nbytes
+    return StagedBucket(path, tuple(metas))
+
+
+def bucket_size(bucket: StagedBucket) -> int:
+    """Bytes the file of a planned bucket spans (the end of its last tensor)."""
+    return max((t.offset + t.nbytes for t in bucket.tensors), default=0)
+
+
+def reserve_staging_file(path: str, nbytes: int) -> None:
+    """Give the staging file ``path`` ``nbytes`` of memory now, so that a ``/dev/shm`` too
+    small fails here with a message instead of killing the writer (SIGBUS) mid-copy."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size > nbytes:
+            os.ftruncate(fd, nbytes)
+        os.posix_fallocate(fd, 0, max(nbytes, 1))
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        free = os.statvfs(os.path.dirname(path))
+        raise OSError(
+            errno.ENOSPC,
+            f"{os.path.dirname(path)} has {free.f_bavail * free.f_frsize / 2**30:.1f} GiB free, "
+            f"the weights need {nbytes / 2**30:.1f} GiB: give it more (docker run "
+            "--shm-size=...) or free it",
+        ) from None
+    finally:
+        os.close(fd)
 
 
 def stage_bucket(named: Iterable[tuple[str, torch.Tensor]], path: str) -> StagedBucket:

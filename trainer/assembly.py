@@ -31,7 +31,7 @@ from servers.config import parse_cores
 from trainer.checkpoint import CheckpointManager, checkpoint_bytes
 from trainer.config.run import TrainerConfig
 from trainer.config.schema import Config
-from trainer.config.validate import check_train_config, resolve_device
+from trainer.config.validate import check_train_config, check_weight_transfer, resolve_device
 from trainer.dataloader import PromptSampler
 from trainer.launch import RolloutSetup, load_split, prepare_rollout, start_rollout, stop_rollout
 from trainer.rewards.build import build_rewards, check_rewards
@@ -115,6 +115,7 @@ def plan_run(config: Config) -> RunPlan:
             "async_training.enable=True needs rollout servers on their own GPUs (they generate "
             "while the trainer updates): set actor_rollout_ref.hybrid_engine=False"
         )
+    check_weight_transfer(config, device)
     setup = prepare_rollout(config)
     train_rows = load_split(config, setup, "train")
     val_rows = load_split(config, setup, "val") if config.data.val_files else []

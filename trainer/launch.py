@@ -132,6 +132,7 @@ def start_rollout(
         cpu_cores=rollout.cpu_cores,
         scheduling_policy=rollout.scheduling_policy,
         max_num_seqs=rollout.max_num_seqs,
+        weight_transfer=rollout.weight_transfer,
     )
     init_ray()  # no-op where agentloop-train started it at trainer.worker_log_level
     num_gpus = None if gpu_share is None else gpu_share * rollout.tensor_model_parallel_size

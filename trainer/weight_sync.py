@@ -1,10 +1,11 @@
 """``WeightSync``: after each update, the actor's weights go to every rollout server.
 
-The trainer ranks all-gather one tensor at a time; rank 0 groups them into buckets of
-``bucket_bytes`` and hands each bucket (one Ray object, shared by all servers) to every
-``AsyncServer``, which stages it in shared memory and loads it into its engine in place
-(``begin_weight_update`` / ``update_weights_bucket`` / ``finish_weight_update``). Peak extra
-memory is one bucket, never a full copy of the model.
+This is the driver's side: it calls ``push_weights`` on every trainer rank, and the ranks
+(``trainer/weight_send.py``) send the weights in the dtype the servers serve in, by the route
+the placement allows: on one node each rank writes its shard into one shared-memory file that
+every ``AsyncServer`` loads in place; across nodes rank 0 sends all-gathered buckets of
+``bucket_bytes`` (Ray objects) that each server stages and loads; with servers started for
+vLLM's NCCL or CUDA IPC weight transfer, vLLM's trainer-side engine sends them GPU to GPU.
 
 On GPU with colocated servers (``hybrid_engine``) the servers sleep during the update and are
 woken before the push; on CPU sleep/wake are no-ops.

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from trainer.config.schema import Config
 
-__all__ = ["async_groups_per_step", "check_async_config", "check_train_config", "resolve_device"]
+__all__ = [
+    "async_groups_per_step",
+    "check_async_config",
+    "check_train_config",
+    "check_weight_transfer",
+    "resolve_device",
+]
 
 
 def resolve_device(device: str) -> str:
@@ -72,6 +78,28 @@ def check_cpu_cores(config: Config) -> None:
         parse_cores(ref.rollout.cpu_cores, "actor_rollout_ref.rollout.cpu_cores")
     if ref.actor.cpu_cores is not None:
         parse_cores(ref.actor.cpu_cores, "actor_rollout_ref.actor.cpu_cores")
+
+
+def check_weight_transfer(config: Config, device: str) -> None:
+    """vLLM's GPU weight transfer fits the placement: NCCL cannot put trainer rank 0 and an
+    engine on one GPU, and CUDA IPC reaches only engines on the trainer ranks' own GPUs."""
+    ref = config.actor_rollout_ref
+    transfer = ref.rollout.weight_transfer
+    key = "actor_rollout_ref.rollout.weight_transfer"
+    if transfer == "host":
+        return
+    if device != "cuda":
+        raise ValueError(f"{key}={transfer} needs CUDA GPUs: set {key}=host on CPU")
+    if transfer == "nccl" and ref.hybrid_engine:
+        raise ValueError(
+            f"{key}=nccl needs rollout servers on their own GPUs: set "
+            f"actor_rollout_ref.hybrid_engine=False, or {key}=ipc for colocated servers"
+        )
+    if transfer == "ipc" and not ref.hybrid_engine:
+        raise ValueError(
+            f"{key}=ipc reaches only engines on the trainer's own GPUs: set "
+            f"actor_rollout_ref.hybrid_engine=True, or {key}=nccl for servers on other GPUs"
+        )
 
 
 def async_groups_per_step(config: Config) -> int:

@@ -1,20 +1,32 @@
 """Building the trainer's model and sharding it with FSDP2, in a fixed order:
 load (fp32 master weights) -> activation checkpointing -> ``fully_shard`` each decoder layer
--> ``fully_shard`` the root. Model files hold no distributed code; this file holds all of it.
+-> ``fully_shard`` the root. Model files hold no distributed code; this file holds all of it,
+including the two ways weights leave the shards: ``full_tensors`` (all-gathered, one entry at a
+time) and ``shard_pieces`` (each rank's own part, for writing into memory all ranks can reach).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from trainer.config.actor import FSDPConfig, ModelConfig
 
-__all__ = ["apply_fsdp", "decoder_layers", "full_tensors", "init_distributed", "load_model"]
+__all__ = [
+    "ShardPiece",
+    "apply_fsdp",
+    "decoder_layers",
+    "full_tensors",
+    "init_distributed",
+    "load_model",
+    "shard_pieces",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -75,19 +87,89 @@ def apply_fsdp(model: torch.nn.Module, config: FSDPConfig, device: str) -> torch
     return model
 
 
+def _state_items(model: torch.nn.Module, skip_tied_head: bool) -> list[tuple[str, torch.Tensor]]:
+    """State-dict entries; without ``lm_head.weight`` when it is the embedding (tied) and
+    ``skip_tied_head`` is set, so the largest matrix is not moved twice."""
+    tied = skip_tied_head and bool(getattr(model.config, "tie_word_embeddings", False))
+    return [(k, v) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")]
+
+
 def full_tensors(
-    model: torch.nn.Module, *, skip_tied_head: bool = False
+    model: torch.nn.Module,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | None = "cpu",
+    skip_tied_head: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full CPU tensor) for every entry of the state dict, one at a time.
+    """(name, full tensor) for every entry of the state dict, one at a time.
+
+    Floating-point entries are cast to ``dtype`` on the trainer's device *before* the
+    all-gather, so a bf16 target moves half the bytes through the collective and through any
+    copy after it (the default, float32, is the master weights unchanged: checkpoints).
+    ``device``: where the full tensor ends up (``"cpu"``: a host copy; None: it stays on the
+    trainer's device, for a device-to-device transfer).
 
     Collective: every rank must iterate in step (each DTensor is all-gathered); only the
-    values on rank 0 are meant to be used. ``skip_tied_head`` leaves out ``lm_head.weight``
-    when it is the embedding (tied), so the largest matrix is not gathered twice.
+    values on rank 0 are meant to be used.
     """
-    tied = skip_tied_head and bool(getattr(model.config, "tie_word_embeddings", False))
-    for name, value in model.state_dict().items():
-        if tied and name == "lm_head.weight":
-            continue
+    for name, value in _state_items(model, skip_tied_head):
+        if value.is_floating_point():
+            value = value.to(dtype)  # a DTensor casts its local shard
         if hasattr(value, "full_tensor"):
             value = value.full_tensor()
-        yield name, value.detach().to("cpu", torch.float32)
+        value = value.detach()
+        yield name, value if device is None else value.to(device)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPiece:
+    """This rank's contiguous part of one state-dict entry."""
+
+    name: str
+    shape: tuple[int, ...]
+    """Shape of the whole entry."""
+    dtype: torch.dtype
+    """The entry's dtype in the trainer (float32 master weights)."""
+    start: int
+    """Where ``local`` starts in the whole entry, flattened row-major (elements)."""
+    local: torch.Tensor | None
+    """This rank's part, on the trainer's device in the training dtype; None where another
+    rank holds (and writes) the entry."""
+
+
+def shard_pieces(model: torch.nn.Module, *, skip_tied_head: bool = False) -> list[ShardPiece]:
+    """Every state-dict entry as this rank's piece of it, without communication.
+
+    FSDP2 shards dim 0 in ``torch.chunk`` order over a 1-D mesh, so each rank's shard is one
+    contiguous run of the row-major whole: ranks that can all write one buffer (shared memory
+    on one node) assemble the full weights without an all-gather. Entries that are not sharded
+    (replicated DTensors, plain tensors) are rank 0's to write. A ``ValueError`` for any other
+    layout (2-D meshes, other shard dims): use ``full_tensors`` there.
+    """
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    pieces = []
+    for name, value in _state_items(model, skip_tied_head):
+        shape = tuple(value.shape)
+        if not isinstance(value, DTensor) or all(
+            isinstance(p, Replicate) for p in value.placements
+        ):
+            local = value.to_local() if isinstance(value, DTensor) else value
+            mine = local.detach() if rank == 0 else None
+            pieces.append(ShardPiece(name, shape, value.dtype, 0, mine))
+            continue
+        if value.device_mesh.ndim != 1 or value.placements != (Shard(0),):
+            raise ValueError(
+                f"{name}: placements {value.placements} on a {value.device_mesh.ndim}-D mesh; "
+                "only dim-0 sharding on a 1-D mesh can be written piecewise"
+            )
+        parts, coord = value.device_mesh.size(0), value.device_mesh.get_local_rank()
+        chunk = -(-shape[0] // parts)  # torch.chunk: ceil-sized chunks, the last ones short
+        first = min(coord * chunk, shape[0])
+        local = value.to_local().detach()
+        rows = min(chunk, shape[0] - first)
+        assert local.shape[0] == rows, (name, tuple(local.shape), rows)
+        start = first * math.prod(shape[1:])
+        pieces.append(ShardPiece(name, shape, value.dtype, start, local if rows else None))
+    return pieces

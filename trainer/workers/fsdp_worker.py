@@ -11,7 +11,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +20,9 @@ from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
 from trainer.workers.batch import TrainBatch
 from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
 from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
+
+if TYPE_CHECKING:
+    from trainer.weight_send import WeightSender
 
 __all__ = ["FSDPWorker", "WorkerSpec"]
 
@@ -58,6 +61,7 @@ class FSDPWorker:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.updates = 0
+        self._sender: WeightSender | None = None  # keeps its shared file between pushes
 
     # ---- set-up ---------------------------------------------------------------------------
     def init_model(self) -> dict[str, Any]:
@@ -96,7 +100,14 @@ class FSDPWorker:
         return {"rank": self.rank, "local_params": params, "device": spec.device}
 
     # ---- compute --------------------------------------------------------------------------
-    def _log_probs(self, model: torch.nn.Module, batch: TrainBatch, micro: int, entropy: bool):
+    def _log_probs(
+        self,
+        model: torch.nn.Module,
+        batch: TrainBatch,
+        micro: int,
+        entropy: bool,
+        max_tokens: int,
+    ):
         actor = self.spec.actor
         model.eval()
         try:
@@ -107,7 +118,9 @@ class FSDPWorker:
                 temperature=self.spec.temperature,
                 with_entropy=entropy,
                 use_dynamic_bsz=actor.use_dynamic_bsz,
-                max_token_len=actor.ppo_max_token_len_per_gpu,
+                max_token_len=max_tokens,
+                remove_padding=self.spec.model.use_remove_padding,
+                chunk_size=actor.log_prob_chunk_size,
             )
         finally:
             model.train()
@@ -115,17 +128,22 @@ class FSDPWorker:
     def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Actor log-probs and entropy [batch, R] of this rank's share."""
         assert self.model is not None
+        actor = self.spec.actor
         return self._log_probs(
-            self.model, batch, self.spec.actor.log_prob_micro_batch_size, entropy=True
+            self.model,
+            batch,
+            actor.log_prob_micro_batch_size,
+            entropy=True,
+            max_tokens=actor.log_prob_max_token_len,
         )
 
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         if self.ref_model is None:
             raise RuntimeError("no reference policy: it is only built when a KL term is used")
-        micro = self.spec.ref.log_prob_micro_batch_size_per_gpu or (
-            self.spec.actor.log_prob_micro_batch_size
-        )
-        return self._log_probs(self.ref_model, batch, micro, entropy=False)[0]
+        ref, actor = self.spec.ref, self.spec.actor
+        micro = ref.log_prob_micro_batch_size_per_gpu or actor.log_prob_micro_batch_size
+        tokens = ref.log_prob_max_token_len_per_gpu or actor.log_prob_max_token_len
+        return self._log_probs(self.ref_model, batch, micro, entropy=False, max_tokens=tokens)[0]
 
     def update_actor(self, batch: TrainBatch, samples_per_mini_batch: int, seed: int) -> dict:
         assert self.model is not None and self.optimizer is not None
@@ -141,6 +159,7 @@ class FSDPWorker:
             seed=seed,
             correction=self.spec.correction,
             correction_clip=self.spec.correction_clip,
+            remove_padding=self.spec.model.use_remove_padding,
         )
         self.updates += int(metrics["actor/optimizer_steps"])
         return metrics
@@ -167,43 +186,25 @@ class FSDPWorker:
             use_dynamic_bsz=use_dynamic_bsz,
             max_token_len=max_token_len,
             grad_clip=grad_clip,
+            remove_padding=self.spec.model.use_remove_padding,
         )
         self.updates += 1
         return metrics
 
     # ---- weights out ----------------------------------------------------------------------
-    def push_weights(self, servers: list[Any], bucket_bytes: int) -> dict[str, float]:
-        """Stream the full weights to every server in buckets (rank 0 sends; all ranks
-        gather). Returns tensors and bytes sent."""
-        import ray
+    def push_weights(
+        self, servers: list[Any], bucket_bytes: int, route: str | None = None
+    ) -> dict[str, float]:
+        """Send the current weights to every server in the dtype they serve in (collective:
+        every rank takes part, rank 0 talks to the servers). The route (shards written into
+        shared memory, Ray buckets, or vLLM's NCCL/IPC transfer) is ``trainer.weight_send``'s
+        choice unless ``route`` names one. Returns tensors and bytes sent."""
+        from trainer.weight_send import WeightSender  # Ray, servers, vLLM: only where used
 
         assert self.model is not None
-        if self.rank == 0:
-            ray.get([s.begin_weight_update.remote() for s in servers])
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = sent = 0
-        tensors = 0
-
-        def flush() -> None:
-            nonlocal bucket, size, sent
-            if self.rank == 0 and bucket:
-                ref = ray.put(bucket)
-                ray.get([s.update_weights_bucket.remote(ref) for s in servers])
-                sent += size
-            bucket, size = [], 0
-
-        # Tied embeddings: the server copies the embedding into its head.
-        for name, tensor in full_tensors(self.model, skip_tied_head=True):
-            tensors += 1
-            if self.rank == 0:
-                bucket.append((name, tensor))
-                size += tensor.numel() * tensor.element_size()
-                if size >= bucket_bytes:
-                    flush()
-        flush()
-        if self.rank == 0:
-            ray.get([s.finish_weight_update.remote() for s in servers])
-        return {"tensors": float(tensors), "bytes": float(sent)}
+        if self._sender is None:
+            self._sender = WeightSender(self.model)
+        return self._sender.push(servers, bucket_bytes, route)
 
     def full_state_dict(self, skip_tied_head: bool = False) -> dict[str, torch.Tensor] | None:
         """The whole model on rank 0 (None elsewhere); collective."""
@@ -299,5 +300,8 @@ class FSDPWorker:
         (out / "agentloop_export.json").write_text(json.dumps({"source": str(source)}))
 
     def shutdown(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
         if dist.is_initialized():
             dist.destroy_process_group()

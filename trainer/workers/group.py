@@ -139,8 +139,11 @@ class WorkerGroup:
         args = (micro_batch_size, use_dynamic_bsz, max_token_len, grad_clip)
         return self._scatter("update_sft", batch, *args)[0]
 
-    def push_weights(self, servers: list[Any], bucket_bytes: int) -> dict[str, float]:
-        return self._each("push_weights", servers, bucket_bytes)[0]
+    def push_weights(
+        self, servers: list[Any], bucket_bytes: int, route: str | None = None
+    ) -> dict[str, float]:
+        """The current weights to ``servers`` (``FSDPWorker.push_weights``)."""
+        return self._each("push_weights", servers, bucket_bytes, route)[0]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self._each("full_state_dict")[0]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import torch
 
 from servers import ServerConfig
 
@@ -22,9 +25,32 @@ from servers import ServerConfig
         ),
         ({"port": 70000}, "port must be in [0, 65535], got 70000"),
         ({"port": -1}, "port must be in [0, 65535], got -1"),
+        (
+            {"weight_transfer": "rdma"},
+            "weight_transfer must be 'host', 'nccl' or 'ipc', got 'rdma'",
+        ),
+        (
+            {"backend": "sglang", "weight_transfer": "nccl"},
+            "weight_transfer='nccl' is vLLM's weight-transfer API: use backend='vllm', or "
+            "weight_transfer='host' with sglang",
+        ),
     ],
 )
 def test_bad_server_setting_is_named(setting, message):
     with pytest.raises(ValueError) as info:
         ServerConfig(model="/models/x", **setting)
     assert str(info.value) == message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
+def test_a_gpu_weight_transfer_is_refused_on_cpu_before_an_engine_starts():
+    from servers.vllm import VLLMEngine
+
+    engine = VLLMEngine(ServerConfig(model="/models/x", weight_transfer="nccl"))
+    with pytest.raises(ValueError) as info:
+        asyncio.run(engine.start())
+    assert str(info.value) == (
+        "weight_transfer='nccl' needs CUDA GPUs (vLLM's weight-transfer API); use "
+        "weight_transfer='host' on CPU"
+    )
+    assert engine.engine is None

@@ -136,6 +136,23 @@ def run(capsys, tmp_path, data: Path, *overrides: str, run_dir: Path | None = No
             ["reward_model.rules=[{name: fmt, path: /nowhere/fmt.py}]"],
             "reward_model.rules[0].path='/nowhere/fmt.py' does not exist: point it at a .py file",
         ),
+        (
+            ["actor_rollout_ref.rollout.weight_transfer=rdma"],
+            "actor_rollout_ref.rollout.weight_transfer='rdma': use host, nccl or ipc",
+        ),
+        (
+            [
+                "actor_rollout_ref.rollout.weight_transfer=nccl",
+                "actor_rollout_ref.rollout.name=sglang",
+            ],
+            "actor_rollout_ref.rollout.weight_transfer=nccl is vLLM's weight-transfer API: set it "
+            "to host with rollout.name=sglang",
+        ),
+        (
+            ["actor_rollout_ref.rollout.weight_transfer=nccl", "trainer.device=cpu"],
+            "actor_rollout_ref.rollout.weight_transfer=nccl needs CUDA GPUs: set "
+            "actor_rollout_ref.rollout.weight_transfer=host on CPU",
+        ),
     ],
 )
 def test_bad_input_fails_at_start_up(capsys, tmp_path, data, overrides, message):
@@ -231,3 +248,41 @@ def test_rows_on_a_tool_loop_and_scheduled_validation_are_not_warned(
             f"trainer.default_local_dir={blocker / 'run'}",
         )
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize(
+    ("transfer", "hybrid", "message"),
+    [
+        (
+            "nccl",
+            True,
+            "actor_rollout_ref.rollout.weight_transfer=nccl needs rollout servers on their own "
+            "GPUs: set actor_rollout_ref.hybrid_engine=False, or actor_rollout_ref.rollout."
+            "weight_transfer=ipc for colocated servers",
+        ),
+        (
+            "ipc",
+            False,
+            "actor_rollout_ref.rollout.weight_transfer=ipc reaches only engines on the trainer's "
+            "own GPUs: set actor_rollout_ref.hybrid_engine=True, or actor_rollout_ref.rollout."
+            "weight_transfer=nccl for servers on other GPUs",
+        ),
+    ],
+)
+def test_gpu_weight_transfer_must_fit_the_placement(transfer, hybrid, message):
+    from trainer.config import load_config
+    from trainer.config.validate import check_weight_transfer
+
+    config, _ = load_config(
+        [
+            "actor_rollout_ref.model.path=tiny-qwen3",
+            "data.train_files=/x.jsonl",
+            f"actor_rollout_ref.rollout.weight_transfer={transfer}",
+            f"actor_rollout_ref.hybrid_engine={hybrid}",
+        ]
+    )
+    with pytest.raises(ValueError) as info:
+        check_weight_transfer(config, "cuda")
+    assert str(info.value) == message
+    default, _ = load_config(["actor_rollout_ref.model.path=x", "data.train_files=/x"])
+    check_weight_transfer(default, "cpu")  # host: any placement

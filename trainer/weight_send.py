@@ -1,0 +1,367 @@
+"""The trainer ranks' side of weight sync: what every rank runs in ``FSDPWorker.push_weights``
+(``trainer/weight_sync.py`` is the driver's side).
+
+The servers say what they serve in and how weights can reach them
+(``AsyncServer.weight_sync_info``); the ranks agree on one route per push:
+
+- ``staged``: every server is a vLLM server on the node of every rank (always so on CPU).
+  Each rank casts its own FSDP shard to the serving dtype on its device and writes it into one
+  shared-memory file at the shard's place in the full tensor (``shard_pieces``): no all-gather,
+  no Ray object, no copy in the server; rank 0 then asks each server to load the file in place.
+- ``buckets``: otherwise (a server on another node, or SGLang). The ranks all-gather one entry
+  at a time in the serving dtype; rank 0 sends buckets of ``bucket_bytes`` as Ray objects,
+  which each server stages and loads.
+- ``nccl`` / ``ipc``: servers started with ``weight_transfer=nccl|ipc`` (vLLM, GPU). vLLM's
+  trainer-side weight-transfer engine sends the full tensors from the GPUs (an NCCL broadcast
+  from rank 0, or CUDA IPC handles to engines on the ranks' own GPUs), never through the host.
+
+Floating-point weights always travel in the dtype the servers serve in, cast on the trainer's
+device first: bf16 on GPU is half the bytes of the float32 master weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from servers.weights import (
+    StagedBucket,
+    WeightSyncInfo,
+    bucket_size,
+    new_staging_file,
+    plan_bucket,
+    reserve_staging_file,
+)
+from trainer.workers.fsdp import full_tensors, shard_pieces
+
+__all__ = [
+    "FullTensorSource",
+    "ServerTransferClient",
+    "SharedFile",
+    "WeightSender",
+    "serving_dtype",
+    "stage_shards",
+    "transfer_init_info",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def serving_dtype(infos: list[WeightSyncInfo]) -> torch.dtype:
+    """The one dtype all servers serve in (float32 where none says)."""
+    names = {i.dtype for i in infos if i.dtype is not None}
+    if len(names) > 1:
+        raise ValueError(f"the rollout servers serve in different dtypes: {sorted(names)}")
+    return getattr(torch, names.pop()) if names else torch.float32
+
+
+def _wire_dtype(dtype: torch.dtype, serving: torch.dtype) -> torch.dtype:
+    return serving if dtype.is_floating_point else dtype
+
+
+class WeightSender:
+    """One per trainer rank; keeps the shared-memory file and vLLM's transfer engine from one
+    push to the next. Every method is collective over the trainer's process group."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self._file: SharedFile | None = None
+        self._transfer: tuple[tuple[str, ...], Any] | None = None
+        self._last_route: str | None = None
+
+    def push(
+        self, servers: list[Any], bucket_bytes: int, route: str | None = None
+    ) -> dict[str, float]:
+        """Send the current weights to every server; returns tensors and bytes sent.
+        ``route`` forces ``staged`` or ``buckets`` (benchmarks, tests); None picks."""
+        import ray
+
+        infos: list[WeightSyncInfo] = ray.get([s.weight_sync_info.remote() for s in servers])
+        dtype = serving_dtype(infos)
+        route = route or self._route(infos)
+        if route != self._last_route and self.rank == 0:
+            logger.info("weight sync: %s route, %s, %d server(s)", route, dtype, len(servers))
+        self._last_route = route
+        if route == "staged":
+            return self._push_staged(servers, dtype)
+        if route == "buckets":
+            return self._push_buckets(servers, dtype, bucket_bytes)
+        if route in ("nccl", "ipc"):
+            return self._push_transfer(servers, infos, dtype, route)
+        raise ValueError(f"route must be staged, buckets, nccl or ipc, got {route!r}")
+
+    def _route(self, infos: list[WeightSyncInfo]) -> str:
+        transfers = {i.transfer for i in infos}
+        if len(transfers) > 1:
+            raise ValueError(f"the rollout servers use different weight_transfer: {transfers}")
+        if transfers != {"host"}:
+            return transfers.pop()
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        here = all(i.loads_staged and i.node_id == node for i in infos)
+        everywhere = [here] * _world()
+        if dist.is_initialized():
+            dist.all_gather_object(everywhere, here)
+        return "staged" if all(everywhere) else "buckets"
+
+    # ---- staged: each rank writes its shard into shared memory ----------------------------
+    def _push_staged(self, servers: list[Any], dtype: torch.dtype) -> dict[str, float]:
+        import ray
+
+        plan, self._file = stage_shards(self.model, dtype, self._file)
+        if self.rank == 0:
+            ray.get([s.load_staged_weights.remote([plan.to_wire()]) for s in servers])
+        return {"tensors": float(len(plan.tensors)), "bytes": float(plan.nbytes)}
+
+    # ---- buckets: gathered on rank 0, sent as Ray objects ---------------------------------
+    def _push_buckets(
+        self, servers: list[Any], dtype: torch.dtype, bucket_bytes: int
+    ) -> dict[str, float]:
+        import ray
+
+        if self.rank == 0:
+            ray.get([s.begin_weight_update.remote() for s in servers])
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = sent = tensors = 0
+
+        def flush() -> None:
+            nonlocal bucket, size, sent
+            if self.rank == 0 and bucket:
+                ref = ray.put(bucket)
+                ray.get([s.update_weights_bucket.remote(ref) for s in servers])
+                sent += size
+            bucket, size = [], 0
+
+        # Tied embeddings: the server copies the embedding into its head.
+        for name, tensor in full_tensors(self.model, dtype=dtype, skip_tied_head=True):
+            tensors += 1
+            if self.rank == 0:
+                bucket.append((name, tensor))
+                size += tensor.numel() * tensor.element_size()
+                if size >= bucket_bytes:
+                    flush()
+        flush()
+        if self.rank == 0:
+            ray.get([s.finish_weight_update.remote() for s in servers])
+        return {"tensors": float(tensors), "bytes": float(sent)}
+
+    # ---- nccl / ipc: vLLM's weight-transfer API, GPU to GPU -------------------------------
+    def _push_transfer(
+        self, servers: list[Any], infos: list[WeightSyncInfo], dtype: torch.dtype, backend: str
+    ) -> dict[str, float]:
+        key = tuple(s._actor_id.hex() for s in servers)
+        if self._transfer is None or self._transfer[0] != key:
+            # First push, or a restarted server: a new group of exactly these servers.
+            self._close_transfer()
+            self._transfer = (key, self._new_transfer(servers, infos, dtype, backend))
+        engine = self._transfer[1]
+        engine.send_weights()
+        meta = engine.source.metadata()
+        sent = sum(m.dtype.itemsize * torch.Size(m.shape).numel() for m in meta)
+        return {"tensors": float(len(meta)), "bytes": float(sent)}
+
+    def _new_transfer(
+        self, servers: list[Any], infos: list[WeightSyncInfo], dtype: torch.dtype, backend: str
+    ) -> Any:
+        import ray
+        from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+
+        client = ServerTransferClient(servers, [i.workers for i in infos])
+        if self.rank == 0:  # drop what an earlier group left on the servers (no-op otherwise)
+            ray.get([s.shutdown_weight_transfer.remote() for s in servers])
+        address = ray.util.get_node_ip_address()  # only rank 0's (the sender's) is used
+        info = transfer_init_info(backend, self.rank, infos, address, _free_port())
+        source = FullTensorSource(self.model, dtype)
+        return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+
+    def _close_transfer(self) -> None:
+        if self._transfer is not None:
+            self._transfer[1].shutdown()
+            self._transfer = None
+
+    def close(self) -> None:
+        """Release the shared file (rank 0 removes it) and any NCCL group."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._close_transfer()
+
+
+def stage_shards(
+    model: torch.nn.Module, dtype: torch.dtype, shared: SharedFile | None = None
+) -> tuple[StagedBucket, SharedFile]:
+    """Every rank writes its own shard of every state-dict entry, floating-point ones cast to
+    ``dtype`` on the trainer's device, at its place in one shared-memory file; returns the
+    layout (one staged bucket: the whole model) and the file (``shared``, kept when the layout
+    still fits). Collective; on return every rank's writes are done.
+
+    Tied embeddings are written once: the server copies the embedding into its head.
+    """
+    pieces = shard_pieces(model, skip_tied_head=True)
+    entries = [(p.name, _wire_dtype(p.dtype, dtype), p.shape) for p in pieces]
+    nbytes = bucket_size(plan_bucket("", entries))
+    if shared is None or shared.nbytes != nbytes:
+        if shared is not None:
+            shared.close()
+        shared = SharedFile(nbytes)
+    plan = plan_bucket(shared.path, entries)
+    for piece, meta in zip(pieces, plan.tensors, strict=True):
+        if piece.local is None:
+            continue
+        local = piece.local.to(_wire_dtype(piece.dtype, dtype))  # cast on the device, then copy
+        whole = shared.buffer[meta.offset : meta.offset + meta.nbytes].view(local.dtype)
+        whole[piece.start : piece.start + local.numel()].copy_(local.reshape(-1))
+    if dist.is_initialized():
+        dist.barrier()  # every shard is in place before anyone reads the file
+    return plan, shared
+
+
+class SharedFile:
+    """One shared-memory file every trainer rank maps; rank 0 creates it (its pid in the
+    name, so a killed trainer's file is swept by the next writer), reserves its memory up
+    front and removes it. Collective to create."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        path = [new_staging_file() if self.rank == 0 else None]
+        if self.rank == 0:
+            try:
+                reserve_staging_file(path[0], nbytes)
+            except OSError:
+                _unlink(path[0])
+                raise
+        if dist.is_initialized():
+            dist.broadcast_object_list(path, src=0)
+        self.path: str = path[0]
+        self.buffer = torch.from_file(self.path, shared=True, size=nbytes, dtype=torch.uint8)
+
+    def close(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)  # unmaps
+        if self.rank == 0:
+            _unlink(self.path)
+
+
+def _unlink(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def transfer_init_info(
+    backend: str, rank: int, infos: list[WeightSyncInfo], address: str, port: int
+) -> Any:
+    """vLLM's trainer-side init info for ``nccl`` (one NCCL group: trainer rank 0, then every
+    engine worker of every server) or ``ipc`` (packed buffers of bounded size)."""
+    if backend == "nccl":
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        return NCCLTrainerInitInfo(
+            master_address=address,
+            master_port=port,
+            world_size=1 + sum(i.workers for i in infos),
+            rank=rank,
+        )
+    if backend == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+        return IPCTrainerInitInfo(rank=rank, packed=True)
+    raise ValueError(f"weight_transfer={backend!r}: vLLM's transfer backends are nccl and ipc")
+
+
+class ServerTransferClient:
+    """vLLM's ``VLLMWeightSyncClient`` over our ``AsyncServer`` actors: each call goes to every
+    server and waits for all. vLLM numbers one engine's NCCL ranks from ``rank_offset``; each
+    server here is its own engine, so each gets the offset after the previous servers' workers.
+    """
+
+    def __init__(self, servers: list[Any], workers: list[int]) -> None:
+        self.servers, self.workers = servers, workers
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        import ray
+
+        calls, before = [], 0
+        for server, workers in zip(self.servers, self.workers, strict=True):
+            info = dict(init_info)
+            if "rank_offset" in info:
+                info["rank_offset"] += before
+            calls.append(server.init_weight_transfer.remote(info))
+            before += workers
+        ray.get(calls)
+
+    def start_weight_update(self) -> None:
+        import ray
+
+        ray.get([s.start_weight_transfer.remote() for s in self.servers])
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        import ray
+
+        ray.get([s.transfer_weights.remote(update_info) for s in self.servers])
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        import ray
+
+        ray.get([s.finish_weight_transfer.remote() for s in self.servers])
+
+
+class FullTensorSource:
+    """vLLM's ``WeightSource`` over an FSDP2 model: full tensors in the serving dtype, left on
+    the trainer's GPU (each one all-gathered when iterated: every rank iterates in step).
+
+    Tied embeddings: ``lm_head.weight`` comes last as the gathered embedding (no second
+    all-gather), since vLLM's in-place reload gives the head a load of its own.
+    """
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
+        self.model, self.dtype = model, dtype
+        self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
+
+    def _entries(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        state = self.model.state_dict()
+        out = [
+            (k, _wire_dtype(v.dtype, self.dtype), tuple(v.shape))
+            for k, v in state.items()
+            if not (self.tied and k == "lm_head.weight")
+        ]
+        if self.tied:
+            embed = next(e for e in out if e[0].endswith("embed_tokens.weight"))
+            out.append(("lm_head.weight", embed[1], embed[2]))
+        return out
+
+    def metadata(self) -> list[Any]:
+        """Name, dtype and full shape of what iteration yields, in order, without a gather."""
+        from vllm.distributed.weight_transfer import ParamMeta
+
+        return [ParamMeta(name, dtype, shape) for name, dtype, shape in self._entries()]
+
+    def __iter__(self):
+        embed = None
+        for name, tensor in full_tensors(
+            self.model, dtype=self.dtype, device=None, skip_tied_head=self.tied
+        ):
+            if self.tied and name.endswith("embed_tokens.weight"):
+                embed = tensor
+            yield name, tensor
+        if self.tied:
+            yield "lm_head.weight", embed
