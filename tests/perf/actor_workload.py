@@ -33,6 +33,7 @@ import torch
 from trainer.config.actor import ActorConfig, FSDPConfig, ModelConfig
 from trainer.workers import TrainBatch, log_probs_in_micro_batches, update_policy
 from trainer.workers.fsdp import apply_fsdp, init_distributed, load_model
+from trainer.workers.fsdp_worker import adamw
 
 # ---- the batch -----------------------------------------------------------------------------
 
@@ -292,14 +293,7 @@ class ProjectActor:
             ppo_max_token_len_per_gpu=max_tokens,
             **({"log_prob_chunk_size": 0} if old else {}),
         )
-        optim = self.cfg.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=optim.lr,
-            betas=(optim.betas[0], optim.betas[1]),
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-        )
+        self.optimizer = adamw(self.model, self.cfg.optim)
 
     def log_probs(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()

@@ -311,8 +311,15 @@ def check_traces(run_dir: Path) -> None:
     traces = client.search_traces(locations=[experiment], max_results=500)
     by_step: dict[tuple[str, str], int] = {}
     untagged = []
+    unfinished = 0
     for trace in traces:
         tags = trace.info.tags
+        if trace.info.state.name == "IN_PROGRESS" and "step" not in tags:
+            # SIGKILLed before MLflow exported the root span (which carries the tags): only
+            # finished child spans reached the store. Only the killed async driver's (run 2)
+            # step-3 samples can be in that state.
+            unfinished += 1
+            continue
         by_step[(tags["step"], tags["validate"])] = (
             by_step.get((tags["step"], tags["validate"]), 0) + 1
         )
@@ -328,5 +335,6 @@ def check_traces(run_dir: Path) -> None:
     # step 3 was rolled out (and traced) twice: in the stopped run and in the resumed one,
     # which also admitted step 4's groups then; run 3 admitted them again at step 4
     assert by_step[("1", "false")] == 3 and by_step[("2", "false")] == 3
-    assert by_step[("3", "false")] == 6 and by_step[("4", "false")] == 3
+    assert unfinished <= 3
+    assert by_step[("3", "false")] + unfinished == 6 and by_step[("4", "false")] == 3
     assert by_step[("2", "true")] == 2 and by_step[("4", "true")] >= 2  # both val rows

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
+from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers.batch import TrainBatch
 from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
 from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
@@ -24,7 +24,7 @@ from trainer.workers.policy_math import log_probs_in_micro_batches, update_polic
 if TYPE_CHECKING:
     from trainer.weight_send import WeightSender
 
-__all__ = ["FSDPWorker", "WorkerSpec"]
+__all__ = ["FSDPWorker", "WorkerSpec", "adamw"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,17 @@ class WorkerSpec:
     there are fewer cores than ranks) and runs that many threads."""
     gpu_share: float = 1.0
     """GPUs per rank requested from Ray (0.5 when colocated with rollout servers)."""
+
+
+def adamw(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
+    """The actor's optimizer as ``actor.optim`` describes it."""
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=optim.lr,
+        betas=(optim.betas[0], optim.betas[1]),
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+    )
 
 
 class FSDPWorker:
@@ -81,13 +92,7 @@ class FSDPWorker:
             spec.device,
         )
         optim = spec.actor.optim
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=optim.lr,
-            betas=(optim.betas[0], optim.betas[1]),
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-        )
+        self.optimizer = adamw(self.model, optim)
         warmup = optim.lr_warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
