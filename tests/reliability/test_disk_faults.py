@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from tests.ray_local import init_ray_retrying
 from tests.unit.trainer.test_train_startup import USER, run
 from trainer.checkpoint import CheckpointManager, CheckpointSaveError, checkpoint_bytes
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
@@ -101,7 +102,7 @@ def test_a_disk_that_fills_during_a_save_keeps_the_last_checkpoint_for_resume(
         need_ref=False,
         device="cpu",
     )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray_retrying(num_cpus=2, include_dashboard=False, log_to_driver=False)
     group = WorkerGroup(spec, world_size=2)
     try:
         first = manager.save(1, group, contents, {"sampler": {"epoch": 0, "position": 1}})
