@@ -20,13 +20,34 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ChunkedLogProbs", "LogProbHead", "LogProbRequest", "install_log_prob_head"]
+__all__ = [
+    "ChunkedLogProbs",
+    "LogProbHead",
+    "LogProbRequest",
+    "install_log_prob_head",
+    "scaled_logits",
+    "token_log_probs",
+]
+
+
+def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits / temperature in fp32 (fp64 for fp64 inputs)."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return z / temperature if temperature != 1.0 else z
+
+
+def token_log_probs(
+    z: torch.Tensor, tokens: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(log p(token), entropy or None, log-sum-exp) of scaled logits ``z`` [k, vocab]."""
+    lse = torch.logsumexp(z, dim=-1)
+    log_probs = z.gather(-1, tokens[:, None]).squeeze(-1) - lse
+    entropy = lse - (torch.softmax(z, dim=-1) * z).sum(-1) if with_entropy else None
+    return log_probs, entropy, lse
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Logits / temperature in fp32 (fp64 for fp64 inputs)."""
-    z = (h @ weight.t()).to(torch.promote_types(h.dtype, torch.float32))
-    return z / temperature if temperature != 1.0 else z
+    return scaled_logits(h @ weight.t(), temperature)
 
 
 class ChunkedLogProbs(torch.autograd.Function):
@@ -47,14 +68,9 @@ class ChunkedLogProbs(torch.autograd.Function):
         lse = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
         for s in range(0, hidden.shape[0], chunk):
             z = _chunk_logits(hidden[s : s + chunk], weight, temperature)
-            lse[s : s + chunk] = torch.logsumexp(z, dim=-1)
-            picked = z.gather(-1, tokens[s : s + chunk, None]).squeeze(-1)
-            out[s : s + chunk, 0] = picked - lse[s : s + chunk]
-            if with_entropy:
-                p = torch.softmax(z, dim=-1)
-                out[s : s + chunk, 1] = lse[s : s + chunk] - (p * z).sum(-1)
-            else:
-                out[s : s + chunk, 1] = 0.0
+            lp, ent, lse[s : s + chunk] = token_log_probs(z, tokens[s : s + chunk], with_entropy)
+            out[s : s + chunk, 0] = lp
+            out[s : s + chunk, 1] = 0.0 if ent is None else ent
             del z
         ctx.save_for_backward(hidden, weight, tokens, lse)
         ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy

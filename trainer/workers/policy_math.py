@@ -22,13 +22,17 @@ import torch.distributed as dist
 from trainer.algos import (
     agg_denominator,
     agg_numerator,
-    entropy_from_logits,
     kl_penalty,
     policy_loss_tokens,
 )
 from trainer.config.actor import ActorConfig
 from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
-from trainer.workers.log_prob_head import LogProbRequest, install_log_prob_head
+from trainer.workers.log_prob_head import (
+    LogProbRequest,
+    install_log_prob_head,
+    scaled_logits,
+    token_log_probs,
+)
 from trainer.workers.packing import model_input, scatter_rows
 from trainer.workers.varlen_attention import PACKED_ATTENTION, enable_packed_attention
 
@@ -102,11 +106,8 @@ def forward_log_probs(
     else:
         logits = model(**kwargs).logits
         logits = logits.reshape(-1, logits.shape[-1]).index_select(0, positions)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        if temperature != 1.0:
-            logits = logits / temperature
-        log_probs = logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
-        entropy = entropy_from_logits(logits) if with_entropy else None
+        z = scaled_logits(logits, temperature)
+        log_probs, entropy, _ = token_log_probs(z, tokens, with_entropy)
     shape = (len(mb), mb.response_length)
     return (
         scatter_rows(log_probs, targets, shape),
