@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Any
 
 import torch
@@ -37,7 +36,8 @@ from servers.weights import (
     plan_bucket,
     reserve_staging_file,
 )
-from trainer.workers.fsdp import full_tensors, shard_pieces
+from trainer.workers.fsdp import free_port, full_tensors, shard_pieces
+from trainer.workers.policy_math import _world
 
 __all__ = [
     "FullTensorSource",
@@ -177,7 +177,7 @@ class WeightSender:
         if self.rank == 0:  # drop what an earlier group left on the servers (no-op otherwise)
             ray.get([s.shutdown_weight_transfer.remote() for s in servers])
         address = ray.util.get_node_ip_address()  # only rank 0's (the sender's) is used
-        info = transfer_init_info(backend, self.rank, infos, address, _free_port())
+        info = transfer_init_info(backend, self.rank, infos, address, free_port())
         source = FullTensorSource(self.model, dtype)
         return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
 
@@ -255,16 +255,6 @@ def _unlink(path: str | None) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def transfer_init_info(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ __all__ = [
     "ShardPiece",
     "apply_fsdp",
     "decoder_layers",
+    "free_port",
     "full_tensors",
     "init_distributed",
     "load_model",
@@ -31,6 +33,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for a process group's or NCCL group's master)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def init_distributed(rank: int, world_size: int, master: str, device: str) -> None:

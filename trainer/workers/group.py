@@ -5,12 +5,12 @@ results back in order."""
 from __future__ import annotations
 
 import logging
-import socket
 from typing import Any
 
 import torch
 
 from trainer.workers.batch import TrainBatch
+from trainer.workers.fsdp import free_port
 from trainer.workers.fsdp_worker import FSDPWorker, WorkerSpec
 
 __all__ = ["TrainerWorkerDiedError", "WorkerGroup"]
@@ -30,12 +30,6 @@ class TrainerWorkerDiedError(RuntimeError):
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class WorkerGroup:
     def __init__(self, spec: WorkerSpec, world_size: int) -> None:
         import ray
@@ -43,7 +37,7 @@ class WorkerGroup:
         self.world_size = world_size
         self.broken = False
         """A rank died: the others may be stuck in a collective, so only kill them."""
-        master = f"{ray.util.get_node_ip_address()}:{_free_port()}"
+        master = f"{ray.util.get_node_ip_address()}:{free_port()}"
         options: dict[str, Any] = {"num_cpus": 0}  # CPU: share the node with the servers
         if spec.device == "cuda":
             options = {"num_cpus": 1, "num_gpus": spec.gpu_share}
