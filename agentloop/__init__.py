@@ -23,6 +23,7 @@ from agentloop.parsers import ToolCall, ToolCallError, get_parser, register_pars
 from agentloop.records import SampleRecord, ToolCallRecord
 from agentloop.single_turn import SingleTurnAgentLoop
 from agentloop.stream import FinishedGroup, RolloutStream
+from agentloop.tokenizer import TokenizerSource, load_tokenizer
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from agentloop.trace import TraceContext
@@ -44,6 +45,7 @@ __all__ = [
     "SampleRecord",
     "SingleTurnAgentLoop",
     "TemplateDeltaError",
+    "TokenizerSource",
     "ToolAgentLoop",
     "ToolCall",
     "ToolCallError",
@@ -55,6 +57,7 @@ __all__ = [
     "get_agent_loop",
     "get_parser",
     "load_agent_loop_config",
+    "load_tokenizer",
     "mask_spans",
     "register",
     "register_parser",

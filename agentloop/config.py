@@ -1,12 +1,14 @@
 """Typed configs of the rollout side (``actor_rollout_ref.rollout``) and a strict builder that
 turns a plain dict (e.g. from Hydra/YAML) into nested dataclasses with clear errors.
 
-Key names follow verl so existing run scripts carry over.
+Key names follow verl; verl's other spellings and keys with no effect here are handled by
+``trainer.config.verl_compat`` (docs/verl-migration.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,18 +18,21 @@ from servers.config import SCHEDULING_POLICIES, WEIGHT_TRANSFERS
 
 __all__ = [
     "AgentConfig",
+    "EngineKwargsConfig",
     "MultiTurnConfig",
     "RecoveryConfig",
     "RolloutConfig",
     "TraceConfig",
+    "ValKwargsConfig",
     "from_dict",
 ]
 
 
+logger = logging.getLogger(__name__)
+
+
 @dataclass(kw_only=True, slots=True)
 class MultiTurnConfig:
-    enable: bool = True
-    """Multi-turn tool use on (tool_agent); kept for verl run scripts."""
     max_assistant_turns: int | None = None
     """Stop after this many model turns (None: only the response budget stops it)."""
     max_user_turns: int | None = None
@@ -131,6 +136,73 @@ class RecoveryConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ValKwargsConfig:
+    """Sampling of validation rollouts (verl's ``rollout.val_kwargs``): greedy by default
+    (temperature 0). As in verl's agent loops, the turns sample with ``temperature``,
+    ``top_p`` and ``top_k`` whatever ``do_sample`` says; a ``do_sample`` that disagrees with
+    the temperature, and ``n > 1`` greedy copies, are warned about once."""
+
+    top_k: int = -1
+    """-1: no top-k limit."""
+    top_p: float = 1.0
+    temperature: float = 0.0
+    """0: greedy."""
+    n: int = 1
+    """Responses per validation prompt (``val-core/<data_source>/reward/mean@<n>``)."""
+    do_sample: bool = False
+    """verl's switch; agent loops follow ``temperature`` (a disagreeing value warns)."""
+
+    def __post_init__(self) -> None:
+        key = "rollout.val_kwargs"
+        if self.n < 1:
+            raise ValueError(f"{key}.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"{key}.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"{key}.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"{key}.top_k must be -1 (no limit) or >= 1, got {self.top_k}")
+        greedy = self.temperature == 0
+        if self.do_sample == greedy:
+            _warn_once(
+                f"{key}.do_sample={str(self.do_sample).lower()} has no effect: validation "
+                f"follows {key}.temperature={self.temperature:g} ("
+                f"{'greedy' if greedy else 'sampled'}), as verl's agent loops do"
+            )
+        if greedy and self.n > 1:
+            _warn_once(
+                f"{key}.n={self.n} at temperature 0 validates {self.n} identical greedy "
+                f"responses per prompt: set {key}.temperature > 0 to sample them, or n=1"
+            )
+
+    def sampling_params(self) -> dict[str, Any]:
+        """Sampling keys of a validation turn."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
+
+
+@dataclass(kw_only=True, slots=True)
+class EngineKwargsConfig:
+    """Extra constructor arguments of the rollout engines, passed as they are (verl's
+    ``rollout.engine_kwargs``); only the table of ``rollout.name`` is used. An argument the
+    servers set themselves from a rollout key is refused naming that key, a name the engine
+    does not take fails the start naming it (both before any server starts)."""
+
+    vllm: dict[str, Any] = field(default_factory=dict)
+    """``vllm.engine.arg_utils.AsyncEngineArgs`` fields, e.g. ``{max_logprobs: 5}``."""
+    sglang: dict[str, Any] = field(default_factory=dict)
+    """``sglang.srt.server_args.ServerArgs`` fields, e.g. ``{attention_backend: fa3}``."""
+
+
+@dataclass(kw_only=True, slots=True)
 class RolloutConfig:
     name: Literal["vllm", "sglang"] = "vllm"
     """Inference engine of the rollout servers."""
@@ -149,8 +221,11 @@ class RolloutConfig:
     """Response budget over all turns, tool tokens included (right-padded to this)."""
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
-    num_servers: int = 1
-    """AsyncServer actors (data-parallel engines)."""
+    num_servers: int | None = None
+    """AsyncServer actors (data-parallel engines). None: as verl, one per tensor-parallel group
+    of the trainer's GPUs on CUDA (trainer.nnodes x trainer.n_gpus_per_node //
+    tensor_model_parallel_size, at least 1); one on CPU, where an engine is a whole process
+    that already uses every core it is given, so a second would only share them."""
     cpu_cores: str | None = None
     """CPU only: cores the rollout engines run on (``"0"``, ``"0-3"``); with the trainer
     ranks on other cores (``actor.cpu_cores``) rollout and training overlap for real."""
@@ -162,6 +237,17 @@ class RolloutConfig:
     max_num_seqs: int | None = None
     """Sequences an engine decodes at once; None: the engine's default (a cap makes turns
     wait in priority order, but cost rollout time on CPU: docs/agent-loops.md)."""
+    max_num_batched_tokens: int | None = None
+    """vLLM: tokens an engine schedules in one step (prompt chunks plus one per decoding
+    sequence); None: the engine's default."""
+    enable_chunked_prefill: bool | None = None
+    """vLLM: split a long prompt's prefill over steps, beside the decoding sequences; None: the
+    engine's default for the model."""
+    enforce_eager: bool | None = None
+    """Skip CUDA graphs / torch.compile (SGLang: ``disable_cuda_graph``). None: True on CPU
+    (a 30 s engine start instead of 150 s), False on GPU (verl's default)."""
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
+    """Extra engine constructor arguments per backend: ``{vllm: {...}, sglang: {...}}``."""
     weight_transfer: str = "host"
     """How the trainer's weights reach the engines after each update: ``host`` (shards
     written into shared memory on one node, Ray objects across nodes; CPU and GPU), or vLLM's
@@ -172,6 +258,8 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    """Sampling of validation rollouts (greedy by default, as verl)."""
 
     def __post_init__(self) -> None:
         if self.mode != "async":
@@ -187,8 +275,13 @@ class RolloutConfig:
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
         if self.prompt_length < 1 or self.response_length < 1:
             raise ValueError("rollout.prompt_length and rollout.response_length must be >= 1")
-        if self.num_servers < 1:
-            raise ValueError(f"rollout.num_servers must be >= 1, got {self.num_servers}")
+        if self.num_servers is not None and self.num_servers < 1:
+            raise ValueError(f"rollout.num_servers must be >= 1 or null, got {self.num_servers}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"rollout.max_num_batched_tokens must be >= 1 or null, got "
+                f"{self.max_num_batched_tokens}"
+            )
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"rollout.scheduling_policy must be 'priority' or 'fcfs', "
@@ -211,13 +304,14 @@ class RolloutConfig:
     def context_length(self) -> int:
         return self.max_model_len or self.prompt_length + self.response_length
 
-    def sampling_params(self) -> dict[str, Any]:
-        """Sampling keys of every turn (the loop caps ``max_tokens`` by the budget left)."""
-        params: dict[str, Any] = {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-        }
+    def sampling_params(self, *, validate: bool = False) -> dict[str, Any]:
+        """Sampling keys of every turn (the loop caps ``max_tokens`` by the budget left);
+        ``validate``: those of ``val_kwargs``."""
+        params: dict[str, Any] = (
+            self.val_kwargs.sampling_params()
+            if validate
+            else {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        )
         if self.multi_turn.max_tokens_per_turn:
             params["max_tokens"] = self.multi_turn.max_tokens_per_turn
         return params

@@ -21,6 +21,7 @@ import numpy as np
 from agentloop.base import load_agent_loop_config
 from agentloop.batch import RolloutBatch, collate, rollout_metrics
 from agentloop.config import RolloutConfig
+from agentloop.tokenizer import TokenizerSource, load_tokenizer
 from agentloop.trace import TraceContext
 from agentloop.worker import AgentLoopWorker, prepare_row, validate_rows
 
@@ -47,13 +48,14 @@ class AgentLoopManager:
         self,
         config: RolloutConfig,
         servers: list[Any] | Any,
-        model_path: str,
+        tokenizer: TokenizerSource | str,
         *,
         worker_options: dict[str, Any] | None = None,
     ) -> None:
-        """``servers``: handles, or a ``ServerGroup`` whose dead servers get restarted."""
+        """``servers``: handles, or a ``ServerGroup`` whose dead servers get restarted.
+        ``tokenizer``: where the workers load the policy's tokenizer from (a folder, or a
+        ``TokenizerSource`` with the model's loading options and chat template)."""
         import ray
-        from transformers import AutoTokenizer
 
         self.group = None if isinstance(servers, list) else servers
         if self.group is not None:
@@ -64,14 +66,14 @@ class AgentLoopManager:
         # Load user loops here too, so a bad _target_ fails in the driver with its message.
         if config.agent.agent_loop_config_path:
             load_agent_loop_config(config.agent.agent_loop_config_path)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        loaded = load_tokenizer(tokenizer)
         self.pad_token_id = (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            loaded.pad_token_id if loaded.pad_token_id is not None else loaded.eos_token_id
         )
         options = {"num_cpus": 0, "max_concurrency": 1000, **(worker_options or {})}
         actor = ray.remote(AgentLoopWorker).options(**options)
         self.workers = [
-            actor.remote(asdict(config), servers, model_path)
+            actor.remote(asdict(config), servers, tokenizer)
             for _ in range(config.agent.num_workers)
         ]
         self.tool_names: list[str] = ray.get(self.workers[0].tool_names.remote())

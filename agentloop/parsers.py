@@ -210,6 +210,7 @@ def loads_tolerant(text: str, repair: bool = True) -> tuple[Any, bool]:
 
 # ---- Hermes / Qwen --------------------------------------------------------------------------
 @register_parser("hermes")
+@register_parser("qwen")  # verl's name for the same format
 class HermesToolParser:
     """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks (Hermes,
     Qwen2.5/Qwen3). Several per turn; a final block the model did not close is still read.

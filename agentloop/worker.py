@@ -20,6 +20,7 @@ from agentloop.base import (
     registered_agent_loops,
 )
 from agentloop.config import RolloutConfig, from_dict
+from agentloop.tokenizer import load_tokenizer
 from agentloop.tools import BaseTool, load_tool_config
 from agentloop.trace import TraceContext, make_tracer
 
@@ -84,17 +85,14 @@ class AgentLoopWorker:
         tools: Mapping[str, BaseTool] | None = None,
     ) -> None:
         """``servers``: server handles (wrapped in an ``AsyncLLMServerManager``) or a ready
-        generate client. ``tokenizer``: a tokenizer or a model folder to load it from.
-        ``tools`` default to ``multi_turn.tool_config_path``."""
+        generate client. ``tokenizer``: a tokenizer, or a ``TokenizerSource`` or folder to
+        load it from. ``tools`` default to ``multi_turn.tool_config_path``."""
         if isinstance(config, dict):
             config = from_dict(RolloutConfig, config)
         self.config = config
         if config.agent.agent_loop_config_path:
             load_agent_loop_config(config.agent.agent_loop_config_path)
-        if isinstance(tokenizer, str):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tokenizer = load_tokenizer(tokenizer)
         if tools is None:
             path = config.multi_turn.tool_config_path
             tools = load_tool_config(path) if path else {}
@@ -152,8 +150,12 @@ class AgentLoopWorker:
     ) -> list[AgentLoopOutput]:
         """Run every row concurrently; outputs in row order. ``trace``: the step these rows
         belong to (traced when ``trace.backend`` is set); ``offset``: the first row's index in
-        the whole batch (the traces' ``sample_index``)."""
-        params = sampling_params if sampling_params is not None else self.config.sampling_params()
+        the whole batch (the traces' ``sample_index``). Without ``sampling_params``, a
+        validation batch (``trace.validate``) samples with ``rollout.val_kwargs``."""
+        params = sampling_params
+        if params is None:
+            validate = trace is not None and trace.validate
+            params = self.config.sampling_params(validate=validate)
         limit = self.config.trace.max_samples_per_step_per_worker
         traced = len(rows)  # without a trace context nothing is traced at all
         if limit is not None and trace is not None:  # the cap holds over calls (async groups)

@@ -38,8 +38,11 @@ class AsyncServer:
         """Start the engine (and HTTP front); returns ``health()``."""
         await self.core.start()
         if self.config.http:
-            chat = getattr(self.core.engine, "chat_handler", None)
-            app = build_app(self.core, chat() if chat else None)
+            chat = completions = None  # the OpenAI routes answer 501 without a serving layer
+            if hasattr(self.core.engine, "openai"):  # vLLM's
+                api = self.core.engine.openai()
+                chat, completions = api.chat, api.completions
+            app = build_app(self.core, chat, completions)
             self._http = HttpFront(app, self.config.host, self.config.port)
             await self._http.start()
         return await self.health()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from servers.engine_args import refuse_own_args
 
 __all__ = ["SCHEDULING_POLICIES", "WEIGHT_TRANSFERS", "ServerConfig", "parse_cores"]
 
@@ -46,6 +48,13 @@ def parse_cores(spec: str, key: str = "cpu_cores") -> list[int]:
 class ServerConfig:
     model: str
     """Path of a Hugging Face model folder (use ``agentloop-models prepare`` for names)."""
+    tokenizer: str | None = None
+    """Tokenizer folder (None: the model folder's)."""
+    trust_remote_code: bool = False
+    """Let the engine (transformers) run code shipped with the model and tokenizer."""
+    chat_template: str | None = None
+    """Jinja chat template text the OpenAI chat endpoint renders with, replacing the
+    tokenizer's own (None: keep it)."""
     backend: Literal["vllm", "sglang"] = "vllm"
     """Inference engine behind the server."""
     dtype: str = "auto"
@@ -58,7 +67,8 @@ class ServerConfig:
     max_model_len: int | None = None
     """Prompt + response token limit; None takes the model's."""
     enforce_eager: bool | None = None
-    """Skip CUDA graphs / torch.compile; None means True on CPU (30 s vs 150 s start)."""
+    """Skip CUDA graphs / torch.compile (SGLang: ``disable_cuda_graph``); None means True on
+    CPU (30 s vs 150 s start) and False on GPU (each engine's own default)."""
     enable_prefix_caching: bool = True
     """Reuse KV cache across turns of one trajectory."""
     cpu_kvcache_space_gib: int = 1
@@ -73,6 +83,18 @@ class ServerConfig:
     """Sequences the engine decodes at once; None: the engine's default. Turns wait (and the
     priority order matters) only once they are all taken; on the 2-core CPU benchmark a cap
     of 16 or 8 made rollout slower (docs/agent-loops.md#straggler-first-scheduling)."""
+    max_num_batched_tokens: int | None = None
+    """vLLM: tokens the engine schedules in one step (prompt chunks plus one per decoding
+    sequence); None: the engine's default. Without chunked prefill it must hold the longest
+    prompt (vLLM says so at start)."""
+    enable_chunked_prefill: bool | None = None
+    """vLLM: split a long prompt's prefill over steps, beside the decoding sequences; None: the
+    engine's default for the model."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra arguments of the engine's constructor (vLLM ``AsyncEngineArgs``, ``sglang.Engine``),
+    passed as they are. One the server sets itself from a field above (``model``,
+    ``tensor_parallel_size``, ...) is refused naming that field; a name the engine does not
+    take fails the server's start naming it (``servers/engine_args.py``)."""
     logprobs_mode: str = "processed_logprobs"
     """Which log-probs the engine returns: ``processed_logprobs`` are under the sampling
     distribution (after temperature), what the trainer recomputes; ``raw_logprobs`` are before."""
@@ -93,31 +115,42 @@ class ServerConfig:
     port: int = 0
     """HTTP port; 0 picks a free one."""
     http: bool = True
-    """Start the HTTP front (OpenAI chat, /generate, /health, /metrics)."""
+    """Start the HTTP front (OpenAI chat, completions and models, /generate, /health,
+    /metrics)."""
     api_key: str | None = field(default=None, repr=False)
     """Bearer token the HTTP front requires on every route but ``GET /health``
     (``Authorization: Bearer <key>``); None reads ``AGENTLOOP_API_KEY`` from the environment,
     and neither set means no auth. Ray calls to the actor are not affected."""
     max_concurrent_requests: int = 256
-    """Requests admitted at once over HTTP (``/generate`` and ``/v1/chat/completions``),
-    counted in sequences: a chat request with ``n`` choices counts as ``n``. One that does not
-    fit gets 503 with ``Retry-After`` (no waiting queue). Ray calls to the actor are not
-    counted."""
+    """Requests admitted at once over HTTP (``/generate``, ``/v1/chat/completions``,
+    ``/v1/completions``), counted in sequences: a chat request with ``n`` choices counts as
+    ``n``, a completion request ``n`` per prompt. One that does not fit gets 503 with
+    ``Retry-After`` (no waiting queue). Ray calls to the actor are not counted."""
     max_n: int = 64
-    """Most choices (``n``) one chat request may ask for over HTTP; more is a 400 naming this
-    limit. Enough for a GRPO group; ``/generate`` samples one sequence per request."""
+    """Most choices (``n``) one chat request, or one prompt of a completion request, may ask
+    for over HTTP; more is a 400 naming this limit. Enough for a GRPO group; ``/generate``
+    samples one sequence per request."""
     max_tokens_per_request: int = 32768
     """Largest ``max_tokens`` (chat: also ``max_completion_tokens``) one HTTP request may ask
     for, per sequence; more is a 400. Below it, ``max_tokens`` is still clamped to the room the
     model length leaves after the prompt."""
     max_prompt_tokens: int | None = None
     """Longest prompt one HTTP request may send, in tokens (``/generate``: ``prompt_ids``;
-    chat: after the chat template); more is a 400. None: only the model length bounds it."""
+    chat: after the chat template; completions: each prompt once tokenized); more is a 400.
+    None: only the model length bounds it."""
 
     @property
     def model_name(self) -> str:
-        """Name the server answers to: ``served_model_name`` or the model folder's name."""
-        return self.served_model_name or Path(self.model).name
+        """Name the server answers to: ``served_model_name``, else the hub id of a hub-cache
+        snapshot (``.../models--Org--Name/snapshots/<commit>`` answers to ``Org/Name``), else
+        the model folder's name."""
+        if self.served_model_name:
+            return self.served_model_name
+        path = Path(self.model)
+        repo = path.parent.parent.name
+        if path.parent.name == "snapshots" and repo.startswith("models--"):
+            return repo.removeprefix("models--").replace("--", "/")
+        return path.name
 
     def __post_init__(self) -> None:
         if self.backend not in ("vllm", "sglang"):
@@ -138,6 +171,11 @@ class ServerConfig:
             )
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1 (or None), got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1 (or None), got {self.max_num_batched_tokens}"
+            )
+        refuse_own_args(self.backend, self.engine_kwargs)
         if self.weight_transfer not in WEIGHT_TRANSFERS:
             raise ValueError(
                 f"weight_transfer must be 'host', 'nccl' or 'ipc', got {self.weight_transfer!r}"

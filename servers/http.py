@@ -1,12 +1,15 @@
 """HTTP front of one server: FastAPI routes served by uvicorn on the server's own event loop.
 
-Routes: ``POST /generate`` (token ids in; ids, log-probs, finish reason out), ``POST
-/v1/chat/completions`` (OpenAI-compatible, ``tools`` in, ``tool_calls`` out), ``GET /health``,
-``GET /metrics`` (Prometheus text). Bad input answers 400 with an OpenAI-style error body.
+Routes: ``POST /generate`` (token ids in; ids, log-probs, finish reason out), the OpenAI ones
+(``POST /v1/chat/completions``: ``tools`` in, ``tool_calls`` out; ``POST /v1/completions``: text
+completion; ``GET /v1/models``: the served model), ``GET /health``, ``GET /metrics``
+(Prometheus text). Bad input answers 400 with an OpenAI-style error body. The two completion
+routes run through the engine's OpenAI serving layer (vLLM's); an engine without one (SGLang
+here) answers them with 501.
 
 In front of every route sits ``_Guard``: with ``ServerConfig.api_key`` set, every route but
-``GET /health`` needs ``Authorization: Bearer <key>`` (else 401). A call of ``/generate`` or
-``/v1/chat/completions`` is then checked against the per-request work limits
+``GET /health`` needs ``Authorization: Bearer <key>`` (else 401). A call of ``/generate`` or a
+completion route is then checked against the per-request work limits
 (``servers/limits.py``: ``n``, ``max_tokens``, prompt length; 400 naming the limit) and
 admitted only while the sequences in flight, its own included, stay within
 ``max_concurrent_requests`` (else 503 with ``Retry-After: 1`` at once; there is no waiting
@@ -21,6 +24,7 @@ import hmac
 import json
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,17 +33,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servers.core import ServerCore
-from servers.limits import CHAT_PATH, GENERATE_PATH, request_sequences
+from servers.limits import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, request_sequences
 from servers.types import GenerateInputError, error_body
 
 __all__ = ["build_app", "HttpFront"]
 
 logger = logging.getLogger(__name__)
 
-ChatHandler = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
+OpenAIHandler = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
+"""``await handler(body) -> (status, JSON body | async iterator of SSE strings)``."""
 
 # Routes that run the engine: the ones the work limits and the in-flight limit apply to.
-_LIMITED_PATHS = frozenset({GENERATE_PATH, CHAT_PATH})
+_LIMITED_PATHS = frozenset({GENERATE_PATH, CHAT_PATH, COMPLETIONS_PATH})
 # Scope key under which the guard hands the body it parsed on to the route.
 _PARSED = "agentloop.json_body"
 
@@ -178,7 +183,7 @@ class _Guard:
         if self.in_flight + sequences > self.limit:
             self.metrics.rejected.labels("overloaded").inc()
             reply = JSONResponse(
-                error_body(self._overloaded(sequences), code=503),
+                error_body(self._overloaded(sequences, path), code=503),
                 status_code=503,
                 headers={"Retry-After": "1"},
             )
@@ -191,11 +196,18 @@ class _Guard:
         finally:
             self.in_flight -= sequences
 
-    def _overloaded(self, sequences: int) -> str:
+    def _overloaded(self, sequences: int, path: str) -> str:
         if sequences == 1:
             return (
                 f"server overloaded: {self.in_flight} requests in flight (limit "
                 f"max_concurrent_requests={self.limit}); retry later or raise the limit"
+            )
+        if path == COMPLETIONS_PATH:  # n per prompt, and a batch of prompts
+            return (
+                f"server overloaded: {self.in_flight} requests in flight and this one counts as "
+                f"{sequences} (n x prompts; the limit max_concurrent_requests={self.limit} "
+                "counts each sequence); retry later, send fewer prompts or a lower n, or raise "
+                "the limit"
             )
         return (
             f"server overloaded: {self.in_flight} requests in flight and this one counts as "
@@ -204,9 +216,51 @@ class _Guard:
         )
 
 
-def build_app(core: ServerCore, chat: ChatHandler | None = None) -> FastAPI:
+async def _openai_route(
+    core: ServerCore, handler: OpenAIHandler | None, what: str, request: Request
+) -> Response:
+    """One OpenAI completion route: the body to ``handler``, its answer counted in the metrics;
+    501 naming ``what`` is not served when the engine has no serving layer for it."""
+    if handler is None:
+        return JSONResponse(
+            error_body(
+                f"{what} are not served by the {core.config.backend} backend here; use /generate",
+                code=501,
+            ),
+            status_code=501,
+        )
+    body = await _json_object(request)
+    if isinstance(body, JSONResponse):
+        return body
+    m = core.metrics
+    m.in_flight.inc()
+    try:
+        status, result = await handler(body)
+    finally:
+        m.in_flight.dec()
+    if status != 200:
+        m.errors.labels("bad_request" if status < 500 else "engine").inc()
+        return JSONResponse(result, status_code=status)
+    if isinstance(result, dict):
+        usage = result.get("usage") or {}
+        m.prompt_tokens.inc(usage.get("prompt_tokens", 0))
+        m.generated_tokens.inc(usage.get("completion_tokens", 0))
+        for choice in result.get("choices", []):
+            m.requests.labels(choice.get("finish_reason") or "stop").inc()
+        return JSONResponse(result)
+    return StreamingResponse(result, media_type="text/event-stream")
+
+
+def build_app(
+    core: ServerCore,
+    chat: OpenAIHandler | None = None,
+    completions: OpenAIHandler | None = None,
+) -> FastAPI:
+    """The routes over ``core``; ``chat`` and ``completions`` serve the OpenAI completion
+    routes (None: 501)."""
     app = FastAPI(title="agentloop-rl server", docs_url=None, redoc_url=None)
     app.add_middleware(_Guard, core=core)
+    created = int(time.time())
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
@@ -239,37 +293,26 @@ def build_app(core: ServerCore, chat: ChatHandler | None = None) -> FastAPI:
             return _bad(str(exc), param=exc.param)
         return JSONResponse(out.to_dict())
 
-    @app.post("/v1/chat/completions")
+    @app.post(CHAT_PATH)
     async def chat_completions(request: Request) -> Response:
-        if chat is None:
-            return JSONResponse(
-                error_body(
-                    f"chat completions are not served by the {core.config.backend} "
-                    "backend here; use /generate",
-                    code=501,
-                ),
-                status_code=501,
-            )
-        body = await _json_object(request)
-        if isinstance(body, JSONResponse):
-            return body
-        m = core.metrics
-        m.in_flight.inc()
-        try:
-            status, result = await chat(body)
-        finally:
-            m.in_flight.dec()
-        if status != 200:
-            m.errors.labels("bad_request" if status < 500 else "engine").inc()
-            return JSONResponse(result, status_code=status)
-        if isinstance(result, dict):
-            usage = result.get("usage") or {}
-            m.prompt_tokens.inc(usage.get("prompt_tokens", 0))
-            m.generated_tokens.inc(usage.get("completion_tokens", 0))
-            for choice in result.get("choices", []):
-                m.requests.labels(choice.get("finish_reason") or "stop").inc()
-            return JSONResponse(result)
-        return StreamingResponse(result, media_type="text/event-stream")
+        return await _openai_route(core, chat, "chat completions", request)
+
+    @app.post(COMPLETIONS_PATH)
+    async def text_completions(request: Request) -> Response:
+        return await _openai_route(core, completions, "text completions", request)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        """The one model this server serves, as OpenAI's model list."""
+        card = {
+            "id": core.config.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "agentloop",
+            "root": core.config.model,
+            "max_model_len": core.engine.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
 
     @app.get("/health")
     async def health() -> Response:

@@ -1,14 +1,16 @@
 """Per-request work limits of the HTTP front, checked before a request is admitted.
 
-A request's work is its number of sequences (``n`` choices of a chat request; ``/generate``
-samples one), how many tokens each may generate (``max_tokens``) and its prompt. One request
-could otherwise ask for enough of any of them to hold the engine for everyone, and the
-admission limit (``max_concurrent_requests``) counts sequences, so ``n`` is also what a
-request costs there. Ray calls to the actor are not limited here.
+A request's work is its number of sequences (``n`` choices of a chat request, ``n`` per prompt
+of a text completion; ``/generate`` samples one), how many tokens each may generate
+(``max_tokens``) and its prompt. One request could otherwise ask for enough of any of them to
+hold the engine for everyone, and the admission limit (``max_concurrent_requests``) counts
+sequences, so ``n`` is also what a request costs there. Ray calls to the actor are not limited
+here.
 
 Only fields the client sent with the right type are checked; a mistyped one is left to the
 route's own validation, which names what is wrong with it. A chat prompt's length is known only
-after the chat template: ``VLLMChat`` checks it there (``check_prompt_tokens``).
+after the chat template, a text prompt's once tokenized: ``VLLMOpenAI`` checks them there
+(``check_prompt_tokens``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from servers.types import GenerateInputError
 __all__ = ["check_prompt_tokens", "request_sequences"]
 
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 GENERATE_PATH = "/generate"
 
 
@@ -90,4 +93,27 @@ def request_sequences(path: str, body: Any, config: ServerConfig) -> int:
             return 1  # absent (1) or invalid: the chat layer answers the invalid with a 400
         _check_n(n, config)
         return n
+    if path == COMPLETIONS_PATH:
+        _check_max_tokens({"max_tokens": body.get("max_tokens")}, config)
+        n = _int(body.get("n"))
+        n = n if n is not None and n >= 1 else 1  # invalid: the completions layer says so
+        _check_n(n, config)
+        prompts = _prompts(body.get("prompt"))
+        limit = config.max_concurrent_requests
+        if n * prompts > limit:  # could never be admitted: say so, not 503 forever
+            raise GenerateInputError(
+                f"prompt holds {prompts} prompts of n={n} sequences each, {n * prompts} in all, "
+                f"over this server's limit max_concurrent_requests={limit} (agentloop-serve "
+                "--max-concurrent-requests): send fewer prompts per request",
+                param="prompt",
+            )
+        return n * prompts
+    return 1
+
+
+def _prompts(prompt: Any) -> int:
+    """Prompts in a completion request's ``prompt``: one text or token list, or a batch of
+    them (anything else counts as one; the completions layer answers it with a 400)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return len(prompt)
     return 1

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from servers.config import ServerConfig
+from servers.engine_args import check_known_args
 from servers.types import EngineDeadError, TokenOutput
 from servers.weights import WeightSyncInfo
 
-__all__ = ["SGLangEngine", "to_sglang_sampling", "from_sglang_output"]
+__all__ = ["SGLangEngine", "engine_args", "to_sglang_sampling", "from_sglang_output"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,34 @@ def from_sglang_output(result: dict[str, Any], want_logprobs: bool = True) -> To
     return TokenOutput(token_ids=token_ids, log_probs=log_probs, finish_reason=reason)
 
 
+def engine_args(cfg: ServerConfig) -> dict[str, Any]:
+    """``sglang.Engine`` keyword arguments for ``cfg``: the server's own, then
+    ``cfg.engine_kwargs`` (checked against SGLang's ``ServerArgs``)."""
+    check_known_args("sglang", cfg.engine_kwargs)
+    for name in ("max_num_batched_tokens", "enable_chunked_prefill"):
+        if getattr(cfg, name) is not None:
+            logger.warning(
+                "%s is a vLLM setting and has no effect on SGLang: pass SGLang's own "
+                "(chunked_prefill_size, max_prefill_tokens) in engine_kwargs",
+                name,
+            )
+    args: dict[str, Any] = dict(
+        model_path=cfg.model,
+        trust_remote_code=cfg.trust_remote_code,
+        dtype=cfg.dtype,
+        tp_size=cfg.tensor_parallel_size,
+        mem_fraction_static=cfg.gpu_memory_utilization,
+        context_length=cfg.max_model_len,
+        skip_tokenizer_init=True,
+        enable_memory_saver=True,
+        disable_radix_cache=not cfg.enable_prefix_caching,
+        random_seed=cfg.seed,
+    )
+    if cfg.enforce_eager is not None:  # None: SGLang's default (CUDA graphs on)
+        args["disable_cuda_graph"] = cfg.enforce_eager
+    return {**args, **cfg.engine_kwargs}  # ServerConfig refused any overlap
+
+
 class SGLangEngine:
     """Adapter with the same methods as ``VLLMEngine``. ``engine`` may be passed in (an
     already-built ``sglang.Engine``); otherwise ``start`` builds one from the config."""
@@ -64,21 +93,10 @@ class SGLangEngine:
         self._sleeping = False
 
     async def start(self) -> None:
-        cfg = self.config
         if self.engine is None:
             import sglang
 
-            self.engine = sglang.Engine(
-                model_path=cfg.model,
-                dtype=cfg.dtype,
-                tp_size=cfg.tensor_parallel_size,
-                mem_fraction_static=cfg.gpu_memory_utilization,
-                context_length=cfg.max_model_len,
-                skip_tokenizer_init=True,
-                enable_memory_saver=True,
-                disable_radix_cache=not cfg.enable_prefix_caching,
-                random_seed=cfg.seed,
-            )
+            self.engine = sglang.Engine(**engine_args(self.config))
         tm = self.engine.tokenizer_manager
         self.vocab_size = int(tm.model_config.vocab_size)
         self.max_model_len = int(tm.context_len)

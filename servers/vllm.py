@@ -14,13 +14,17 @@ import pickle
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from servers.config import ServerConfig, parse_cores
+from servers.engine_args import check_known_args
 from servers.types import EngineDeadError, GenerateInputError, TokenOutput
 from servers.weights import StagedBucket, WeightSyncInfo, new_staging_file, stage_bucket
+
+if TYPE_CHECKING:
+    from servers.vllm_openai import VLLMOpenAI
 
 __all__ = ["VLLMEngine", "to_vllm_sampling"]
 
@@ -63,6 +67,7 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         cfg = self.config
+        check_known_args("vllm", cfg.engine_kwargs)  # here, not as a TypeError deep in vLLM
         cpu = _on_cpu()
         if cpu and cfg.weight_transfer != "host":
             raise ValueError(
@@ -88,6 +93,8 @@ class VLLMEngine:
                 os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         args = AsyncEngineArgs(
             model=cfg.model,
+            tokenizer=cfg.tokenizer,
+            trust_remote_code=cfg.trust_remote_code,
             served_model_name=cfg.model_name,
             dtype=dtype,
             tensor_parallel_size=cfg.tensor_parallel_size,
@@ -99,10 +106,13 @@ class VLLMEngine:
             logprobs_mode=cfg.logprobs_mode,
             scheduling_policy=cfg.scheduling_policy,
             max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
             seed=cfg.seed,
             worker_extension_cls="servers.vllm_worker.WeightLoaderExtension",
             weight_transfer_config=transfer,
             disable_log_stats=True,
+            **cfg.engine_kwargs,  # none of the above: ServerConfig refuses those
         )
         t0 = time.perf_counter()
         self.engine = AsyncLLM.from_engine_args(args)
@@ -168,13 +178,19 @@ class VLLMEngine:
         reason = choice.finish_reason if choice.finish_reason in ("stop", "length") else "abort"
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, finish_reason=reason)
 
-    def chat_handler(self):
-        """OpenAI chat completions over this engine (vLLM's serving layer + tool parser)."""
-        from servers.vllm_openai import VLLMChat
+    def openai(self) -> VLLMOpenAI:
+        """OpenAI chat and text completions over this engine (vLLM's serving layer + tool
+        parser)."""
+        from servers.vllm_openai import VLLMOpenAI
 
         cfg = self.config
-        return VLLMChat(
-            self._require(), cfg.model, cfg.model_name, cfg.tool_parser, cfg.max_prompt_tokens
+        return VLLMOpenAI(
+            self._require(),
+            cfg.model,
+            cfg.model_name,
+            cfg.tool_parser,
+            cfg.max_prompt_tokens,
+            chat_template=cfg.chat_template,
         )
 
     async def abort(self, request_id: str) -> None:
@@ -281,11 +297,17 @@ class VLLMEngine:
     async def health(self) -> dict[str, Any]:
         engine = self._require()
         await engine.check_health()
+        scheduler = engine.vllm_config.scheduler_config
         return {
             "backend": "vllm",
             "model": self.config.model_name,
             "sleeping": self._sleeping,
             "max_model_len": self.max_model_len,
+            # what the engine resolved its defaults to, so a deployment can see them
+            "max_num_seqs": scheduler.max_num_seqs,
+            "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+            "enable_chunked_prefill": scheduler.enable_chunked_prefill,
+            "enforce_eager": engine.model_config.enforce_eager,
         }
 
     def shutdown(self) -> None:

@@ -1,23 +1,26 @@
-"""The OpenAI chat-completions endpoint, served by vLLM's own serving layer and Hermes tool
-parser over the running ``AsyncLLM`` (reuse beats a hand-written copy).
+"""The OpenAI chat-completions and (text) completions endpoints, served by vLLM's own serving
+layer and Hermes tool parser over the running ``AsyncLLM`` (reuse beats a hand-written copy).
 
 The HTTP front checks a request's ``n`` and ``max_tokens`` before admitting it
 (``servers/limits.py``); its prompt length is known only once vLLM has applied the chat
-template, so ``max_prompt_tokens`` is checked here, before the engine sees the request."""
+template (or tokenized a text prompt), so ``max_prompt_tokens`` is checked here, before the
+engine sees the request."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from servers.limits import check_prompt_tokens
 from servers.types import GenerateInputError, error_body
 
-__all__ = ["VLLMChat"]
+__all__ = ["VLLMOpenAI"]
 
 
-class VLLMChat:
-    """``await chat(body) -> (status, json | async iterator of SSE strings)``."""
+class VLLMOpenAI:
+    """``await chat(body)`` / ``await completions(body)`` -> ``(status, json | async iterator
+    of SSE strings)``."""
 
     def __init__(
         self,
@@ -26,8 +29,12 @@ class VLLMChat:
         served_name: str,
         tool_parser: str,
         max_prompt_tokens: int | None = None,
+        *,
+        chat_template: str | None = None,
     ) -> None:
+        """``chat_template``: Jinja text rendering chat requests instead of the tokenizer's."""
         from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+        from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
         from vllm.entrypoints.openai.models.protocol import BaseModelPath
         from vllm.entrypoints.openai.models.serving import OpenAIServingModels
         from vllm.renderers.online_renderer import OnlineRenderer
@@ -38,7 +45,7 @@ class VLLMChat:
         )
         common: dict[str, Any] = dict(
             request_logger=None,
-            chat_template=None,
+            chat_template=chat_template,
             chat_template_content_format="auto",
             enable_auto_tools=True,
             tool_parser=tool_parser,
@@ -46,50 +53,78 @@ class VLLMChat:
         renderer = OnlineRenderer(
             model_config=engine.model_config, renderer=engine.renderer, **common
         )
-        serving_cls = OpenAIServingChat
+        chat_cls, completion_cls = OpenAIServingChat, OpenAIServingCompletion
         if max_prompt_tokens is not None:
-            serving_cls = _prompt_limited(OpenAIServingChat, max_prompt_tokens)
-        self._serving = serving_cls(engine, models, "assistant", online_renderer=renderer, **common)
+            chat_cls, completion_cls = _prompt_limited(chat_cls, completion_cls, max_prompt_tokens)
+        self._chat = chat_cls(engine, models, "assistant", online_renderer=renderer, **common)
+        self._completion = completion_cls(
+            engine, models, online_renderer=renderer, request_logger=None
+        )
 
-    async def __call__(self, body: dict[str, Any]) -> tuple[int, Any]:
-        from pydantic import ValidationError
+    async def chat(self, body: dict[str, Any]) -> tuple[int, Any]:
         from vllm.entrypoints.openai.chat_completion.protocol import (
             ChatCompletionRequest,
             ChatCompletionResponse,
         )
-        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-        from vllm.exceptions import GenerationError, VLLMClientError
 
-        try:
-            request = _validated(ChatCompletionRequest, body)
-            result = await self._serving.create_chat_completion(request, raw_request=None)
-        except GenerateInputError as exc:  # over max_prompt_tokens
-            return 400, error_body(str(exc), param=exc.param)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first.get("loc", ()))
-            return 400, error_body(f"{field}: {first.get('msg')}", param=field or None)
-        except (VLLMClientError, ValueError) as exc:
-            return 400, error_body(str(exc))
-        except RecursionError:  # e.g. tool-call arguments JSON nested past json's limit
-            return 400, error_body("a JSON string in the request is nested too deeply to parse")
-        except GenerationError:  # the engine ended the request with finish reason "error"
-            if _constrained(request):
-                return 400, error_body(CONSTRAINT_FAILED)
-            return 500, error_body("the engine failed this request: see the server log", code=500)
-        if isinstance(result, ErrorResponse):
-            return result.error.code, result.model_dump()
-        if isinstance(result, ChatCompletionResponse):
-            return 200, result.model_dump()
-        # streaming: async iterator of "data: ...\n\n" strings
-        return 200, _constraint_errors_named(result) if _constrained(request) else result
+        return await _serve(
+            ChatCompletionRequest, ChatCompletionResponse, self._chat.create_chat_completion, body
+        )
+
+    async def completions(self, body: dict[str, Any]) -> tuple[int, Any]:
+        from vllm.entrypoints.openai.completion.protocol import (
+            CompletionRequest,
+            CompletionResponse,
+        )
+
+        return await _serve(
+            CompletionRequest, CompletionResponse, self._completion.create_completion, body
+        )
 
 
-def _prompt_limited(serving_cls: Any, limit: int) -> Any:
-    """``serving_cls`` that raises ``GenerateInputError`` for a templated prompt over ``limit``
-    tokens (vLLM renders the chat in ``render_chat_request``, before scheduling it)."""
+async def _serve(
+    request_cls: Any,
+    response_cls: Any,
+    create: Callable[..., Awaitable[Any]],
+    body: dict[str, Any],
+) -> tuple[int, Any]:
+    """Validate ``body`` as ``request_cls``, run it through vLLM's ``create`` and map every
+    failure to a status and an OpenAI error body."""
+    from pydantic import ValidationError
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+    from vllm.exceptions import GenerationError, VLLMClientError
 
-    class PromptLimited(serving_cls):
+    try:
+        request = _validated(request_cls, body)
+        result = await create(request, raw_request=None)
+    except GenerateInputError as exc:  # over max_prompt_tokens
+        return 400, error_body(str(exc), param=exc.param)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first.get("loc", ()))
+        return 400, error_body(f"{field}: {first.get('msg')}", param=field or None)
+    except (VLLMClientError, ValueError) as exc:
+        return 400, error_body(str(exc))
+    except RecursionError:  # e.g. tool-call arguments JSON nested past json's limit
+        return 400, error_body("a JSON string in the request is nested too deeply to parse")
+    except GenerationError:  # the engine ended the request with finish reason "error"
+        if _constrained(request):
+            return 400, error_body(CONSTRAINT_FAILED)
+        return 500, error_body("the engine failed this request: see the server log", code=500)
+    if isinstance(result, ErrorResponse):
+        return result.error.code, result.model_dump()
+    if isinstance(result, response_cls):
+        return 200, result.model_dump()
+    # streaming: async iterator of "data: ...\n\n" strings
+    return 200, _constraint_errors_named(result) if _constrained(request) else result
+
+
+def _prompt_limited(chat_cls: Any, completion_cls: Any, limit: int) -> tuple[Any, Any]:
+    """``chat_cls`` and ``completion_cls`` that raise ``GenerateInputError`` for a prompt over
+    ``limit`` tokens once vLLM has rendered it (``render_chat_request`` applies the chat
+    template, ``render_completion_request`` tokenizes a text prompt), before scheduling it."""
+
+    class ChatLimited(chat_cls):
         async def render_chat_request(self, request: Any) -> Any:
             result = await super().render_chat_request(request)
             if isinstance(result, tuple):  # (conversation, engine inputs); else an error
@@ -98,7 +133,16 @@ def _prompt_limited(serving_cls: Any, limit: int) -> Any:
                     check_prompt_tokens("messages", length, limit, " after the chat template")
             return result
 
-    return PromptLimited
+    class CompletionLimited(completion_cls):
+        async def render_completion_request(self, request: Any) -> Any:
+            result = await super().render_completion_request(request)
+            if isinstance(result, list):  # one engine input per prompt; else an error
+                for engine_input in result:
+                    length = self._extract_prompt_len(engine_input)
+                    check_prompt_tokens("prompt", length, limit)
+            return result
+
+    return ChatLimited, CompletionLimited
 
 
 # vLLM checks a grammar before the request starts, but its backends (xgrammar, guidance as
@@ -117,7 +161,7 @@ def _constrained(request: Any) -> bool:
     return (
         request.structured_outputs is not None
         or fmt != "text"
-        or request.tool_choice not in (None, "none", "auto")
+        or getattr(request, "tool_choice", None) not in (None, "none", "auto")  # chat only
     )
 
 

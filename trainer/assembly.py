@@ -31,7 +31,13 @@ from servers.config import parse_cores
 from trainer.checkpoint import CheckpointManager, checkpoint_bytes
 from trainer.config.run import TrainerConfig
 from trainer.config.schema import Config
-from trainer.config.validate import check_train_config, check_weight_transfer, resolve_device
+from trainer.config.validate import (
+    check_train_config,
+    check_weight_transfer,
+    resolve_device,
+    servers_for,
+    warn_cpu_noops,
+)
 from trainer.dataloader import PromptSampler
 from trainer.launch import RolloutSetup, load_split, prepare_rollout, start_rollout, stop_rollout
 from trainer.rewards.build import build_rewards, check_rewards
@@ -116,6 +122,8 @@ def plan_run(config: Config) -> RunPlan:
             "while the trainer updates): set actor_rollout_ref.hybrid_engine=False"
         )
     check_weight_transfer(config, device)
+    servers_for(config, device)  # raises when the GPUs do not split into rollout servers
+    warn_cpu_noops(config, device)
     setup = prepare_rollout(config)
     train_rows = load_split(config, setup, "train")
     val_rows = load_split(config, setup, "val") if config.data.val_files else []
@@ -126,7 +134,8 @@ def plan_run(config: Config) -> RunPlan:
     if run.save_freq > 0:
         contents = config.actor_rollout_ref.actor.checkpoint.save_contents
         checkpoints.check_free_space(checkpoint_bytes(setup.model_path, contents))
-    check_rewards(config)
+    # before any server starts: reward functions, and a built-in scorer for every row to score
+    check_rewards(config, {"train": train_rows, "val": val_rows})
     write_config(config, checkpoints.root)
     tracking = Tracking(
         run.logger,
@@ -176,7 +185,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
     # Colocated: a server and a trainer rank each take half of the same GPU in Ray's
     # accounting; the server sleeps while the trainer computes.
     share = 0.5 if colocated else None
-    model_path = plan.setup.model_path
+    model = plan.setup.model  # resolved at start-up: local folders, template text
     with ExitStack() as undo:  # stops, newest first, what started if a later part fails
         undo.callback(plan.tracking.finish)
         tagger = configure_traces(ref.rollout.trace, config.trainer, plan)
@@ -184,14 +193,15 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             undo.callback(tagger.close)
         init_ray(config.trainer.worker_log_level, {RUN_DIR_ENV: str(plan.checkpoints.root)})
         # Before the servers: the agent-loop workers take the trace settings with them.
-        servers, manager = start_rollout(ref.rollout, model_path, share)
+        count = servers_for(config, plan.device)
+        servers, manager = start_rollout(ref.rollout, model, share, num_servers=count)
         undo.callback(stop_rollout, servers, manager)
         rewards, judge_servers = build_rewards(config, plan.setup.tokenizer, plan.device)
         undo.callback(_stop_rewards, rewards, judge_servers)
         world = config.trainer.world_size
         spec = WorkerSpec(
-            model_path=model_path,
-            model=ref.model,
+            model_path=model.path,
+            model=model,
             actor=ref.actor,
             ref=ref.ref,
             need_ref=needs_ref_policy(config),
@@ -204,6 +214,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             if ref.actor.cpu_cores is not None
             else None,
             gpu_share=share or 1.0,
+            total_steps=config.trainer.total_steps(len(plan.sampler)),
         )
         workers = WorkerGroup(spec, world)
         undo.callback(workers.shutdown)

@@ -243,6 +243,8 @@ class AsyncPPOTrainer(RayPPOTrainer):
         metrics["timing_s/wait_rollout"] = waited
         metrics["async/trainer_idle_frac"] = waited / max(time.perf_counter() - start, 1e-9)
         metrics["timing_s/step"] = time.perf_counter() - start
+        epoch = max(s.admitted.key[0] for s in groups)  # the sampler's epoch of the prompts
+        metrics |= self._verl_step_metrics(metrics, rollout, epoch)
         return metrics
 
     def _log_prompts(self, step: int, groups: list[_Scored]) -> None:

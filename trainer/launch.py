@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentloop.config import RolloutConfig
-from servers import stop_servers
+from servers import engine_args, stop_servers
+from trainer.config.actor import ModelConfig
 from trainer.config.reward import JudgeConfig
 from trainer.config.schema import Config
 from trainer.worker_logs import init_ray
@@ -21,6 +22,7 @@ logger = logging.getLogger("agentloop.train")
 
 __all__ = [
     "RolloutSetup",
+    "check_engine_kwargs",
     "warn_toolless_rows",
     "load_split",
     "prepare_rollout",
@@ -34,31 +36,39 @@ __all__ = [
 class RolloutSetup:
     """What ``prepare_rollout`` checked and loaded; nothing runs yet."""
 
-    model_path: str
-    """The resolved model folder (an asset name becomes its path)."""
+    model: ModelConfig
+    """``actor_rollout_ref.model`` resolved (``resolve_model_config``): its ``path`` and
+    ``tokenizer_path`` are local folders, ``custom_chat_template`` is template text. Every
+    part started from here loads these."""
     tokenizer: Any
+    """The policy's tokenizer (``tokenizer_path``, with ``custom_chat_template``)."""
     tool_names: list[str]
     tool_schemas: list[dict[str, Any]]
 
+    @property
+    def model_path(self) -> str:
+        """The resolved model folder (an asset name or hub id becomes its folder)."""
+        return self.model.path
+
 
 def prepare_rollout(config: Config) -> RolloutSetup:
-    """Everything that can be wrong about the model, agent loops and tools; raises ValueError."""
-    from transformers import AutoTokenizer
-
+    """Everything that can be wrong about the model, engine arguments, agent loops and tools;
+    raises ValueError. The model (a hub id too) is resolved to local folders here, once."""
     from agentloop import get_agent_loop, load_agent_loop_config
     from agentloop.tools import load_tool_config
-    from trainer.models import resolve_model
+    from trainer.models import resolve_model_config, tokenizer_source
 
     rollout = config.actor_rollout_ref.rollout
-    model_path = resolve_model(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
+    model = resolve_model_config(config.actor_rollout_ref.model, "actor_rollout_ref.model")
+    check_engine_kwargs(rollout)
     if rollout.agent.agent_loop_config_path:
         load_agent_loop_config(rollout.agent.agent_loop_config_path)
     get_agent_loop(rollout.agent.default_agent_loop)
     path = rollout.multi_turn.tool_config_path
     tools = load_tool_config(path) if path else {}
     return RolloutSetup(
-        model_path=model_path,
-        tokenizer=AutoTokenizer.from_pretrained(model_path),
+        model=model,
+        tokenizer=tokenizer_source(model).load(),
         tool_names=sorted(tools),
         tool_schemas=[t.tool_schema for t in tools.values()],
     )
@@ -110,21 +120,58 @@ def warn_toolless_rows(
     )
 
 
+# The rollout key that sets each ServerConfig field start_rollout fills (servers/engine_args.py
+# names these when an engine_kwargs entry would override one).
+_ROLLOUT = "actor_rollout_ref.rollout"
+_SERVER_FIELD_KEYS = {
+    "model": "actor_rollout_ref.model.path",
+    "tokenizer": "actor_rollout_ref.model.tokenizer_path",
+    "trust_remote_code": "actor_rollout_ref.model.trust_remote_code",
+    "tensor_parallel_size": f"{_ROLLOUT}.tensor_model_parallel_size",
+    "gpu_memory_utilization": f"{_ROLLOUT}.gpu_memory_utilization",
+    "max_model_len": f"{_ROLLOUT}.max_model_len",
+    "enforce_eager": f"{_ROLLOUT}.enforce_eager",
+    "scheduling_policy": f"{_ROLLOUT}.scheduling_policy",
+    "max_num_seqs": f"{_ROLLOUT}.max_num_seqs",
+    "max_num_batched_tokens": f"{_ROLLOUT}.max_num_batched_tokens",
+    "enable_chunked_prefill": f"{_ROLLOUT}.enable_chunked_prefill",
+    "weight_transfer": f"{_ROLLOUT}.weight_transfer",
+}
+
+
+def check_engine_kwargs(rollout: RolloutConfig) -> None:
+    """``rollout.engine_kwargs.<name>`` (the running backend's table) holds only arguments
+    that the engine takes and that no rollout key sets; the error names the key to use. Imports
+    the engine (vLLM: some seconds) only when the table is not empty."""
+    kwargs = getattr(rollout.engine_kwargs, rollout.name)
+    key = f"{_ROLLOUT}.engine_kwargs.{rollout.name}"
+    engine_args.check_engine_kwargs(rollout.name, kwargs, key=key, owners=_SERVER_FIELD_KEYS)
+
+
 def start_rollout(
-    rollout: RolloutConfig, model_path: str, gpu_share: float | None = None
+    rollout: RolloutConfig,
+    model: ModelConfig,
+    gpu_share: float | None = None,
+    *,
+    num_servers: int,
 ) -> tuple[list[Any], AgentLoopManager]:
     """Ray (local unless already connected), the AsyncServers and the AgentLoopManager (which
     restarts a server that dies; the handles list is updated in place), from
-    ``actor_rollout_ref.rollout``.
+    ``actor_rollout_ref.rollout`` and the resolved ``model`` (``RolloutSetup.model``).
 
     ``gpu_share``: GPUs per tensor-parallel rank a server asks Ray for (None: whole GPUs;
-    a fraction lets colocated trainer ranks share them)."""
+    a fraction lets colocated trainer ranks share them). ``num_servers``: how many
+    (``servers_for``)."""
 
     from agentloop import AgentLoopManager
     from servers import ServerConfig, ServerGroup
+    from trainer.models import tokenizer_source
 
     server_config = ServerConfig(
-        model=model_path,
+        model=model.path,
+        tokenizer=model.tokenizer_path,
+        trust_remote_code=model.trust_remote_code,
+        chat_template=model.custom_chat_template,
         backend=rollout.name,
         tensor_parallel_size=rollout.tensor_model_parallel_size,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
@@ -132,17 +179,21 @@ def start_rollout(
         cpu_cores=rollout.cpu_cores,
         scheduling_policy=rollout.scheduling_policy,
         max_num_seqs=rollout.max_num_seqs,
+        max_num_batched_tokens=rollout.max_num_batched_tokens,
+        enable_chunked_prefill=rollout.enable_chunked_prefill,
+        enforce_eager=rollout.enforce_eager,
+        engine_kwargs=getattr(rollout.engine_kwargs, rollout.name),
         weight_transfer=rollout.weight_transfer,
     )
     init_ray()  # no-op where agentloop-train started it at trainer.worker_log_level
     num_gpus = None if gpu_share is None else gpu_share * rollout.tensor_model_parallel_size
     group = ServerGroup(
         server_config,
-        rollout.num_servers,
+        num_servers,
         num_gpus=num_gpus,
         max_restarts=rollout.recovery.max_server_restarts,
     )
-    return group.handles, AgentLoopManager(rollout, group, model_path)
+    return group.handles, AgentLoopManager(rollout, group, tokenizer_source(model))
 
 
 def start_judge(judge: JudgeConfig, device: str) -> tuple[list[Any], Any, Any]:

@@ -8,6 +8,11 @@
          ─> weight sync to every server
          ─> metrics; validation every ``test_freq``; checkpoint every ``save_freq``
 
+Metrics are logged under our names and, where verl has one, under verl's too
+(``trainer.verl_metrics``), so a verl dashboard carries over. Validation samples
+``rollout.val_kwargs.n`` responses per prompt with ``val_kwargs`` (greedy by default) and logs
+verl's ``val-core``/``val-aux`` metrics (``trainer.val_metrics``) beside ours (``val/*``).
+
 Old log-probs are recomputed by the trainer (not taken from the engine), so the PPO ratio
 is exact; the gap between the two is logged (``rollout/logprob_gap_*``) as a health check.
 
@@ -35,6 +40,8 @@ from trainer.checkpoint import CheckpointManager, CheckpointSaveError
 from trainer.config.schema import Config
 from trainer.dataloader import PromptSampler
 from trainer.rewards.manager import RewardOutput
+from trainer.val_metrics import validation_metrics
+from trainer.verl_metrics import data_metrics, step_metrics
 from trainer.workers import TrainBatch, TrainerWorkerDiedError
 from trainer.workers.policy_math import correction_weights
 
@@ -120,7 +127,7 @@ class RayPPOTrainer:
         self.config, self.parts, self.sampler = config, parts, sampler
         self.val_rows = val_rows or []
         run = config.trainer
-        self.total_steps = run.total_training_steps or run.total_epochs * len(sampler)
+        self.total_steps = run.total_steps(len(sampler))
         self.need_ref = needs_ref_policy(config)
         # The parts the loop drives, by their short names.
         self.manager = parts.manager
@@ -204,6 +211,7 @@ class RayPPOTrainer:
         metrics: dict[str, float] = {"training/step": float(step)}
         start = time.perf_counter()
         rows = self.sampler.next_batch()
+        epoch = self.sampler.epoch
         # timing_s/gen inside its metrics
         rollout = self.manager.generate_sequences(rows, trace=TraceContext(step=step))
         metrics |= rollout.metrics
@@ -217,7 +225,19 @@ class RayPPOTrainer:
         metrics |= self.update(step, rollout, reward)
         metrics |= self.sync.push()
         metrics["timing_s/step"] = time.perf_counter() - start
+        metrics |= self._verl_step_metrics(metrics, rollout, epoch)
         return metrics
+
+    def _verl_step_metrics(
+        self, metrics: dict[str, float], rollout: RolloutBatch, epoch: int
+    ) -> dict[str, float]:
+        return step_metrics(
+            metrics,
+            attention_mask=rollout.attention_mask,
+            prompt_width=rollout.prompts.shape[1],
+            epoch=epoch,
+            n_gpus=self.config.trainer.world_size,
+        )
 
     def update(self, step: int, rollout: RolloutBatch, reward: RewardOutput) -> dict[str, float]:
         """Old (and reference) log-probs, advantages and the PPO update of a scored rollout
@@ -253,7 +273,7 @@ class RayPPOTrainer:
             with _timer(metrics, "ref"):
                 batch.ref_log_probs = self.workers.compute_ref_log_prob(batch)
         with _timer(metrics, "adv"):
-            token_rewards = reward.token_rewards
+            token_rewards = reward.token_rewards  # [batch, response] or None: scores alone
             if cfg.algorithm.use_kl_in_reward:
                 assert batch.ref_log_probs is not None
                 if token_rewards is None:
@@ -277,6 +297,16 @@ class RayPPOTrainer:
                 token_rewards=token_rewards,
             )
         metrics |= _masked_stats("critic/advantages", batch.advantages, mask)
+        metrics |= data_metrics(
+            attention_mask=rollout.attention_mask,
+            prompt_width=rollout.prompts.shape[1],
+            scores=scores,
+            token_scores=reward.token_rewards,
+            token_rewards=token_rewards,
+            advantages=batch.advantages,
+            response_mask=mask,
+            estimator=cfg.algorithm.adv_estimator,
+        )
         mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
         with _timer(metrics, "update_actor"):
             metrics |= self.workers.update_actor(batch, mini, seed=cfg.trainer.seed + step)
@@ -301,10 +331,13 @@ class RayPPOTrainer:
         }
 
     def _validate(self, step: int) -> dict[str, float]:
-        """One sample per validation prompt; mean reward overall and per data_source."""
+        """``rollout.val_kwargs.n`` responses per validation prompt, sampled with
+        ``val_kwargs`` (greedy by default); mean reward overall and per data_source, and
+        verl's ``val-core``/``val-aux`` metrics."""
         start = time.perf_counter()
+        n = self.config.actor_rollout_ref.rollout.val_kwargs.n
         batch = self.manager.generate_sequences(
-            self.val_rows, n=1, trace=TraceContext(step=step, validate=True)
+            self.val_rows, n=n, trace=TraceContext(step=step, validate=True)
         )
         reward = self.rewards.score(batch)
         scores = reward.scores
@@ -315,11 +348,15 @@ class RayPPOTrainer:
             "val/num_turns/mean": float(sum(batch.num_turns) / len(batch)),
             "val/tool_calls/mean": float(sum(batch.tool_calls) / len(batch)),
         }
+        sources = [str(row.get("data_source", "unknown")) for row in batch.rows]
         by_source: dict[str, list[float]] = {}
-        for row, score in zip(batch.rows, scores.tolist(), strict=True):
-            by_source.setdefault(str(row.get("data_source", "unknown")), []).append(score)
+        for source, score in zip(sources, scores.tolist(), strict=True):
+            by_source.setdefault(source, []).append(score)
         for source, values in by_source.items():
             out[f"val/{source}/reward/mean"] = sum(values) / len(values)
+        out |= validation_metrics(
+            sources, batch.uid, scores.tolist(), reward.extra_info, batch.num_turns
+        )
         out["timing_s/validate"] = time.perf_counter() - start
         return out
 

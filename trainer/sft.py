@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from trainer.checkpoint import CheckpointManager
-from trainer.config.sft import SFTConfig
+from trainer.config.sft import SFTConfig, SFTModelConfig
 from trainer.sft_data import SFTSample, collate_sft, encode_rows, epoch_order
 from trainer.worker_logs import init_ray
 
@@ -41,7 +41,8 @@ CONTENTS = ["model", "optimizer", "extra", "hf_model"]
 class SFTSetup:
     """What start-up resolved and checked: everything the run needs besides the config."""
 
-    model_path: str
+    model: SFTModelConfig
+    """``model`` resolved at start-up (``resolve_model_config``): local folders, template text."""
     device: str
     pad_token_id: int
     train: list[SFTSample]
@@ -88,14 +89,12 @@ def _samples(cfg: SFTConfig, tokenizer: Any, key: str) -> list[SFTSample]:
 def prepare(cfg: SFTConfig) -> SFTSetup:
     """Start-up checks (model, data, batch sizes, device, checkpoint folder), before any
     worker starts; every problem is a ``ValueError`` saying what to set."""
-    from transformers import AutoTokenizer
-
-    from trainer.models import resolve_model
+    from trainer.models import resolve_model_config, tokenizer_source
 
     trainer = cfg.trainer
-    model_path = resolve_model(cfg.model.path, "model.path")
+    model = resolve_model_config(cfg.model, "model")
     device = _device(trainer.device, trainer.n_gpus_per_node, trainer.nnodes)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = tokenizer_source(model).load()  # custom_chat_template renders the conversations
     train = _samples(cfg, tokenizer, "train_files")
     val = _samples(cfg, tokenizer, "val_files")
     batch_size = cfg.data.train_batch_size
@@ -121,7 +120,7 @@ def prepare(cfg: SFTConfig) -> SFTSetup:
         )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return SFTSetup(
-        model_path=model_path,
+        model=model,
         device=device,
         pad_token_id=int(pad),
         train=train,
@@ -147,13 +146,14 @@ def _worker_spec(cfg: SFTConfig, setup: SFTSetup) -> WorkerSpec:
     )
     world = cfg.trainer.world_size
     return WorkerSpec(
-        model_path=setup.model_path,
-        model=cfg.model,
+        model_path=setup.model.path,
+        model=setup.model,
         actor=actor,
         ref=RefConfig(),
         need_ref=False,
         device=setup.device,
         threads=max(1, (os.cpu_count() or 1) // world) if setup.device == "cpu" else 1,
+        total_steps=setup.total_steps,
     )
 
 

@@ -7,9 +7,10 @@
   (the key's prefix before the first ``/``), keys sorted, 4 significant digits.
 - ``jsonl``: ``{"step": N, **metrics}`` appended to ``<run_dir>/metrics.jsonl``.
 - ``mlflow``: ``MLFLOW_TRACKING_URI`` or ``sqlite:///<run_dir>/mlruns.db``; experiment =
-  project, run = experiment. The run id is kept in ``<run_dir>/mlflow_run_id`` so a resumed
-  training run continues the same MLflow run. Everything goes through an ``MlflowClient``
-  bound to that run: no global active run is started.
+  project, run = experiment; names MLflow refuses are mended (``@`` -> ``_at_``, as verl
+  does; other odd characters -> ``_``). The run id is kept in ``<run_dir>/mlflow_run_id`` so
+  a resumed training run continues the same MLflow run. Everything goes through an
+  ``MlflowClient`` bound to that run: no global active run is started.
 - ``tensorboard``: scalars in ``<run_dir>/tensorboard``.
 - ``wandb``: optional package; the run id is kept in ``<run_dir>/wandb_run_id``.
 
@@ -203,8 +204,10 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _mlflow_key(key: str) -> str:
-    """A name MLflow accepts: allowed characters only, no empty/``.``/``..`` path segments."""
-    key = _MLFLOW_BAD_CHARS.sub("_", key)
+    """A name MLflow accepts: allowed characters only, no empty/``.``/``..`` path segments.
+    ``@`` reads ``_at_`` as in verl's MLflow logger (``val-core/<source>/reward/mean_at_1``),
+    so a verl MLflow dashboard carries over."""
+    key = _MLFLOW_BAD_CHARS.sub("_", key.replace("@", "_at_"))
     parts = [p if p != ".." else "__" for p in key.split("/") if p not in ("", ".")]
     return ("/".join(parts) or "_")[:_MLFLOW_MAX_KEY_LEN]
 

@@ -3,8 +3,9 @@ the verl YAML layout:
 
 ```yaml
 tools:
-  - class_name: my_pkg.tools.CalculatorTool   # a BaseTool subclass
-    config: {type: native}                     # passed to the constructor
+  - class_name: my_pkg.tools.CalculatorTool   # a BaseTool subclass, or a class written
+    config: {type: native}                     # against verl's tool API (verl_adapter.py);
+                                               # config is passed to the constructor
     tool_schema: {type: function, function: {name: calc, description: ..., parameters: {...}}}
   - class_name: mcp                            # any name: MCP entries are read by type
     config: {type: mcp}
@@ -19,12 +20,14 @@ tools:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from agentloop.tools.base import BaseTool
+from agentloop.tools.verl_adapter import VERL_API, missing_verl_api, verl_tool
 
 __all__ = ["import_target", "load_tool_config"]
 
@@ -70,10 +73,7 @@ def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
             tool = qwen_agent_tool(target, config.get("cfg"))
             new = {tool.name: tool}
         elif kind == "native":
-            cls = import_target(entry["class_name"], where)
-            if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-                raise ValueError(f"{where}: {entry['class_name']} is not a BaseTool subclass")
-            tool = cls(config=config, tool_schema=entry.get("tool_schema"))
+            tool = _native_entry(entry, config, where)
             new = {tool.name: tool}
         else:
             raise ValueError(
@@ -84,6 +84,33 @@ def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
                 raise ValueError(f"{where}: a tool named {name!r} is already configured")
             tools[name] = tool
     return tools
+
+
+def _native_entry(entry: dict[str, Any], config: dict[str, Any], where: str) -> BaseTool:
+    """Our ``BaseTool`` subclass, or a class written against verl's tool API (wrapped)."""
+    target = entry["class_name"]
+    try:
+        cls = import_target(target, where)
+    except ValueError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ModuleNotFoundError) and importlib.util.find_spec("verl") is None:
+            if (cause.name or "").split(".")[0] == "verl":
+                raise ValueError(
+                    f"{where}: cannot import {target!r}: it needs verl, which is not installed "
+                    f"(No module named {cause.name!r}); install verl, or point class_name at "
+                    "your own module (a class written against verl's tool API runs here as is)"
+                ) from exc
+        raise
+    if isinstance(cls, type) and issubclass(cls, BaseTool):
+        return cls(config=config, tool_schema=entry.get("tool_schema"))
+    missing = missing_verl_api(cls)
+    if missing:
+        raise ValueError(
+            f"{where}: {target} is not a BaseTool subclass and does not follow verl's tool API "
+            f"(missing: {', '.join(missing)}); subclass agentloop.tools.BaseTool, or write "
+            f"it against verl's API: {VERL_API}"
+        )
+    return verl_tool(cls, config, entry.get("tool_schema"), where)
 
 
 def _mcp_entry(entry: dict[str, Any], path: Path, where: str) -> dict[str, BaseTool]:

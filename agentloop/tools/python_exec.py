@@ -147,8 +147,9 @@ class PythonExecTool(BaseTool):
         self, config: dict[str, Any] | None = None, tool_schema: dict[str, Any] | None = None
     ):
         super().__init__(config, tool_schema or SCHEMA)
-        # "type" and "max_concurrency" belong to the config loader and the ToolRunner.
-        options = {k: v for k, v in self.config.items() if k not in ("type", "max_concurrency")}
+        # "type" belongs to the config loader; "max_concurrency", "call_timeout_s" to the runner.
+        runner_keys = ("type", "max_concurrency", "call_timeout_s")
+        options = {k: v for k, v in self.config.items() if k not in runner_keys}
         self.options = PythonExecConfig(**options)
         opts = self.options
         self.limits = Limits(

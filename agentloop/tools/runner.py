@@ -49,7 +49,8 @@ class ToolRunner:
 
     One runner is shared by every sample of a worker, so its limits are worker-wide:
     ``max_concurrency`` calls in flight over all tools, and ``config["max_concurrency"]`` of a
-    tool for that tool. The timeout counts from when a call starts, not while it queues.
+    tool for that tool. A call's timeout is its tool's ``config["call_timeout_s"]``, else
+    ``timeout_s``; it counts from when the call starts, not while it queues.
     """
 
     def __init__(
@@ -67,6 +68,11 @@ class ToolRunner:
             for name, tool in tools.items()
             if tool.config.get("max_concurrency")
         }
+        self._timeouts = {
+            name: float(tool.config["call_timeout_s"])
+            for name, tool in tools.items()
+            if tool.config.get("call_timeout_s")
+        }
 
     async def run(self, calls: list[ToolCall], instances: Mapping[str, str]) -> list[CallOutcome]:
         return list(await asyncio.gather(*(self._one(c, instances) for c in calls)))
@@ -80,17 +86,18 @@ class ToolRunner:
 
     async def _execute(self, call: ToolCall, instances: Mapping[str, str]) -> CallOutcome:
         tool = self.tools[call.name]
+        timeout_s = self._timeouts.get(call.name, self.timeout_s)
         start = time.perf_counter()
         try:
             result = await asyncio.wait_for(
-                tool.execute(instances[call.name], call.arguments), self.timeout_s
+                tool.execute(instances[call.name], call.arguments), timeout_s
             )
             if not isinstance(result, ToolResult):
                 raise TypeError(f"returned {type(result).__name__}, not ToolResult")
             if not isinstance(result.text, str):
                 raise TypeError(f"returned text of type {type(result.text).__name__}, not str")
         except TimeoutError:
-            text = f"Error: tool {call.name!r} timed out after {self.timeout_s:g} s"
+            text = f"Error: tool {call.name!r} timed out after {timeout_s:g} s"
             return self._failed(call, text, start, "tool_timeout")
         except ToolError as exc:
             kind = "tool_infra" if isinstance(exc, ToolInfraError) else "tool_failed"

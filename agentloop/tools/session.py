@@ -102,23 +102,25 @@ class ToolSession:
         return None
 
     async def release(self) -> dict[str, float]:
-        """Each used tool's ``calc_reward``; every instance is released, and the first error
-        (of a reward or a release) is raised after all of them."""
+        """Each used tool's ``calc_reward``; every instance is released exactly once, even
+        when a reward or a release fails or is cancelled. Then a cancellation is re-raised,
+        else the first error (of a reward or a release)."""
         rewards: dict[str, float] = {}
-        first: BaseException | None = None
-        for name, instance in self.instances.items():
+        errors: list[BaseException] = []
+        instances, self.instances = self.instances, {}
+        for name, instance in instances.items():
             tool = self.tools[name]
             try:
                 rewards[name] = float(await tool.calc_reward(instance))
-            except Exception as exc:
-                first = first or exc
+            except BaseException as exc:  # noqa: BLE001 - raised below, after every release
+                errors.append(exc)
             try:
                 await tool.release(instance)
-            except Exception as exc:
-                first = first or exc
-        self.instances.clear()
-        if first is not None:
-            raise first
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+        if errors:
+            cancelled = [e for e in errors if not isinstance(e, Exception)]
+            raise (cancelled or errors)[0]
         return rewards
 
     def sample_record(self, **fields: Any) -> SampleRecord:

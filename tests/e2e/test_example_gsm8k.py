@@ -1,10 +1,17 @@
-"""The GSM8K tool-agent example end to end on tiny-qwen3: the preprocessing script on a
-local file in the openai/gsm8k layout, then examples/gsm8k/run_gsm8k_tool_agent_cpu.sh for one
-GRPO step (async rollout, calculator tool, MLflow metrics and rollout traces)."""
+"""verl users migrate by changing one line: verl's GSM8K tool-agent run script
+(tests/fixtures/verl/, only the entry point changed and sizes scaled to a CPU) runs its two
+GRPO steps from a project folder laid out as verl's, with verl's config file, a hub model id
+(served from an offline Hugging Face cache the test builds), rows in the layout verl's
+``gsm8k_tool_agent_loop.py`` writes, and a tool class written against verl's tool API; metrics
+under verl's names and rollout traces land in MLflow. Also: our own CPU example script's
+config and data pass every start-up check."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -13,62 +20,180 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.e2e.run_script import REPO, run_script
+from tests.e2e.run_script import REPO
+from tests.hf_cache import add_to_hf_cache, hf_env
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e]
+
+FIXTURES = REPO / "tests" / "fixtures" / "verl"
+HUB_ID = "Qwen/Qwen2.5-3B-Instruct"  # what verl's script names; tiny-qwen3 files here
 
 
-def test_cpu_script_trains_a_step_and_traces_it_in_mlflow(tmp_path):
-    rows = [
-        {"question": f"What is {a} times {a + 3}?", "answer": f"{a}*{a + 3}\n#### {a * (a + 3)}"}
-        for a in range(2, 8)
+def verl_rows(split: str, pairs: list[tuple[str, str]]) -> list[dict]:
+    """Rows as verl's examples/data_preprocess/gsm8k_tool_agent_loop.py lays them out."""
+    rows = []
+    for index, (question, answer) in enumerate(pairs):
+        truth = answer.split("####")[-1].strip().replace(",", "")
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "agent_name": "tool_agent",
+                "prompt": [
+                    {
+                        "role": "system",
+                        "content": "You are a math expert. Solve the problem step by step, check "
+                        "your answer with the `calc_gsm8k_reward` tool, and put the final "
+                        "answer after `####`.",
+                    },
+                    {
+                        "role": "user",
+                        "content": f"{question} Think step by step; answer after ####.",
+                    },
+                ],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": truth},
+                "extra_info": {
+                    "split": split,
+                    "index": index,
+                    "answer": answer,
+                    "question": question,
+                    "need_tools_kwargs": True,
+                    "tools_kwargs": {
+                        "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}
+                    },
+                    "interaction_kwargs": {"query": question, "ground_truth": truth},
+                },
+            }
+        )
+    return rows
+
+
+def pairs(start: int, n: int) -> list[tuple[str, str]]:
+    return [
+        (f"What is {a} plus {a * 2}?", f"{a}+{a * 2}\n#### {a * 3}")
+        for a in range(start, start + n)
     ]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "gsm8k.parquet")
-    data, run = tmp_path / "data", tmp_path / "run"
-    prep = [
-        sys.executable,
-        "examples/data_preprocess/gsm8k_tool_agent_loop.py",
-        "--train_file",
-        str(tmp_path / "gsm8k.parquet"),
-        "--test_file",
-        str(tmp_path / "gsm8k.parquet"),
-        "--out_dir",
-        str(data),
-        "--limit",
-        "4",
-    ]
-    subprocess.run(prep, cwd=REPO, check=True)
-    proc = run_script(
-        "examples/gsm8k/run_gsm8k_tool_agent_cpu.sh",
-        data,
-        run,
-        "data.val_batch_size=2",
-        "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=2",
-        "trainer.worker_log_level=INFO",
+
+
+@pytest.mark.slow
+def test_verls_tool_agent_script_trains_two_steps(tmp_path, tiny_qwen3_path):
+    project = tmp_path / "project"  # verl's layout: the script runs from the project root
+    config = project / "examples" / "sglang_multiturn" / "config"
+    (config / "tool_config").mkdir(parents=True)
+    shutil.copy(FIXTURES / "config" / "gsm8k_multiturn_grpo.yaml", config)
+    shutil.copy(
+        REPO / "tests" / "e2e" / "verl_tools" / "gsm8k_tool_config.yaml",
+        config / "tool_config" / "gsm8k_tool_config.yaml",
     )
-    assert "done: 1 steps" in proc.stdout
-    # Worker logs reach this console, prefixed with their actor, at the level asked for.
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pylist(verl_rows("train", pairs(2, 4))), data / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(verl_rows("test", pairs(7, 2))), data / "test.parquet")
+    add_to_hf_cache(tmp_path / "hf", HUB_ID, tiny_qwen3_path)
+    env = {
+        **os.environ,
+        **hf_env(tmp_path / "hf"),  # offline: the id resolves from this cache only
+        "PY": sys.executable,
+        "PYTHONPATH": str(REPO),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    proc = subprocess.run(
+        [
+            "bash",
+            str(FIXTURES / "run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh"),
+            # The script's own trailing "$@": where this machine keeps the data, and worker logs.
+            f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'test.parquet'}",
+            "trainer.worker_log_level=INFO",
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "done: 2 steps" in proc.stdout
     console = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+    # Worker logs reach this console, prefixed with their actor, at the level asked for.
     assert re.search(
         r"^\(AsyncServer pid=\d+\) INFO servers\.vllm: vLLM engine for .* ready in", console, re.M
     ), console[-3000:]
-    # The resolved config of this start is in the run folder.
+    # verl keys with no effect here say so once; those at verl's no-op value stay silent.
+    assert console.count("actor_rollout_ref.ref.param_offload=True has no effect on CPU") == 1
+    assert "optimizer_offload=False has no effect" not in console  # verl's no-op values
+    assert not re.search(r"(critic_warmup|truncation)=\S+ has no effect", console)
+
+    run = project / "checkpoints" / "gsm8k_tool-agent"
+    run = run / "qwen2.5-3b_function_rm-gsm8k-sgl-tool-agent-verify-n16"
     resolved = yaml.safe_load((run / "config.yaml").read_text())
-    assert resolved["trainer"]["worker_log_level"] == "INFO"
-    assert resolved["data"]["val_batch_size"] == 2
     rollout = resolved["actor_rollout_ref"]["rollout"]
-    assert rollout["prompt_length"] == resolved["data"]["max_prompt_length"]  # interpolated
+    assert rollout["response_length"] == 64  # data.max_response_length
+    assert rollout["multi_turn"]["max_assistant_turns"] == 5  # verl's config file
+    assert resolved["actor_rollout_ref"]["ref"]["param_offload"] is True
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{run / 'mlruns.db'}")
     run_id = (run / "mlflow_run_id").read_text().strip()
     mlflow_run = client.get_run(run_id)
-    assert "reward/mean" in mlflow_run.data.metrics
-    assert "val/openai/gsm8k/reward/mean" in mlflow_run.data.metrics
+    metrics = mlflow_run.data.metrics
+    for name in ("reward/mean", "critic/score/mean", "response_length/mean"):
+        assert name in metrics, sorted(metrics)
+    assert "val-core/openai/gsm8k/reward/mean_at_1" in metrics  # MLflow's spelling of @
+    assert "val/openai/gsm8k/reward/mean" in metrics
+    history = client.get_metric_history(run_id, "reward/mean")
+    assert sorted(m.step for m in history) == [1, 2]
     experiment = mlflow_run.info.experiment_id
-    assert client.get_experiment(experiment).name == "gsm8k_tool_agent"
+    assert client.get_experiment(experiment).name == "gsm8k_tool-agent"
     traces = client.search_traces(locations=[experiment], max_results=50)
     train = [t for t in traces if t.info.tags["validate"] == "false"]
-    assert len(train) == 2 and all(t.info.tags["agent_name"] == "tool_agent" for t in train)
+    assert len(train) == 8 and all(t.info.tags["agent_name"] == "tool_agent" for t in train)
     assert all(t.info.trace_metadata.get("mlflow.sourceRun") == run_id for t in traces)
+
+
+def script_overrides(script: str, **env: str) -> list[str]:
+    """The ``key=value`` arguments of a run script's command, its ``${VAR:-default}``s
+    filled (``env`` first) and quotes removed as the shell would."""
+    text = (REPO / script).read_text().replace("\\\n", " ")
+    values = {**dict(re.findall(r"^(\w+)=\$\{\w+:-([^}]*)\}", text, re.M)), **env}
+    start = text.index("-m trainer.cli.train") + len("-m trainer.cli.train")
+    command = text[start : text.index('"$@"')]
+    command = re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], command)
+    return shlex.split(command)
+
+
+def test_cpu_example_script_passes_every_start_up_check(tmp_path, monkeypatch):
+    """examples/gsm8k/run_gsm8k_tool_agent_cpu.sh's config, tool and preprocessed rows pass
+    every start-up check (the engines and training path are the verl script's above)."""
+    rows = [
+        {"question": f"What is {a} times 3?", "answer": f"{a}*3\n#### {a * 3}"} for a in range(2, 6)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "gsm8k.parquet")
+    data = tmp_path / "data"
+    prep = [
+        sys.executable,
+        "examples/data_preprocess/gsm8k_tool_agent_loop.py",
+        *("--train_file", str(tmp_path / "gsm8k.parquet")),
+        *("--test_file", str(tmp_path / "gsm8k.parquet")),
+        *("--out_dir", str(data)),
+    ]
+    subprocess.run(prep, cwd=REPO, check=True)
+    overrides = script_overrides(
+        "examples/gsm8k/run_gsm8k_tool_agent_cpu.sh",
+        MODEL="tiny-qwen3",
+        DATA=str(data),
+        RUN=str(tmp_path / "run"),
+    )
+    from agentloop.tools.mcp_errors import RUN_DIR_ENV
+    from trainer.assembly import plan_run
+    from trainer.config import load_config
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv(RUN_DIR_ENV, "")  # plan_run sets it; restored after the test
+    config, extras = load_config(overrides)
+    plan = plan_run(config)
+    plan.tracking.finish()
+    assert extras == {} and plan.device == "cpu"
+    assert len(plan.val_rows) == 4
+    assert config.actor_rollout_ref.rollout.multi_turn.tool_config_path.endswith("tool_config.yaml")

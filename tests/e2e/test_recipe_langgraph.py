@@ -40,3 +40,8 @@ def test_run_script_trains_the_react_loop_from_an_sft_warm_start(tmp_path):
     vals = [r for r in records if "val/langgraph_math/reward/mean" in r]
     assert [r["step"] for r in vals] == [0, 1]
     assert all(r["val/num_turns/mean"] >= 2 for r in vals)
+    # verl's validation names beside ours: one greedy response per prompt (rollout.val_kwargs)
+    for r in vals:
+        core = r["val-core/langgraph_math/reward/mean@1"]
+        assert core == pytest.approx(r["val/langgraph_math/reward/mean"])
+        assert r["val-aux/num_turns/mean"] == pytest.approx(r["val/num_turns/mean"])

@@ -1,5 +1,6 @@
 """``agentloop-serve``: one engine behind the HTTP front (OpenAI ``/v1/chat/completions``,
-``/generate``, ``/health``, ``/metrics``), standalone, no Ray::
+``/v1/completions``, ``/v1/models``; ``/generate``, ``/health``, ``/metrics``), standalone, no
+Ray::
 
     agentloop-serve --model tiny-qwen3 --port 8000
 """
@@ -21,12 +22,31 @@ def main(argv: list[str] | None = None) -> int:
 
     from servers.config import ServerConfig
     from trainer.models import resolve_model
+    from trainer.models.resolve import read_chat_template
 
     parser = argparse.ArgumentParser(
         prog="agentloop-serve",
-        description="Serve one model: OpenAI /v1/chat/completions, /generate, /health, /metrics.",
+        description="Serve one model: OpenAI /v1/chat/completions, /v1/completions and "
+        "/v1/models, /generate, /health, /metrics.",
     )
-    parser.add_argument("--model", required=True, help="model folder or asset name")
+    parser.add_argument(
+        "--model", required=True, help="model folder, asset name or hub id (org/name)"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder, asset name or hub id (default: the model's)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="Jinja chat template text or file for /v1/chat/completions (default: the tokenizer's)",
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let transformers run code shipped with the model and tokenizer",
+    )
     parser.add_argument("--backend", choices=["vllm", "sglang"], default="vllm")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -82,11 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         model = resolve_model(args.model)
+        tokenizer = None
+        if args.tokenizer:
+            tokenizer = resolve_model(args.tokenizer, "--tokenizer", need_config=False)
+        template = read_chat_template(args.chat_template, "--chat-template")
     except ValueError as exc:
         raise SystemExit(f"agentloop-serve: error: {exc}") from None
     try:
         config = ServerConfig(
             model=model,
+            tokenizer=tokenizer,
+            trust_remote_code=args.trust_remote_code,
+            chat_template=template,
             backend=args.backend,
             host=args.host,
             port=args.port,

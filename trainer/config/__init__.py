@@ -25,11 +25,19 @@ class ConfigError(ValueError):
     """A bad config key or value; the message says what to set."""
 
 
-def compose_tree(name: str, overrides: list[str] | None, unknown_hint: str) -> dict[str, Any]:
-    """``trainer/config/<name>.yaml`` with ``overrides`` applied, resolved to plain containers.
-    Hydra/OmegaConf errors become ``ConfigError``; ``unknown_hint`` follows the message for a
-    key that does not exist (``unknown config key <key>: <hint>``)."""
-    from hydra import compose, initialize_config_module
+def compose_tree(
+    name: str,
+    overrides: list[str] | None,
+    unknown_hint: str,
+    file_tree: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``trainer/config/<name>.yaml``, then ``file_tree`` (a user's config file extending it),
+    then ``overrides``, resolved to plain containers. Hydra/OmegaConf errors become
+    ``ConfigError``; ``unknown_hint`` follows the message for a key that does not exist
+    (``unknown config key <key>: <hint>``)."""
+    import tempfile
+
+    from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
@@ -37,8 +45,19 @@ def compose_tree(name: str, overrides: list[str] | None, unknown_hint: str) -> d
 
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_module("trainer.config", version_base=None):
-            cfg = compose(name, overrides=list(overrides or []))
+        if file_tree is None:
+            with initialize_config_module("trainer.config", version_base=None):
+                cfg = compose(name, overrides=list(overrides or []))
+        else:
+            primary = {
+                "hydra": {"searchpath": ["pkg://trainer.config"]},
+                "defaults": [name, "_self_"],
+                **file_tree,
+            }
+            with tempfile.TemporaryDirectory(prefix="agentloop-config-") as folder:
+                OmegaConf.save(OmegaConf.create(primary), f"{folder}/user_config.yaml")
+                with initialize_config_dir(folder, version_base=None):
+                    cfg = compose("user_config", overrides=list(overrides or []))
         tree = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
@@ -56,13 +75,24 @@ def compose_tree(name: str, overrides: list[str] | None, unknown_hint: str) -> d
 
 
 def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, Any]]:
+    """The typed config of ``overrides``: ``key=value`` items (verl's keys translated by
+    ``trainer.config.verl_compat``), optionally ``--config-path``/``--config-name`` of a
+    config file extending ``ppo_trainer``; plus the ``+key`` extras at the root."""
     from agentloop.config import from_dict
+    from trainer.config.verl_compat import read_config_file, split_config_args, translate_overrides
 
+    try:
+        args, source = split_config_args(list(overrides or []))
+        file_tree = read_config_file(source) if source else None
+        args = translate_overrides(args)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     tree = compose_tree(
         "ppo_trainer",
-        overrides,
-        "check its spelling against trainer/config/ppo_trainer.yaml (extras for a command "
-        "take a +, e.g. +output=out.jsonl)",
+        args,
+        "check its spelling against trainer/config/ppo_trainer.yaml and, for verl's keys, "
+        "docs/verl-migration.md (extras for a command take a +, e.g. +output=out.jsonl)",
+        file_tree,
     )
     sections = tuple(f.name for f in dataclasses.fields(Config))
     extras = {k: tree.pop(k) for k in list(tree) if k not in sections}

@@ -20,7 +20,22 @@ __all__ = [
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     path: str
-    """Model folder or an ``agentloop-models`` asset name."""
+    """Model folder, ``agentloop-models`` asset name, or Hugging Face hub id (``org/name``:
+    its snapshot in the hub cache, ``$HF_HUB_CACHE`` or ``$HF_HOME/hub``, downloaded unless
+    ``HF_HUB_OFFLINE=1``). Resolved to a folder once at start-up
+    (``trainer.models.resolve_model_config``); every consumer loads that folder."""
+    tokenizer_path: str | None = None
+    """Tokenizer folder, asset name or hub id, wherever the policy's tokenizer is loaded (data
+    filtering, agent loops, the servers, rewards, checkpoint export); None: the model's."""
+    custom_chat_template: str | None = None
+    """Jinja chat template (or a template file's path) replacing the tokenizer's own wherever
+    a chat is rendered: agent-loop prompts, prompt-length filtering, the servers' chat
+    endpoint, SFT, and the exported checkpoint's tokenizer."""
+    trust_remote_code: bool = False
+    """Let transformers and vLLM run code shipped with the model and tokenizer."""
+    external_lib: str | None = None
+    """Module imported at start-up and in every trainer rank before the model loads (e.g. one
+    registering a custom architecture with transformers' Auto classes)."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     use_remove_padding: bool = True
@@ -39,11 +54,18 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     lr_warmup_steps: int = 0
-    """Linear warm-up from 0 over this many optimizer steps, then constant."""
+    """Linear warm-up from 0 over this many training steps (as in verl), then constant."""
+    lr_warmup_steps_ratio: float = 0.0
+    """With ``lr_warmup_steps=0``: warm up over this fraction of the run's training steps."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"actor.optim.lr must be > 0, got {self.lr}")
+        if not 0 <= self.lr_warmup_steps_ratio <= 1:
+            raise ValueError(
+                f"actor.optim.lr_warmup_steps_ratio must be in [0, 1], got "
+                f"{self.lr_warmup_steps_ratio}"
+            )
         if len(self.betas) != 2:
             raise ValueError(f"actor.optim.betas must be two numbers, got {self.betas}")
 
@@ -171,3 +193,5 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: int | None = None
     """Token budget of one reference forward with use_dynamic_bsz (None: the actor's)."""
     param_offload: bool = False
+    """Keep the reference's sharded parameters in CPU memory (GPU only; verl's spelling
+    ``ref.fsdp_config.param_offload`` is the same key)."""

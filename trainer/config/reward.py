@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
+    "DAPO_REFUSED",
     "DEFAULT_JUDGE_TEMPLATE",
+    "ENABLE_REFUSED",
     "JUDGE_FIELDS",
     "JudgeConfig",
     "RewardFunctionConfig",
@@ -36,12 +38,30 @@ DEFAULT_JUDGE_TEMPLATE = (
 )
 
 
+ENABLE_REFUSED = (
+    "reward_model.enable=True asks for verl's model-based reward model, which is not "
+    "supported here: a model that scores responses here is the judge; set "
+    "reward_model.enable=False and reward_model.judge.enable=True with "
+    "reward_model.judge.model_path=<model>"
+)
+DAPO_REFUSED = (
+    "reward_model.reward_manager=dapo (verl's DAPO manager: its overlong-response penalty) is "
+    "not supported here: set reward_model.reward_manager=naive (the same per-sample calls, "
+    "without the penalty)"
+)
+
+
 @dataclass(kw_only=True, slots=True)
 class RewardFunctionConfig:
     path: str | None = None
     """Python file defining the reward function (None: the built-in scorers by data_source)."""
     name: str = "compute_score"
-    """``compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict``."""
+    """Called by keyword, as verl calls it: ``compute_score(data_source=, solution_str=,
+    ground_truth=, extra_info=, **reward_kwargs) -> float | dict``."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keywords of every call (verl's ``custom_reward_function.reward_kwargs``); the
+    built-in scorers take ``method`` (``strict`` | ``flexible``, gsm8k), ``format_score`` and
+    ``score``."""
     timeout_s: float = 30.0
     num_workers: int = 4
     """Calls scoring samples in parallel."""
@@ -64,6 +84,8 @@ class RuleRewardConfig:
     path: str
     function: str = "compute_score"
     timeout_s: float = 30.0
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keywords of every call of ``function``."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -158,6 +180,15 @@ class VerifyConfig:
 
 @dataclass(kw_only=True, slots=True)
 class RewardModelConfig:
+    enable: bool = False
+    """verl's model-based reward model: only False is accepted (True is refused, naming the
+    judge, which is how a model scores responses here)."""
+    reward_manager: Literal["naive", "batch", "prime", "dapo"] = "naive"
+    """How ``custom_reward_function`` is called (verl's names): ``naive``, once per sample;
+    ``batch``, once per batch with lists (``data_sources``, ``solution_strs``,
+    ``ground_truths``, ``extra_infos``) returning a list of scores; ``prime``, per sample in a
+    process pool (``custom_reward_function.executor=process``, with a warning); ``dapo`` is
+    refused (no overlong penalty here). ``reward_model.rules`` are always called per sample."""
     weights: dict[str, float] = field(
         default_factory=lambda: {"rule": 1.0, "judge": 1.0, "verify": 1.0}
     )
@@ -181,6 +212,10 @@ class RewardModelConfig:
         return [n for n in names if self.weights.get(n, 1.0) != 0.0]
 
     def check(self) -> None:
+        if self.enable:
+            raise ValueError(ENABLE_REFUSED)
+        if self.reward_manager == "dapo":
+            raise ValueError(DAPO_REFUSED)
         seen = {"rule", "judge", "verify"}
         for rule in self.rules:
             if rule.name in seen:

@@ -45,7 +45,6 @@ class AlgorithmConfig:
     norm_adv_by_std_in_grpo: bool = True
     """False: GRPO advantages are (s - mean) only (Dr. GRPO)."""
     gamma: float = 1.0
-    lam: float = 1.0
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -55,6 +54,11 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
     def __post_init__(self) -> None:
+        if self.adv_estimator == "gae":
+            raise ValueError(
+                "algorithm.adv_estimator=gae needs a critic, and no critic exists here yet: use "
+                f"a critic-free estimator ({', '.join(ADV_ESTIMATORS)})"
+            )
         if self.adv_estimator not in ADV_ESTIMATORS:
             raise ValueError(
                 f"algorithm.adv_estimator={self.adv_estimator!r} is not supported; use one of "
@@ -74,7 +78,8 @@ class TrainerConfig:
     total_epochs: int = 1
     total_training_steps: int | None = None
     """None: total_epochs x (rows // data.train_batch_size)."""
-    logger: list[str] = field(default_factory=lambda: ["console"])
+    logger: list[str] | str = field(default_factory=lambda: ["console"])
+    """Backends; one name alone (``trainer.logger=console``) is a list of one."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     nnodes: int = 1
     n_gpus_per_node: int = 1
@@ -95,6 +100,8 @@ class TrainerConfig:
     console, vLLM's engine logs included; INFO shows the engines' start-up."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.logger, str):
+            self.logger = [self.logger]
         if self.worker_log_level not in LOG_LEVELS:
             raise ValueError(
                 f"trainer.worker_log_level={self.worker_log_level!r}: use one of "
@@ -107,6 +114,10 @@ class TrainerConfig:
             self.resume_mode,
             self.resume_from_path,
         )
+
+    def total_steps(self, batches_per_epoch: int) -> int:
+        """Training steps of the run: ``total_training_steps``, else every epoch's batches."""
+        return self.total_training_steps or self.total_epochs * batches_per_epoch
 
     @property
     def world_size(self) -> int:

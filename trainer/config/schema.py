@@ -28,7 +28,6 @@ class DataConfig:
     return_raw_chat: bool = True
     """Hand agent loops the chat messages; required unless rows carry ``raw_prompt``."""
     train_batch_size: int = 8
-    val_batch_size: int | None = None
     shuffle: bool = True
     seed: int = 0
 

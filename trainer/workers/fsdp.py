@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config.actor import FSDPConfig, ModelConfig
+from trainer.models.resolve import import_external_lib
 
 __all__ = [
     "ShardPiece",
@@ -55,11 +56,16 @@ def init_distributed(rank: int, world_size: int, master: str, device: str) -> No
 
 
 def load_model(path: str, config: ModelConfig, device: str) -> torch.nn.Module:
-    """A transformers causal LM in float32 (master weights; compute dtype comes from FSDP)."""
+    """A transformers causal LM in float32 (master weights; compute dtype comes from FSDP),
+    after importing ``config.external_lib`` (it may register the architecture)."""
     from transformers import AutoModelForCausalLM
 
+    import_external_lib(config.external_lib)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation=config.attn_implementation
+        path,
+        dtype=torch.float32,
+        attn_implementation=config.attn_implementation,
+        trust_remote_code=config.trust_remote_code,
     )
     model.config.use_cache = False
     if config.enable_gradient_checkpointing:

@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,11 +24,23 @@ from trainer.workers.policy_math import log_probs_in_micro_batches, update_polic
 if TYPE_CHECKING:
     from trainer.weight_send import WeightSender
 
-__all__ = ["FSDPWorker", "WorkerSpec", "adamw"]
+__all__ = ["FSDPWorker", "WorkerSpec", "adamw", "write_model_files"]
 
 logger = logging.getLogger(__name__)
 
 _NOT_WEIGHTS = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+_TOKENIZER_FILES = {
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,6 +63,38 @@ class WorkerSpec:
     there are fewer cores than ranks) and runs that many threads."""
     gpu_share: float = 1.0
     """GPUs per rank requested from Ray (0.5 when colocated with rollout servers)."""
+    total_steps: int = 0
+    """Training steps of the run (``actor.optim.lr_warmup_steps_ratio`` is a fraction of it)."""
+
+
+def write_model_files(model_path: str, model: ModelConfig, out: Path) -> None:
+    """An exported folder's files besides its weights and ``config.json``: the source model
+    folder's other files (generation config, remote code, tokenizer), and, when the run's
+    tokenizer came from ``tokenizer_path`` or had ``custom_chat_template``, that tokenizer
+    saved in place of the folder's, so the export renders chats as training did."""
+    from agentloop.tokenizer import TokenizerSource
+
+    source = Path(model_path)
+    tokenizer_dir = model.tokenizer_path or model_path
+    own_tokenizer = Path(tokenizer_dir) != source
+    for item in source.iterdir():
+        if (
+            item.is_file()
+            and not item.name.endswith(_NOT_WEIGHTS)
+            and item.name not in ("config.json", "model.safetensors.index.json")
+            and not (own_tokenizer and item.name in _TOKENIZER_FILES)
+        ):
+            shutil.copy2(item, out / item.name)
+    if own_tokenizer or model.custom_chat_template is not None:
+        tokenizer = TokenizerSource(
+            path=tokenizer_dir,
+            trust_remote_code=model.trust_remote_code,
+            chat_template=model.custom_chat_template,
+        )
+        tokenizer.load().save_pretrained(out)
+    (out / "agentloop_export.json").write_text(
+        json.dumps({"source": str(source), "tokenizer": tokenizer_dir})
+    )
 
 
 def adamw(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
@@ -93,14 +137,16 @@ class FSDPWorker:
         )
         optim = spec.actor.optim
         self.optimizer = adamw(self.model, optim)
-        warmup = optim.lr_warmup_steps
+        warmup = optim.lr_warmup_steps or int(optim.lr_warmup_steps_ratio * spec.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
         )
         if spec.need_ref:
             ref = load_model(spec.model_path, spec.model, spec.device)
             ref.requires_grad_(False)
-            self.ref_model = apply_fsdp(ref, spec.actor.fsdp_config, spec.device)
+            # The actor's sharding, with the reference's own offload setting.
+            fsdp = replace(spec.actor.fsdp_config, param_offload=spec.ref.param_offload)
+            self.ref_model = apply_fsdp(ref, fsdp, spec.device)
         params = sum(p.numel() for p in self.model.parameters())
         return {"rank": self.rank, "local_params": params, "device": spec.device}
 
@@ -156,7 +202,7 @@ class FSDPWorker:
         metrics = update_policy(
             self.model,
             self.optimizer,
-            self.scheduler,
+            None,  # the learning rate moves once per training step, as in verl
             batch,
             self.spec.actor,
             samples_per_mini_batch=samples_per_mini_batch,
@@ -167,6 +213,8 @@ class FSDPWorker:
             remove_padding=self.spec.model.use_remove_padding,
         )
         self.updates += int(metrics["actor/optimizer_steps"])
+        assert self.scheduler is not None
+        self.scheduler.step()
         return metrics
 
     def update_sft(
@@ -277,7 +325,8 @@ class FSDPWorker:
         return {"optimizer": has_optim, "updates": self.updates}
 
     def export_hf(self, directory: str) -> None:
-        """A transformers folder: config, tokenizer files from the source, model.safetensors."""
+        """A transformers folder: config, model.safetensors, and the source folder's other files
+        with the run's tokenizer (``write_model_files``)."""
         from safetensors.torch import save_file
 
         assert self.model is not None
@@ -294,15 +343,7 @@ class FSDPWorker:
             metadata={"format": "pt"},
         )
         config.save_pretrained(out)
-        source = Path(self.spec.model_path)
-        for item in source.iterdir():
-            if (
-                item.is_file()
-                and not item.name.endswith(_NOT_WEIGHTS)
-                and item.name not in ("config.json", "model.safetensors.index.json")
-            ):
-                shutil.copy2(item, out / item.name)
-        (out / "agentloop_export.json").write_text(json.dumps({"source": str(source)}))
+        write_model_files(self.spec.model_path, self.spec.model, out)
 
     def shutdown(self) -> None:
         if self._sender is not None:

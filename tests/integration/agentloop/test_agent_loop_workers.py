@@ -1,6 +1,7 @@
 """AgentLoopManager + Ray AgentLoopWorkers + a real vLLM CPU engine (SmolLM2-135M) on a
 small parquet of single_turn_agent and tool_agent rows: batch shapes and trajectory
-invariants, and the engine's log-probs match a transformers forward over the trajectory."""
+invariants, the engine's log-probs match a transformers forward over the trajectory, and
+validation batches are greedy by default (``rollout.val_kwargs``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 import yaml
 from transformers import AutoTokenizer
 
-from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutConfig
+from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutConfig, TraceContext
 from agentloop.tokens import mask_spans
 from servers import ServerConfig, launch_servers
 from tests.integration.agentloop.helpers import ECHO_SCHEMA, max_logprob_gap
@@ -100,15 +101,23 @@ def config(files):
 
 
 @pytest.fixture(scope="module")
-def batch(server, config, files, smollm2_path, tokenizer):
-    rows = load_rows([str(files / "train.parquet")], DataConfig(), tokenizer)
+def manager(server, config, smollm2_path):
     manager = AgentLoopManager(config, [server], str(smollm2_path))
+    yield manager
+    manager.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rows(files, tokenizer):
+    return load_rows([str(files / "train.parquet")], DataConfig(), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def batch(manager, rows):
     manager.validate(rows)
-    out = manager.generate_sequences(
+    return manager.generate_sequences(
         rows, sampling_params={"temperature": 1.0, "top_p": 1.0, "max_tokens": 40}
     )
-    manager.shutdown()
-    return out
 
 
 def test_batch_has_padded_shapes_and_group_uids(batch):
@@ -191,6 +200,17 @@ def test_rollout_metrics_cover_phases_and_the_slowest_sample(batch):
     assert m["agent_loop/slowest/total_s"] == m["agent_loop/total_s/max"]
     assert 0 < m["agent_loop/total_s/max"] <= m["timing_s/gen"]
     assert m["agent_loop/tool_s/max"] > 0
+
+
+def test_validation_batches_are_greedy_by_default(manager, rows):
+    single = [r for r in rows if r["agent_name"] == "single_turn_agent"][:2]
+    val = manager.generate_sequences(single, n=2, trace=TraceContext(step=1, validate=True))
+    # default val_kwargs (do_sample=false): the engine decodes greedily, so both responses of
+    # a prompt are the same tokens
+    lengths = val.attention_mask[:, PROMPT_LEN:].sum(-1)
+    for i in (0, 2):
+        assert val.uid[i] == val.uid[i + 1] and lengths[i] == lengths[i + 1] > 0
+        assert torch.equal(val.responses[i], val.responses[i + 1]), i
 
 
 def test_manager_rejects_rows_naming_unknown_loops_or_tools_at_start(server, config, smollm2_path):

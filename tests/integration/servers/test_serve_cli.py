@@ -1,5 +1,6 @@
-"""`agentloop-serve` serves one engine standalone: a model name resolves to its cache folder,
-the HTTP front answers, and SIGINT stops it cleanly."""
+"""`agentloop-serve` serves one engine standalone: a model name resolves to its cache folder
+(a hub id to its snapshot in the hub cache), the HTTP front answers, and SIGINT stops it
+cleanly."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
+
+from tests.hf_cache import add_to_hf_cache, hf_env
+from tests.serve_cli import serve_cli
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +74,43 @@ def test_serve_cli_rejects_an_unknown_model():
         "--model 'no-such-model' is neither a model folder nor a known asset name "
         "(smollm2-135m-instruct, tiny-qwen3)"
     ) in result.stderr
+
+
+# Marks every message, so a prompt rendered with it is longer than with Qwen's own template.
+CUSTOM = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n[custom] {{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template(tiny_qwen3_path, tmp_path):
+    """``--model Qwen/Qwen3-0.6B`` with HF_HUB_OFFLINE=1 loads the cached snapshot (here
+    tiny-qwen3's files), answers to the hub id, and ``--chat-template`` renders chats."""
+    add_to_hf_cache(tmp_path / "hf", "Qwen/Qwen3-0.6B", tiny_qwen3_path)
+    template = tmp_path / "chat.jinja"
+    template.write_text(CUSTOM)
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_path)
+    custom = tokenizer.apply_chat_template(
+        messages, chat_template=CUSTOM, add_generation_prompt=True, return_dict=False
+    )
+    default = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    assert len(custom) != len(default)
+    args = [
+        "--model",
+        "Qwen/Qwen3-0.6B",
+        "--max-model-len",
+        "256",
+        "--chat-template",
+        str(template),
+    ]
+    with serve_cli(*args, env=hf_env(tmp_path / "hf")) as url:
+        models = httpx.get(f"{url}/v1/models", timeout=30).json()
+        assert [m["id"] for m in models["data"]] == ["Qwen/Qwen3-0.6B"]
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "Qwen/Qwen3-0.6B", "messages": messages, "max_tokens": 1},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(custom)

@@ -1,6 +1,7 @@
 """The vLLM AsyncServer as a real Ray actor on the vLLM CPU engine (tiny-qwen3), one engine
 for the whole module: generate, abort, weight update, bad input, HTTP front (with its work
-limits and sequence-counting admission), OpenAI client."""
+limits and sequence-counting admission), OpenAI client (chat, text completions, models), and
+engine settings passed through to vLLM."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ MAX_MODEL_LEN = 512
 MAX_NUM_SEQS = 8  # small enough that requests wait, so the priority order shows
 # The HTTP front's limits (Ray calls are not limited): small, so that tests can cross them.
 MAX_N, MAX_TOKENS, MAX_PROMPT, MAX_SEQUENCES = 4, 256, 300, 4
+# Engine settings that differ from vLLM's CPU defaults (2048 tokens, chunked prefill on, 20
+# log-probs), so that health and a request show they reached the engine.
+BATCHED_TOKENS, MAX_LOGPROBS = 1024, 3
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +48,10 @@ def server(tiny_qwen3_path):
         model=str(tiny_qwen3_path),
         max_model_len=MAX_MODEL_LEN,
         max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=BATCHED_TOKENS,
+        enable_chunked_prefill=False,
+        enforce_eager=True,
+        engine_kwargs={"max_logprobs": MAX_LOGPROBS},
         max_n=MAX_N,
         max_tokens_per_request=MAX_TOKENS,
         max_prompt_tokens=MAX_PROMPT,
@@ -269,6 +277,70 @@ async def test_openai_client_gets_a_parsed_tool_call(base_url):
     assert json.loads(message.tool_calls[0].function.arguments) == {"a": 2, "b": 3}
 
 
+ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enforce_eager")
+
+
+async def test_engine_settings_reach_vllm_and_show_in_health(server):
+    health = await server.health.remote()
+    assert {k: health[k] for k in ENGINE_KEYS} == {
+        "max_num_seqs": MAX_NUM_SEQS,
+        "max_num_batched_tokens": BATCHED_TOKENS,
+        "enable_chunked_prefill": False,
+        "enforce_eager": True,
+    }
+
+
+async def test_openai_client_lists_the_served_model(base_url):
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    models = [m async for m in client.models.list()]
+    assert [(m.id, m.object, m.owned_by) for m in models] == [("tiny-qwen3", "model", "agentloop")]
+
+
+async def test_openai_client_gets_a_text_completion_through_vllm(base_url, tokenizer):
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    resp = await client.completions.create(
+        model="tiny-qwen3", prompt="2 + 3 =", max_tokens=6, temperature=0, logprobs=MAX_LOGPROBS
+    )
+    (choice,) = resp.choices
+    assert resp.object == "text_completion" and resp.model == "tiny-qwen3"
+    assert choice.finish_reason in ("stop", "length") and choice.text
+    assert resp.usage.prompt_tokens == len(tokenizer("2 + 3 =")["input_ids"])
+    assert len(choice.logprobs.tokens) == resp.usage.completion_tokens <= 6
+    # a batch of token-id prompts with n=2 each: 4 choices, as admission counts them
+    batch = await client.completions.create(
+        model="tiny-qwen3", prompt=[[1, 2, 3], [4, 5]], n=2, max_tokens=2, temperature=1.0
+    )
+    assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
+
+
+async def test_a_bad_text_completion_is_400_with_the_engines_reason(base_url):
+    """``logprobs`` over the engine's ``max_logprobs`` (set by ``engine_kwargs``): vLLM says so."""
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.completions.create(
+            model="tiny-qwen3", prompt="hi", max_tokens=2, logprobs=MAX_LOGPROBS + 2
+        )
+    assert info.value.status_code == 400
+    assert (
+        f"Requested sample logprobs of {MAX_LOGPROBS + 2}, which is greater than max allowed: "
+        f"{MAX_LOGPROBS}" in info.value.body["message"]
+    )
+
+
+async def test_a_text_prompt_over_the_limit_once_tokenized_is_400(base_url, tokenizer):
+    words = " ".join(["apple"] * (MAX_PROMPT + 20))  # under the model length, over the limit
+    length = len(tokenizer(words)["input_ids"])
+    assert MAX_PROMPT < length < MAX_MODEL_LEN - 4
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        r = await client.post(
+            "/v1/completions", json={"model": "tiny-qwen3", "prompt": words, "max_tokens": 4}
+        )
+    assert (r.status_code, r.json()) == (
+        400,
+        _error(_over_prompt_limit(length, "prompt"), "prompt"),
+    )
+
+
 async def test_openai_bad_request_is_400(base_url):
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
@@ -317,6 +389,11 @@ CHAT = {"model": "tiny-qwen3", "messages": [{"role": "user", "content": "hi"}], 
             "/generate",
             {"prompt_ids": [1] * (MAX_PROMPT + 1)},
             _error(_over_prompt_limit(MAX_PROMPT + 1), "prompt_ids"),
+        ),
+        (
+            "/v1/completions",
+            {"model": "tiny-qwen3", "prompt": "hi", "max_tokens": MAX_TOKENS + 1},
+            _over("max_tokens", MAX_TOKENS + 1, "max_tokens_per_request", MAX_TOKENS),
         ),
     ],
 )

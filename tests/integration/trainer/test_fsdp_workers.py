@@ -111,7 +111,9 @@ def test_two_gloo_ranks_match_one_process(ray_local, tiny_qwen3_path):
 def test_reference_policy_stays_frozen_and_checkpointing_matches(ray_local, tiny_qwen3_path):
     """With a KL term the ranks hold a frozen reference copy: after an update the actor's
     log-probs move and the reference's do not. Activation checkpointing changes memory, not
-    results: the same update with it on gives the same weights."""
+    results: the same update with it on gives the same weights. The learning rate warms up
+    per training step, as in verl (``lr_warmup_steps_ratio`` of the run's steps): both
+    optimizer steps of the first update run at half the rate."""
     path = str(tiny_qwen3_path)
     batch = make_batch(seed=3)
     model = load_model(path, ModelConfig(path=path), "cpu")
@@ -122,15 +124,21 @@ def test_reference_policy_stays_frozen_and_checkpointing_matches(ray_local, tiny
         spec = WorkerSpec(
             model_path=path,
             model=ModelConfig(path=path, enable_gradient_checkpointing=checkpointing),
-            actor=actor_config(use_kl_loss=True, kl_loss_coef=0.1, ppo_epochs=1),
+            actor=actor_config(
+                use_kl_loss=True,
+                kl_loss_coef=0.1,
+                ppo_epochs=1,
+                optim=OptimConfig(lr=2e-4, weight_decay=0.0, lr_warmup_steps_ratio=0.5),
+            ),
             ref=RefConfig(),
             need_ref=True,
             device="cpu",
+            total_steps=4,  # warm-up: 2 training steps
         )
         group = WorkerGroup(spec, world_size=2)
         try:
             batch.ref_log_probs = group.compute_ref_log_prob(batch)
-            metrics = group.update_actor(batch, samples_per_mini_batch=len(batch), seed=0)
+            metrics = group.update_actor(batch, samples_per_mini_batch=len(batch) // 2, seed=0)
             after, _ = group.compute_log_prob(batch)
             ref_after = group.compute_ref_log_prob(batch)
             state = group.full_state_dict()
@@ -139,6 +147,8 @@ def test_reference_policy_stays_frozen_and_checkpointing_matches(ray_local, tiny
         assert torch.allclose(ref_after, initial, atol=LOGP_ATOL)
         assert (after - initial).abs().max() > 1e-4
         assert "actor/kl_loss" in metrics
+        assert metrics["actor/optimizer_steps"] == 2
+        assert metrics["actor/lr"] == pytest.approx(1e-4)  # 2e-4 x 1/2 for both steps
         return after, state["model.layers.0.self_attn.q_proj.weight"], metrics
 
     plain_logp, plain_w, plain_m = run(False)

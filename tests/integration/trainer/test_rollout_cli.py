@@ -89,8 +89,8 @@ def run_main(capsys, *overrides: str) -> tuple[int, str]:
             [{"prompt": USER}],
             ["actor_rollout_ref.rollout.agent.bogus=1"],
             "unknown config key actor_rollout_ref.rollout.agent.bogus: check its spelling against "
-            "trainer/config/ppo_trainer.yaml (extras for a command take a +, e.g. "
-            "+output=out.jsonl)",
+            "trainer/config/ppo_trainer.yaml and, for verl's keys, docs/verl-migration.md (extras "
+            "for a command take a +, e.g. +output=out.jsonl)",
         ),
         (
             [{"prompt": USER}],

@@ -139,6 +139,17 @@ def test_from_dict_builds_nested_configs():
             "rollout.scheduling_policy must be 'priority' or 'fcfs', got 'lifo'",
         ),
         ({"max_num_seqs": 0}, "rollout.max_num_seqs must be >= 1 or null, got 0"),
+        (
+            {"max_num_batched_tokens": 0},
+            "rollout.max_num_batched_tokens must be >= 1 or null, got 0",
+        ),
+        ({"num_servers": 0}, "rollout.num_servers must be >= 1 or null, got 0"),
+        ({"enforce_eager": "yes"}, "rollout.enforce_eager must be bool, got str 'yes'"),
+        (
+            {"engine_kwargs": {"trtllm": {}}},
+            "unknown config key rollout.engine_kwargs.trtllm; known keys under "
+            "rollout.engine_kwargs: vllm, sglang",
+        ),
     ],
 )
 def test_from_dict_errors_name_the_key(data, message):

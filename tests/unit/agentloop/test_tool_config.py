@@ -28,7 +28,11 @@ CALC = "agentloop.tools.calculator.CalculatorTool"
         ),
         (
             {"tools": [{"class_name": "collections.OrderedDict"}]},
-            "{path}: tools[0]: collections.OrderedDict is not a BaseTool subclass",
+            "{path}: tools[0]: collections.OrderedDict is not a BaseTool subclass and does not "
+            "follow verl's tool API (missing: __init__(config, tool_schema), create, execute, "
+            "calc_reward, release, get_openai_tool_schema); subclass agentloop.tools.BaseTool, "
+            "or write it against verl's API: __init__(config, tool_schema), async "
+            "create/execute/calc_reward/release and get_openai_tool_schema",
         ),
         (
             {"tools": [{"class_name": CALC, "config": {"type": "grpc"}}]},

@@ -246,6 +246,30 @@ async def test_admission_counts_a_chat_requests_n_choices():
         await front.stop()
 
 
+async def test_admission_counts_a_completion_requests_prompts_times_n():
+    gate, bodies = asyncio.Event(), []
+    core = ServerCore(ServerConfig(model="gated", max_concurrent_requests=4), engine=GatedEngine())
+    front = HttpFront(build_app(core, completions=_gated_chat(gate, bodies)), "127.0.0.1", 0)
+    url = await front.start()
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            batch = {"prompt": [[1, 2], [3]], "n": 2}  # 2 token-id prompts x n=2
+            held = asyncio.create_task(c.post("/v1/completions", json=batch))
+            await _until(lambda: len(bodies) == 1)
+            over = await c.post("/v1/completions", json={"prompt": ["a", "b"]})
+            assert (over.status_code, over.json()["error"]["message"]) == (
+                503,
+                "server overloaded: 4 requests in flight and this one counts as 2 (n x prompts; "
+                "the limit max_concurrent_requests=4 counts each sequence); retry later, send "
+                "fewer prompts or a lower n, or raise the limit",
+            )
+            gate.set()
+            assert (await held).status_code == 200
+            assert (await c.post("/v1/completions", json={"prompt": "a"})).status_code == 200
+    finally:
+        await front.stop()
+
+
 def _over(field: str, value: int, key: str, limit: int, why: str = "") -> str:
     flag = "--" + key.replace("_", "-")
     return (
@@ -301,6 +325,23 @@ LIMITS = {"max_n": 8, "max_tokens_per_request": 100, "max_prompt_tokens": 10}
             "prompt_ids has 11 tokens, over this server's limit max_prompt_tokens=10 "
             "(agentloop-serve --max-prompt-tokens)",
             "prompt_ids",
+        ),
+        (LIMITS, "/v1/completions", {"prompt": "hi", "n": 9}, _over("n", 9, "max_n", 8), "n"),
+        (
+            LIMITS,
+            "/v1/completions",
+            {"prompt": "hi", "max_tokens": 101},
+            _over("max_tokens", 101, "max_tokens_per_request", 100),
+            "max_tokens",
+        ),
+        (
+            {"max_concurrent_requests": 4},
+            "/v1/completions",
+            {"prompt": ["a", "b", "c"], "n": 2},
+            "prompt holds 3 prompts of n=2 sequences each, 6 in all, over this server's limit "
+            "max_concurrent_requests=4 (agentloop-serve --max-concurrent-requests): send fewer "
+            "prompts per request",
+            "prompt",
         ),
     ],
 )

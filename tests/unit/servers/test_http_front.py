@@ -103,6 +103,36 @@ async def test_chat_is_501_without_a_chat_backend(client):
     assert "use /generate" in r.json()["error"]["message"]
 
 
+async def test_text_completions_are_501_without_a_serving_layer(client):
+    r = await client.post("/v1/completions", json={"prompt": "hi"})
+    assert (r.status_code, r.json()) == (
+        501,
+        {
+            "error": {
+                "message": "text completions are not served by the vllm backend here; use "
+                "/generate",
+                "type": "server_error",
+                "param": None,
+                "code": 501,
+            }
+        },
+    )
+
+
+async def test_models_lists_the_served_model_whatever_the_engine(client):
+    r = await client.get("/v1/models")
+    assert r.status_code == 200
+    (card,) = r.json()["data"]
+    assert r.json()["object"] == "list"
+    assert {k: v for k, v in card.items() if k != "created"} == {
+        "id": "scripted",
+        "object": "model",
+        "owned_by": "agentloop",
+        "root": "scripted",
+        "max_model_len": 32,
+    }
+
+
 def test_front_binds_loopback_by_default():
     front = HttpFront(build_app(ServerCore(ServerConfig(model="x"), engine=ScriptedEngine())))
     assert front.host == "127.0.0.1" and front.port > 0

@@ -34,6 +34,27 @@ from servers import ServerConfig
             "weight_transfer='nccl' is vLLM's weight-transfer API: use backend='vllm', or "
             "weight_transfer='host' with sglang",
         ),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be >= 1 (or None), got 0"),
+        (
+            {"engine_kwargs": {"tensor_parallel_size": 2}},
+            "engine_kwargs.tensor_parallel_size: the server sets this engine argument from "
+            "tensor_parallel_size; set tensor_parallel_size instead",
+        ),
+        (
+            {"engine_kwargs": {"weight_transfer_config": {}}},
+            "engine_kwargs.weight_transfer_config: the server sets this engine argument from "
+            "weight_transfer; set weight_transfer instead",
+        ),
+        (
+            {"engine_kwargs": {"worker_extension_cls": "my.Ext"}},
+            "engine_kwargs.worker_extension_cls: the server sets this engine argument itself and "
+            "it cannot be changed; remove it",
+        ),
+        (
+            {"backend": "sglang", "engine_kwargs": {"tp_size": 2}},
+            "engine_kwargs.tp_size: the server sets this engine argument from "
+            "tensor_parallel_size; set tensor_parallel_size instead",
+        ),
     ],
 )
 def test_bad_server_setting_is_named(setting, message):
@@ -52,5 +73,19 @@ def test_a_gpu_weight_transfer_is_refused_on_cpu_before_an_engine_starts():
     assert str(info.value) == (
         "weight_transfer='nccl' needs CUDA GPUs (vLLM's weight-transfer API); use "
         "weight_transfer='host' on CPU"
+    )
+    assert engine.engine is None
+
+
+def test_an_unknown_vllm_engine_argument_fails_the_start_naming_it_before_the_engine():
+    from servers.vllm import VLLMEngine
+
+    config = ServerConfig(model="/models/x", engine_kwargs={"max_num_batchd_tokens": 64})
+    engine = VLLMEngine(config)
+    with pytest.raises(ValueError) as info:
+        asyncio.run(engine.start())
+    assert str(info.value) == (
+        "engine_kwargs.max_num_batchd_tokens is not an engine argument of vLLM (did you mean "
+        "max_num_batched_tokens? set max_num_batched_tokens for it): fix the name or remove it"
     )
     assert engine.engine is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from servers import ServerConfig, ServerCore
-from servers.sglang import SGLangEngine, from_sglang_output, to_sglang_sampling
+from servers.sglang import SGLangEngine, engine_args, from_sglang_output, to_sglang_sampling
 
 
 class StandInTokenizerManager:
@@ -134,3 +134,22 @@ def test_logprob_count_mismatch_is_an_error():
     }
     with pytest.raises(RuntimeError, match="1 log-probs for 2 tokens"):
         from_sglang_output(bad)
+
+
+def test_engine_settings_reach_sglangs_constructor_under_its_names(caplog):
+    config = ServerConfig(
+        model="/models/m",
+        backend="sglang",
+        enforce_eager=True,
+        max_num_batched_tokens=512,
+        engine_kwargs={"attention_backend": "fa3"},
+    )
+    with caplog.at_level("WARNING", logger="servers.sglang"):
+        args = engine_args(config)
+    assert args["disable_cuda_graph"] is True and args["attention_backend"] == "fa3"
+    assert "max_num_batched_tokens" not in args
+    assert [r.getMessage() for r in caplog.records] == [
+        "max_num_batched_tokens is a vLLM setting and has no effect on SGLang: pass SGLang's "
+        "own (chunked_prefill_size, max_prefill_tokens) in engine_kwargs"
+    ]
+    assert "disable_cuda_graph" not in engine_args(ServerConfig(model="m", backend="sglang"))

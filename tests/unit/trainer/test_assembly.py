@@ -56,8 +56,8 @@ def started(monkeypatch) -> list[str]:
     """Stand-ins for the rollout, rewards and ranks; returns the events they record."""
     events: list[str] = []
 
-    def start_rollout(rollout: Any, model_path: str, share: float | None):
-        events.append(f"start rollout {model_path} share={share}")
+    def start_rollout(rollout: Any, model: ModelConfig, share: float | None, *, num_servers: int):
+        events.append(f"start rollout {model.path} share={share} servers={num_servers}")
         return ["server-0"], FakeManager()
 
     def stop_rollout(servers: list[Any], manager: Any) -> None:
@@ -82,7 +82,8 @@ def started(monkeypatch) -> list[str]:
 
 
 def plan_of(tmp_path: Path, events: list[str]) -> RunPlan:
-    setup = RolloutSetup(model_path="/models/m", tokenizer=None, tool_names=[], tool_schemas=[])
+    model = ModelConfig(path="/models/m", tokenizer_path="/models/m")  # as resolved at start-up
+    setup = RolloutSetup(model=model, tokenizer=None, tool_names=[], tool_schemas=[])
     return RunPlan(
         device="cpu",
         setup=setup,
@@ -106,7 +107,7 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
 
     assert started == [
         "ray logs at WARNING, env ['AGENTLOOP_RUN_DIR']",
-        "start rollout /models/m share=None",
+        "start rollout /models/m share=None servers=1",  # num_servers null on CPU: one
         "start rewards on cpu",
     ]
     ((spec, world),) = FakeWorkers.specs
@@ -117,6 +118,7 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
         1.0,
         1,
     )
+    assert spec.model.path == "/models/m"  # the resolved model config, not the configured one
     assert parts.sync.workers is parts.workers and parts.sync.servers is parts.servers
     assert parts.servers == ["server-0"] and not parts.sync.colocated
     assert parts.manager.on_server_restart == parts.sync.push_to

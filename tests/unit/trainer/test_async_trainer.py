@@ -218,6 +218,10 @@ def test_staleness_0_async_trainer_equals_the_sync_trainer(tmp_path, tokenizer):
         assert a["reward/mean"] == pytest.approx(s["reward/mean"])
         assert a["actor/pg_loss"] == pytest.approx(s["actor/pg_loss"], abs=1e-6)
         assert a["rollout/staleness_max"] == 0.0
+        for key in ("critic/score/mean", "response_length/mean", "prompt_length/max"):
+            assert a[key] == pytest.approx(s[key]), key  # verl's names, from the same batch
+        assert a["training/global_step"] == s["training/global_step"]
+        assert a["training/epoch"] == s["training/epoch"] == 0.0
     assert len(run.sync.pushed) == STEPS and run.stream.pauses == [True] * STEPS
 
 

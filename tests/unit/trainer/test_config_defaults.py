@@ -151,7 +151,7 @@ def test_the_walk_finds_every_kind_of_difference(tmp_path, monkeypatch):
         "actor_rollout_ref.rollout.trace.run_id: field of TraceConfig missing from the YAML",
         "reward_model.rules: YAML [{'name': 'fmt', 'path': 'f.py', 'nope': 1}] is not valid: "
         "unknown config key reward_model.rules[0].nope; known keys under reward_model.rules[0]: "
-        "name, path, function, timeout_s",
+        "name, path, function, timeout_s, reward_kwargs",
     ]
 
 

@@ -18,7 +18,11 @@ USER = [{"role": "user", "content": "Add 2 and 3."}]
 def data(tmp_path) -> Path:
     path = tmp_path / "train.jsonl"
     path.write_text(
-        "".join(json.dumps({"prompt": USER, "extra_info": {"index": i}}) + "\n" for i in range(8))
+        "".join(
+            json.dumps({"prompt": USER, "data_source": "openai/gsm8k", "extra_info": {"index": i}})
+            + "\n"
+            for i in range(8)
+        )
     )
     return path
 
@@ -286,3 +290,101 @@ def test_gpu_weight_transfer_must_fit_the_placement(transfer, hybrid, message):
     assert str(info.value) == message
     default, _ = load_config(["actor_rollout_ref.model.path=x", "data.train_files=/x"])
     check_weight_transfer(default, "cpu")  # host: any placement
+
+
+# ---- rollout servers and their engine arguments ---------------------------------------------
+def _config(*overrides: str):
+    from trainer.config import load_config
+
+    config, _ = load_config(["actor_rollout_ref.model.path=m", "data.train_files=/x", *overrides])
+    return config
+
+
+TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "cpu", "cuda"),
+    [
+        ([], 1, 1),
+        (["trainer.n_gpus_per_node=8"], 1, 8),  # verl: world_size // tp replicas
+        (["trainer.nnodes=2", "trainer.n_gpus_per_node=8", f"{TP}=2"], 1, 8),
+        (["trainer.n_gpus_per_node=2", f"{TP}=4"], 1, 1),  # fewer GPUs than one server: one
+        (["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.num_servers=3"], 3, 3),
+    ],
+)
+def test_num_servers_null_is_one_on_cpu_and_one_per_tp_group_of_gpus_on_cuda(overrides, cpu, cuda):
+    from trainer.config.validate import servers_for
+
+    config = _config(*overrides)
+    assert (servers_for(config, "cpu"), servers_for(config, "cuda")) == (cpu, cuda)
+
+
+def test_gpus_that_do_not_split_into_tensor_parallel_servers_are_refused():
+    from trainer.config.validate import servers_for
+
+    config = _config("trainer.n_gpus_per_node=6", f"{TP}=4")
+    with pytest.raises(ValueError) as info:
+        servers_for(config, "cuda")
+    assert str(info.value) == (
+        "6 trainer GPUs (trainer.nnodes x trainer.n_gpus_per_node) do not split into rollout "
+        "servers of actor_rollout_ref.rollout.tensor_model_parallel_size=4 GPUs: make the GPUs "
+        "a multiple of it, or set actor_rollout_ref.rollout.num_servers"
+    )
+    assert servers_for(config, "cpu") == 1
+
+
+def test_an_engine_argument_a_rollout_key_sets_fails_at_start_up(capsys, tmp_path, data):
+    err = run(
+        capsys,
+        tmp_path,
+        data,
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.tensor_parallel_size=2",
+    )
+    assert err == (
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.tensor_parallel_size: the server sets this "
+        "engine argument from actor_rollout_ref.rollout.tensor_model_parallel_size; set "
+        "actor_rollout_ref.rollout.tensor_model_parallel_size instead"
+    )
+
+
+KW = "+actor_rollout_ref.rollout.engine_kwargs"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            f"{KW}.vllm.max_num_batchd_tokens=64",
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_batchd_tokens is not an engine "
+            "argument of vLLM (did you mean max_num_batched_tokens? set actor_rollout_ref."
+            "rollout.max_num_batched_tokens for it): fix the name or remove it",
+        ),
+        (
+            f"{KW}.vllm.dtype=float16",
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.dtype: the server sets this engine "
+            "argument itself and it cannot be changed; remove it",
+        ),
+        (
+            f"{KW}.vllm.model=/other",
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.model: the server sets this engine "
+            "argument from actor_rollout_ref.model.path; set actor_rollout_ref.model.path instead",
+        ),
+    ],
+)
+def test_bad_engine_kwargs_name_the_key_to_change(override, message):
+    from trainer.launch import check_engine_kwargs
+
+    with pytest.raises(ValueError) as info:
+        check_engine_kwargs(_config(override).actor_rollout_ref.rollout)
+    assert str(info.value) == message
+
+
+def test_engine_kwargs_of_the_other_backend_and_known_names_pass():
+    from trainer.launch import check_engine_kwargs
+
+    rollout = _config(
+        f"{KW}.vllm.max_logprobs=5", f"{KW}.sglang.tp_size=2"
+    ).actor_rollout_ref.rollout
+    check_engine_kwargs(rollout)  # name=vllm: the sglang table is not used
+    assert rollout.engine_kwargs.vllm == {"max_logprobs": 5}

@@ -18,6 +18,7 @@ import transformers
 import trainer.ray_trainer
 from agentloop import AgentLoopOutput, RolloutBatch, RolloutConfig, TraceContext, collate
 from agentloop.batch import rollout_metrics
+from agentloop.config import ValKwargsConfig
 from agentloop.manager import expand_rows
 from servers import ServerRestartError
 from tests.unit.trainer.tiny_model import tiny_qwen3
@@ -32,10 +33,12 @@ from trainer.dataloader import PromptSampler
 from trainer.ray_trainer import RayPPOTrainer, stopped_message
 from trainer.rewards import RewardManager
 from trainer.tracking import Tracking
+from trainer.val_metrics import validation_metrics
 from trainer.workers import TrainBatch
 from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
 
 PROMPTS, N, P, R = 4, 2, 8, 12  # prompts per step, samples per prompt, prompt/response budget
+STATS = ("mean", "max", "min")
 REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info):\n" + (
     "    return len(solution_str) / 10\n"
 )
@@ -174,9 +177,11 @@ class RecordingWeightSync:
 # ---- a run of them --------------------------------------------------------------------------
 
 
-def make_config(tmp_path: Path, model_path: Path, **actor: Any) -> Config:
+def make_config(
+    tmp_path: Path, model_path: Path, reward_source: str = REWARD, **actor: Any
+) -> Config:
     reward = tmp_path / "length_reward.py"
-    reward.write_text(REWARD)
+    reward.write_text(reward_source)
     return Config(
         data=DataConfig(train_batch_size=PROMPTS, shuffle=False),
         actor_rollout_ref=ActorRolloutRefConfig(
@@ -199,8 +204,10 @@ def make_config(tmp_path: Path, model_path: Path, **actor: Any) -> Config:
 class Run:
     """A trainer over the stand-ins, with what they record."""
 
-    def __init__(self, tmp_path: Path, tokenizer: Any, monkeypatch, **actor: Any) -> None:
-        self.config = config = make_config(tmp_path, Path(tokenizer.name_or_path), **actor)
+    def __init__(
+        self, tmp_path: Path, tokenizer: Any, monkeypatch, reward: str = REWARD, **actor: Any
+    ) -> None:
+        self.config = config = make_config(tmp_path, Path(tokenizer.name_or_path), reward, **actor)
         self.events: list[str] = []
         self.model = tiny_qwen3()
         self.initial = {k: v.clone() for k, v in self.model.state_dict().items()}
@@ -250,7 +257,7 @@ class Run:
             for i in range(2 * PROMPTS)
         ]
         sampler = PromptSampler(rows, PROMPTS, shuffle=False)
-        self.trainer = RayPPOTrainer(config, parts, sampler)
+        self.trainer = RayPPOTrainer(config, parts, sampler, val_rows=rows[:3])
 
 
 @pytest.fixture(scope="module")
@@ -262,8 +269,8 @@ def tokenizer(tiny_qwen3_path):
 def make_run(tmp_path, tokenizer, monkeypatch):
     runs: list[Run] = []
 
-    def make(**actor: Any) -> Run:
-        runs.append(Run(tmp_path, tokenizer, monkeypatch, **actor))
+    def make(reward: str = REWARD, **actor: Any) -> Run:
+        runs.append(Run(tmp_path, tokenizer, monkeypatch, reward, **actor))
         return runs[-1]
 
     yield make
@@ -306,6 +313,26 @@ STEP_KEYS = {
 }
 """What a step adds to the rollout's own metrics (``timing_s/gen``, ``agent_loop/*``, ...)."""
 
+VERL_STEP_KEYS = {
+    *(f"critic/{name}/{stat}" for name in ("score", "rewards", "returns") for stat in STATS),
+    *(f"{name}/{stat}" for name in ("response_length", "prompt_length") for stat in STATS),
+    "response_length/clip_ratio",
+    "prompt_length/clip_ratio",
+    "response/aborted_ratio",
+    "num_turns/mean",
+    "num_turns/max",
+    "num_turns/min",
+    "training/global_step",
+    "training/epoch",
+    "perf/total_num_tokens",
+    "perf/time_per_step",
+    "perf/throughput",
+    "timing_per_token_ms/gen",
+    "timing_per_token_ms/adv",
+    "timing_per_token_ms/update_actor",
+}
+"""verl's names a step adds beside ours (``trainer.verl_metrics``)."""
+
 
 @pytest.mark.parametrize("use_kl_loss", [False, True], ids=["no_kl", "kl_loss"])
 def test_train_step_runs_the_phases_in_order_and_logs_each(make_run, use_kl_loss):
@@ -326,8 +353,8 @@ def test_train_step_runs_the_phases_in_order_and_logs_each(make_run, use_kl_loss
     assert run.rollout.traces == [TraceContext(step=3)]
     rollout = run.rollout.batches[0]
     assert "timing_s/gen" in rollout.metrics
-    extra = {"timing_s/ref", "actor/kl_loss"} if use_kl_loss else set()
-    assert set(metrics) == set(rollout.metrics) | STEP_KEYS | extra
+    extra = {"timing_s/ref", "timing_per_token_ms/ref", "actor/kl_loss"} if use_kl_loss else set()
+    assert set(metrics) == set(rollout.metrics) | STEP_KEYS | VERL_STEP_KEYS | extra
     for key, value in rollout.metrics.items():
         assert metrics[key] == value, key
     assert metrics["training/step"] == 3.0
@@ -335,6 +362,16 @@ def test_train_step_runs_the_phases_in_order_and_logs_each(make_run, use_kl_loss
     assert metrics["perf/total_tokens"] == float(rollout.attention_mask.sum())
     assert metrics["weight_sync/version"] == 1.0
     assert all(v >= 0 for k, v in metrics.items() if k.startswith("timing_s/"))
+    # verl's names: copies of ours, and what verl computes from the batch tensors
+    assert metrics["training/global_step"] == 3.0 and metrics["training/epoch"] == 0.0
+    assert metrics["perf/time_per_step"] == metrics["timing_s/step"]
+    assert metrics["num_turns/mean"] == rollout.metrics["agent_loop/num_turns/mean"]
+    assert metrics["response_length/mean"] == rollout.metrics["agent_loop/response_length/mean"]
+    assert metrics["response_length/max"] == rollout.metrics["agent_loop/response_length/max"]
+    world = run.config.trainer.world_size
+    assert metrics["perf/throughput"] == pytest.approx(
+        metrics["perf/total_tokens"] / (metrics["timing_s/step"] * world)
+    )
 
 
 def test_train_step_scores_with_the_rule_reward(make_run, tokenizer):
@@ -352,6 +389,10 @@ def test_train_step_scores_with_the_rule_reward(make_run, tokenizer):
         (float(expected.max()), float(expected.min()))
     )
     assert metrics["reward/errors"] == 0.0
+    # verl's critic/score and critic/rewards are the scores (no process reward, no KL penalty)
+    for stat in STATS:
+        assert metrics[f"critic/score/{stat}"] == pytest.approx(metrics[f"reward/{stat}"])
+        assert metrics[f"critic/rewards/{stat}"] == pytest.approx(metrics[f"reward/{stat}"])
 
 
 @pytest.mark.parametrize("use_kl_loss", [False, True], ids=["no_kl", "kl_loss"])
@@ -375,6 +416,8 @@ def test_update_gets_the_advantages_of_the_scores_and_groups(make_run, use_kl_lo
     picked = expected[mask.bool()]
     assert metrics["critic/advantages/mean"] == pytest.approx(float(picked.mean()))
     assert metrics["critic/advantages/max"] == pytest.approx(float(picked.max()))
+    for stat in STATS:  # GRPO's returns are its advantages (verl's critic/returns)
+        assert metrics[f"critic/returns/{stat}"] == metrics[f"critic/advantages/{stat}"]
     assert batch.old_log_probs is not None
     gap = (batch.old_log_probs - rollout.rollout_log_probs).abs()[mask.bool()]
     assert metrics["rollout/logprob_gap_mean"] == pytest.approx(float(gap.mean()))
@@ -427,6 +470,43 @@ def test_a_run_without_tools_is_not_warned_about_tool_calls(make_run, caplog):
     with caplog.at_level("WARNING", logger="agentloop.train"):
         run.trainer.fit()
     assert not [r for r in caplog.records if "tool call" in r.getMessage()]
+
+
+# ---- validation -----------------------------------------------------------------------------
+PRED_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info):\n" + (
+    "    return {'score': len(solution_str) / 10, 'pred': str(len(solution_str) % 3)}\n"
+)
+
+
+def test_validation_is_one_greedy_response_per_prompt_under_our_and_verls_names(make_run):
+    run = make_run()
+    out = run.trainer._validate(5)
+
+    assert run.rollout.traces == [TraceContext(step=5, validate=True)]  # val_kwargs sampling
+    assert len(run.rollout.batches[0]) == 3  # val_kwargs.n = 1
+    assert out["val-core/toy/reward/mean@1"] == pytest.approx(out["val/toy/reward/mean"])
+    assert out["val-aux/num_turns/mean"] == out["val/num_turns/mean"]
+    assert not any("@" in k and "mean@1" not in k for k in out)
+
+
+def test_validation_with_n_samples_votes_on_the_rewards_pred(make_run):
+    run = make_run(PRED_REWARD)
+    val = ValKwargsConfig(n=4, do_sample=True, temperature=1.0)
+    run.config.actor_rollout_ref.rollout.val_kwargs = val
+    out = run.trainer._validate(2)
+
+    batch, scored = run.rollout.batches[0], run.scored[0]
+    assert len(batch) == 3 * 4 and len(set(batch.uid)) == 3
+    assert scored.extra_info["pred"] == [str(round(10 * x) % 3) for x in scored.scores.tolist()]
+    expected = validation_metrics(
+        ["toy"] * 12, batch.uid, scored.scores.tolist(), scored.extra_info, batch.num_turns
+    )
+    assert {k: v for k, v in out.items() if k.startswith("val-")} == expected
+    assert out["val-core/toy/reward/mean@4"] == pytest.approx(out["val/toy/reward/mean"])
+    for name in ("best@4/mean", "maj@4/mean"):
+        assert f"val-core/toy/reward/{name}" in out
+    for name in ("std@4", "worst@4/mean", "best@2/mean", "maj@2/mean"):
+        assert f"val-aux/toy/reward/{name}" in out
 
 
 # ---- how a stopped run explains itself ------------------------------------------------------

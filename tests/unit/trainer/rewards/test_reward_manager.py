@@ -295,16 +295,39 @@ def test_named_rewards_are_summed_with_weights_and_each_is_logged(tmp_path, toke
         weights={"rule": 1.0, "format": 0.5},
     )
     manager = RewardManager(RewardFunctionConfig(), config, tokenizer)
-    batch = make_batch(tokenizer, ["#### 42", "#### 41", "42"])
+    batch = make_batch(tokenizer, ["#### 42", "#### 41", "42"])  # the built-in gsm8k is strict
     scores, metrics = score(manager, batch)
-    assert scores == [1.5, 0.5, 1.0]
-    assert metrics["reward/rule"] == pytest.approx(2 / 3)
+    assert scores == [1.5, 0.5, 0.0]
+    assert metrics["reward/rule"] == pytest.approx(1 / 3)
     assert metrics["reward/format"] == pytest.approx(2 / 3)
-    assert metrics["reward/mean"] == pytest.approx(1.0)
+    assert metrics["reward/mean"] == pytest.approx(2 / 3)
+
+
+def test_an_extra_rule_gets_its_own_reward_kwargs_and_unknown_ones_are_errors(tmp_path, tokenizer):
+    fmt = write(
+        tmp_path / "fmt.py",
+        "def answered(data_source, solution_str, ground_truth, extra_info, bonus=1.0):\n"
+        "    return bonus * float(any(c.isdigit() for c in solution_str))\n",
+    )
+    rule = RuleRewardConfig(name="format", path=fmt, function="answered")
+    config = RewardModelConfig(rules=[rule], weights={"rule": 0.0})
+    rule.reward_kwargs = {"bonus": 0.5}
+    scores, _ = score(
+        RewardManager(RewardFunctionConfig(), config, tokenizer), make_batch(tokenizer, ["4", "x"])
+    )
+    assert scores == [0.5, 0.0]
+    rule.reward_kwargs = {"bonsu": 0.5}
+    with pytest.raises(ValueError) as err:
+        RewardManager(RewardFunctionConfig(), config, tokenizer)
+    assert str(err.value) == (
+        f"reward_model.rules[0].reward_kwargs.bonsu is passed to {fmt}:answered as a keyword, "
+        "but it has no parameter 'bonsu' (its other parameters: bonus): remove the key, or add "
+        "the parameter (or **kwargs) to the function"
+    )
 
 
 def test_a_zero_weight_turns_a_reward_off(tmp_path, tokenizer):
-    fmt = write(tmp_path / "fmt.py", "def f(*args):\n    return 0.25\n")
+    fmt = write(tmp_path / "fmt.py", "def f(**kwargs):\n    return 0.25\n")
     config = RewardModelConfig(
         rules=[RuleRewardConfig(name="format", path=fmt, function="f")], weights={"rule": 0}
     )

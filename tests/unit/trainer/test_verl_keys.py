@@ -1,0 +1,346 @@
+"""verl's run scripts and config files as they are: every key verl's example scripts set is
+honored, warned about or refused exactly as docs/verl-migration.md says, aliases are one field
+with two spellings, and ``--config-path``/``--config-name`` files extend ppo_trainer."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainer.config import ConfigError, load_config, verl_compat
+from trainer.config.verl_keys import RULES, markdown_table, rule_for
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = REPO / "tests" / "fixtures" / "verl"
+DOC = (REPO / "docs" / "verl-migration.md").read_text()
+MODEL = "actor_rollout_ref.model.path=tiny-qwen3"
+OURS = yaml.safe_load((REPO / "trainer" / "config" / "ppo_trainer.yaml").read_text())
+
+
+def ours(key: str) -> bool:
+    """A key of ppo_trainer.yaml (or under one of its free-form mappings, e.g.
+    ``chat_template_kwargs``)."""
+    node = OURS
+    for part in key.split("."):
+        if node == {}:
+            return True
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def status(key: str) -> str:
+    rule = rule_for(key)
+    if rule is None:
+        return "honored" if ours(key) else "unknown"
+    return {"alias": "honored", "warn": "warned", "refuse": "refused"}[rule.status]
+
+
+def scripts() -> dict[str, list[str]]:
+    """Script name -> its overrides, as the shell passes them (quotes removed)."""
+    out: dict[str, list[str]] = {}
+    for block in (FIXTURES / "multiturn_overrides.txt").read_text().split("\n\n"):
+        lines = [line for line in block.splitlines() if line.strip()]
+        names = [line[2:] for line in lines if line.startswith("# examples/")]
+        if names:
+            out[names[0]] = [shlex.split(line)[0] for line in lines if not line.startswith("#")]
+    return out
+
+
+def as_here(args: list[str]) -> list[str]:
+    return [
+        f"--config-path={FIXTURES / 'config'}" if a.startswith("--config-path=") else a
+        for a in args
+    ]
+
+
+def doc_rows() -> dict[str, str]:
+    """verl key (or pattern) -> the first word of its 'here' cell in the docs table."""
+    rows = re.findall(r"^\| `([^`]+)` \| (\w+)", DOC, re.M)
+    return dict(rows)
+
+
+def doc_honored() -> set[str]:
+    block = DOC.split("<!-- honored:start -->")[1].split("<!-- honored:end -->")[0]
+    return set(re.findall(r"`([^`]+)`", block))
+
+
+# ---- the docs table is the code's table ---------------------------------------------------------
+def test_docs_table_is_the_rules_table():
+    block = DOC.split("<!-- verl-keys:start -->\n")[1].split("<!-- verl-keys:end -->")[0]
+    assert block == markdown_table(), "regenerate with: python -m trainer.config.verl_keys"
+
+
+def test_each_multiturn_script_key_has_the_status_the_docs_give():
+    rows, honored = doc_rows(), doc_honored()
+    seen = 0
+    for name, args in scripts().items():
+        for arg in args:
+            if arg.startswith("--config"):
+                continue
+            key = arg.split("=", 1)[0].lstrip("+")
+            rule = rule_for(key)
+            if rule is None:
+                assert ours(key), f"{name}: {key} is neither a key here nor in the rules"
+                assert key in honored, f"{key} (honored) is missing from the docs' honored list"
+            else:
+                assert rows[rule.key] == status(key), (name, key)
+            seen += 1
+    assert seen > 400  # 16 scripts
+
+
+def test_every_key_of_verls_example_scripts_is_known():
+    keys = [
+        line
+        for line in (FIXTURES / "all_script_keys.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert len(keys) > 300
+    unknown = [k for k in keys if status(k) == "unknown"]
+    assert unknown == []
+
+
+def test_docs_honored_list_names_only_our_keys():
+    honored = doc_honored()
+    assert len(honored) > 60
+    assert [k for k in sorted(honored) if not ours(k) or rule_for(k)] == []
+
+
+# ---- whole scripts ----
+def test_multiturn_scripts_load_or_stop_on_a_refused_key(caplog):
+    """Every script loads, unless it sets a refused key: then the error names that key."""
+    loaded = []
+    for name, args in scripts().items():
+        refused = [
+            a.split("=", 1)[0].lstrip("+")
+            for a in args
+            if not a.startswith("--") and status(a.split("=", 1)[0].lstrip("+")) == "refused"
+        ]
+        try:
+            load_config(as_here(args))
+        except ConfigError as exc:
+            message = str(exc)
+            assert refused or "ppo_megatron_trainer" in message, (name, message)
+            assert any(message.startswith(f"{k}=") for k in refused) or (
+                "Megatron is not a backend here" in message
+            ), (name, message)
+            continue
+        assert not [k for k in refused if rule_for(k).ok == ()], name
+        loaded.append(Path(name).name)
+    assert {
+        "run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh",
+        "run_qwen2.5-3b_gsm8k_multiturn.sh",
+        "run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh",
+        "run_qwen2.5-3b_gsm8k_multiturn_server.sh",
+        "run_qwen3-4b_gsm8k_multiturn.sh",
+        "run_qwen2.5-3b_geo3k_multiturn.sh",
+    } <= set(loaded)
+
+
+def test_the_tool_agent_script_means_what_it_means_in_verl():
+    args = scripts()["examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh"]
+    config, extras = load_config(as_here(args))
+    assert extras == {}
+    ref = config.actor_rollout_ref
+    assert ref.rollout.response_length == 1024  # data.max_response_length
+    assert config.data.max_prompt_length == 1024
+    assert ref.actor.log_prob_micro_batch_size_per_gpu == 32  # rollout.log_prob_micro_...
+    assert ref.ref.param_offload is True  # ref.fsdp_config.param_offload
+    assert ref.rollout.multi_turn.max_assistant_turns == 5  # from the config file
+    assert ref.rollout.name == "sglang"
+    assert ref.rollout.tensor_model_parallel_size == 2
+    assert config.trainer.logger == ["console", "mlflow"]
+    assert ref.model.path == "Qwen/Qwen2.5-3B-Instruct"
+
+
+# ---- aliases ----
+def test_an_alias_sets_our_key():
+    config, _ = load_config([MODEL, "data.max_response_length=77"])
+    assert config.actor_rollout_ref.rollout.response_length == 77
+
+
+def test_an_alias_subtree_maps_under_our_key():
+    config, _ = load_config([MODEL, "+data.apply_chat_template_kwargs.enable_thinking=false"])
+    assert config.actor_rollout_ref.rollout.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_both_spellings_with_different_values_is_an_error():
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            [MODEL, "data.max_response_length=77", "actor_rollout_ref.rollout.response_length=88"]
+        )
+    assert str(info.value) == (
+        "data.max_response_length=77 and actor_rollout_ref.rollout.response_length=88 set one "
+        "key (actor_rollout_ref.rollout.response_length) to different values: keep one"
+    )
+
+
+def test_both_spellings_with_one_value_is_fine():
+    config, _ = load_config(
+        [MODEL, "data.max_response_length=77", "actor_rollout_ref.rollout.response_length=77"]
+    )
+    assert config.actor_rollout_ref.rollout.response_length == 77
+
+
+# ---- warned and refused ----
+def test_a_warned_key_warns_once_and_its_verl_default_is_silent(caplog, monkeypatch):
+    monkeypatch.setattr(verl_compat, "_warned", set())
+    key = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
+    with caplog.at_level(logging.WARNING, logger="trainer.config.verl_compat"):
+        load_config([MODEL, f"{key}=False", "trainer.critic_warmup=0"])
+        assert caplog.records == []
+        load_config([MODEL, f"{key}=True"])
+        load_config([MODEL, f"{key}=True"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{key}=True has no effect here: optimizer state is offloaded together with the "
+        "parameters by actor_rollout_ref.actor.fsdp_config.param_offload=True (FSDP2 "
+        "CPUOffloadPolicy), not on its own"
+    ]
+
+
+def test_a_refused_key_names_the_alternative():
+    with pytest.raises(ConfigError) as info:
+        load_config([MODEL, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"])
+    assert str(info.value) == (
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 is not supported here: "
+        "Megatron is not a backend here: the actor and reference are FSDP2 (strategy=fsdp2)"
+    )
+
+
+def test_a_refused_key_at_its_verl_default_is_accepted():
+    config, _ = load_config(
+        [MODEL, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1", "data.image_key=images"]
+    )
+    assert config.data.train_batch_size == 8
+
+
+def test_gae_is_refused_until_a_critic_exists():
+    with pytest.raises(ConfigError) as info:
+        load_config([MODEL, "algorithm.adv_estimator=gae"])
+    assert str(info.value) == (
+        "algorithm.adv_estimator=gae needs a critic, and no critic exists here yet: use a "
+        "critic-free estimator (grpo, rloo, reinforce_plus_plus)"
+    )
+
+
+def test_trainer_logger_may_be_one_name():
+    config, _ = load_config([MODEL, "trainer.logger=console"])
+    assert config.trainer.logger == ["console"]
+
+
+def test_an_unknown_key_points_at_the_migration_table():
+    with pytest.raises(ConfigError, match=r"^unknown config key data\.nope: .*verl-migration\.md"):
+        load_config([MODEL, "data.nope=1"])
+
+
+# ---- config files ----
+def write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.yaml").write_text(text)
+    return folder
+
+
+VERL_FILE = """\
+hydra:
+  searchpath:
+    - file://verl/trainer/config
+defaults:
+  - ppo_trainer
+  - _self_
+data:
+  max_prompt_length: 300
+  max_response_length: 200
+actor_rollout_ref:
+  model:
+    path: tiny-qwen3
+  rollout:
+    multi_turn:
+      enable: True
+      max_assistant_turns: 3
+trainer:
+  critic_warmup: 0
+"""
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--config-path={d}", "--config-name=mine"],
+        ["--config-path", "{d}", "--config-name", "mine.yaml"],
+        ["-cp", "{d}", "-cn", "mine"],
+    ],
+)
+def test_a_config_file_extends_ppo_trainer_and_overrides_win(tmp_path, flags):
+    folder = write(tmp_path, "mine", VERL_FILE)
+    args = [f.format(d=folder) for f in flags] + ["data.max_prompt_length=400"]
+    config, _ = load_config(args)
+    assert config.data.max_prompt_length == 400  # the command line wins over the file
+    assert config.actor_rollout_ref.rollout.response_length == 200  # the file's alias
+    assert config.actor_rollout_ref.rollout.prompt_length == 400  # our interpolation
+    assert config.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
+    assert config.actor_rollout_ref.model.path == "tiny-qwen3"
+
+
+def test_a_command_line_alias_beats_the_files_own_key(tmp_path):
+    folder = write(tmp_path, "mine", VERL_FILE)
+    config, _ = load_config(
+        [f"--config-path={folder}", "--config-name=mine", "data.max_response_length=50"]
+    )
+    assert config.actor_rollout_ref.rollout.response_length == 50
+
+
+def test_a_config_file_with_a_refused_key_stops(tmp_path):
+    text = VERL_FILE.replace("data:\n", "data:\n  sampler:\n    class_name: X\n")
+    folder = write(tmp_path, "bad", text)
+    with pytest.raises(ConfigError) as info:
+        load_config([f"--config-path={folder}", "--config-name=bad"])
+    assert str(info.value) == (
+        "data.sampler.class_name=X is not supported here: the sampler is fixed: data.shuffle "
+        "and data.seed set its order"
+    )
+
+
+def test_a_config_file_with_other_defaults_says_what_it_may_extend(tmp_path):
+    folder = write(tmp_path, "mine", "defaults:\n  - dapo_trainer\n  - _self_\n")
+    with pytest.raises(ConfigError) as info:
+        load_config([f"--config-path={folder}", "--config-name=mine", MODEL])
+    assert str(info.value) == (
+        f"{folder / 'mine.yaml'}: defaults entry 'dapo_trainer' is not known here; a config "
+        "file here extends ppo_trainer (defaults: [ppo_trainer, _self_]) and sets keys of it"
+    )
+
+
+def test_a_missing_config_file_names_the_path(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config([f"--config-path={tmp_path}", "--config-name=nope", MODEL])
+    assert str(info.value).startswith(
+        f"--config-name=nope: no file {tmp_path / 'nope.yaml'} (--config-path={tmp_path}; "
+    )
+
+
+def test_config_path_without_a_name_is_an_error():
+    with pytest.raises(ConfigError) as info:
+        load_config(["--config-path=x", MODEL])
+    assert str(info.value) == "--config-path needs --config-name=<file name without .yaml>"
+
+
+def test_an_unknown_option_is_an_error():
+    with pytest.raises(ConfigError) as info:
+        load_config(["--multirun", MODEL])
+    assert str(info.value) == (
+        "unknown option --multirun: this command takes key=value overrides, --config-path "
+        "and --config-name"
+    )
+
+
+def test_no_rule_is_shadowed_by_an_earlier_one():
+    for rule in RULES:
+        probe = rule.key[:-1] + "x" if rule.key.endswith(".*") else rule.key
+        probe = probe.replace("*", "actor")
+        assert rule_for(probe) is rule, f"{rule.key} is shadowed by {rule_for(probe).key}"

@@ -1,0 +1,188 @@
+"""verl run scripts as they are: ``--config-path``/``--config-name`` config files and
+``key=value`` overrides whose keys are verl's (``trainer.config.verl_keys``).
+
+Aliases are rewritten to our key before Hydra sees them (one field, two spellings: both set
+to different values is an error), warned keys are dropped with a one-time warning saying
+why they do nothing here, refused keys stop the start with the alternative.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from trainer.config.verl_keys import NO_MEGATRON, KeyRule, rule_for
+
+__all__ = ["ConfigFile", "split_config_args", "translate_overrides", "translate_tree"]
+
+logger = logging.getLogger(__name__)
+
+_warned: set[str] = set()
+
+DEFAULTS_OK = ("ppo_trainer", "_self_")
+
+
+class ConfigFile:
+    """A ``--config-path``/``--config-name`` pair (Hydra's ``-cp``/``-cn`` too)."""
+
+    def __init__(self, path: str | None, name: str) -> None:
+        self.path = Path(path or ".")
+        self.name = name[:-5] if name.endswith(".yaml") else name
+
+    @property
+    def file(self) -> Path:
+        return self.path / f"{self.name}.yaml"
+
+
+def split_config_args(argv: list[str]) -> tuple[list[str], ConfigFile | None]:
+    """``argv`` without ``--config-path``/``--config-name`` (``=`` or a separate value), and
+    the config file they name (None when no ``--config-name`` is given)."""
+    flags = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name"}
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        flag, eq, value = arg.partition("=")
+        if flag in flags:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{flag} needs a value, e.g. {flag}=<folder or name>")
+                value = argv[i + 1]
+                i += 1
+            found[flags[flag]] = value
+        elif arg.startswith("-") and not arg.startswith("--config"):
+            raise ValueError(
+                f"unknown option {arg}: this command takes key=value overrides, "
+                "--config-path and --config-name"
+            )
+        else:
+            rest.append(arg)
+        i += 1
+    if "name" not in found:
+        if "path" in found:
+            raise ValueError("--config-path needs --config-name=<file name without .yaml>")
+        return rest, None
+    return rest, ConfigFile(found.get("path"), found["name"])
+
+
+def _unquote(value: str) -> str:
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def _apply(rule: KeyRule, key: str, value: str) -> str | None:
+    """Our key for ``key`` (None: drop it); warns or raises per the rule."""
+    if rule.status == "alias":
+        return rule.alias_of(key)
+    if _unquote(value).lower() in rule.ok:
+        return None
+    if rule.status == "refuse":
+        raise ValueError(f"{key}={_unquote(value)} is not supported here: {rule.why}")
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("%s=%s has no effect here: %s", key, _unquote(value), rule.why)
+    return None
+
+
+def translate_overrides(overrides: list[str]) -> list[str]:
+    """Hydra overrides with verl's keys translated (see the module doc)."""
+    out: list[str] = []
+    origin: dict[str, tuple[str, str]] = {}  # our key -> (spelling used, value)
+    for item in overrides:
+        prefix = item[: len(item) - len(item.lstrip("+~"))]
+        key, eq, value = item[len(prefix) :].partition("=")
+        rule = rule_for(key)
+        if rule is not None and not (prefix == "~" and rule.status != "alias"):
+            target = _apply(rule, key, value)
+            if target is None:
+                continue
+            key = target
+        if eq:
+            seen = origin.get(key)
+            if seen and seen[0] != item.partition("=")[0] and _unquote(seen[1]) != _unquote(value):
+                raise ValueError(
+                    f"{seen[0].lstrip('+')}={seen[1]} and {item} set one key ({key}) to "
+                    "different values: keep one"
+                )
+            origin[key] = (item.partition("=")[0], value)
+        out.append(f"{prefix}{key}{eq}{value}")
+    return out
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    items: list[tuple[str, Any]] = []
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and rule_for(key) is None:
+            items.extend(_flatten(v, f"{key}."))
+        else:
+            items.append((key, v))
+    return items
+
+
+def _put(tree: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def translate_tree(tree: dict[str, Any]) -> dict[str, Any]:
+    """A config file's tree (without ``defaults``/``hydra``) with verl's keys translated."""
+    out: dict[str, Any] = {}
+    origin: dict[str, tuple[str, Any]] = {}
+    for key, value in _flatten(tree):
+        rule = rule_for(key)
+        if isinstance(value, dict) and rule is not None and rule.status != "alias":
+            for sub, sub_value in _flatten(value, f"{key}."):
+                _apply(rule, sub, str(sub_value))
+            continue
+        target = key if rule is None else _apply(rule, key, str(value))
+        if target is None:
+            continue
+        seen = origin.get(target)
+        if seen and seen[0] != key and seen[1] != value:
+            raise ValueError(
+                f"{seen[0]}: {seen[1]} and {key}: {value} set one key ({target}) to different "
+                "values: keep one"
+            )
+        origin[target] = (key, value)
+        _put(out, target, value)
+    return out
+
+
+def read_config_file(source: ConfigFile) -> dict[str, Any]:
+    """The user's config file, checked and translated: ``defaults`` may only name
+    ``ppo_trainer`` and ``_self_``; the ``hydra`` block (``searchpath``: verl's config folder)
+    is set aside, since ``ppo_trainer`` is ours."""
+    from omegaconf import OmegaConf
+
+    file = source.file
+    if not file.is_file():
+        raise ValueError(
+            f"--config-name={source.name}: no file {file} (--config-path={source.path}; "
+            f"the folder is relative to {os.getcwd()})"
+        )
+    raw = OmegaConf.to_container(OmegaConf.load(file), resolve=False)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file} must be a mapping of config keys")
+    defaults = raw.pop("defaults", ["ppo_trainer", "_self_"])
+    bad = [d for d in defaults if not (isinstance(d, str) and d in DEFAULTS_OK)]
+    if bad == ["ppo_megatron_trainer"]:
+        raise ValueError(f"{file}: defaults entry 'ppo_megatron_trainer': {NO_MEGATRON}")
+    if bad:
+        raise ValueError(
+            f"{file}: defaults entry {bad[0]!r} is not known here; a config file here extends "
+            "ppo_trainer (defaults: [ppo_trainer, _self_]) and sets keys of it"
+        )
+    hydra = raw.pop("hydra", None) or {}
+    extra = sorted(set(hydra) - {"searchpath"}) if isinstance(hydra, dict) else []
+    if extra:
+        logger.warning("%s: hydra.%s has no effect here (only the config is read)", file, extra[0])
+    return translate_tree(raw)
