@@ -8,7 +8,6 @@ Key names follow verl; verl's other spellings and keys with no effect here are h
 from __future__ import annotations
 
 import dataclasses
-import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,9 +25,6 @@ __all__ = [
     "ValKwargsConfig",
     "from_dict",
 ]
-
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -139,8 +135,9 @@ class RecoveryConfig:
 class ValKwargsConfig:
     """Sampling of validation rollouts (verl's ``rollout.val_kwargs``): greedy by default
     (temperature 0). As in verl's agent loops, the turns sample with ``temperature``,
-    ``top_p`` and ``top_k`` whatever ``do_sample`` says; a ``do_sample`` that disagrees with
-    the temperature, and ``n > 1`` greedy copies, are warned about once."""
+    ``top_p`` and ``top_k`` whatever ``do_sample`` says; ``warnings()`` names a ``do_sample``
+    that disagrees with the temperature, and ``n > 1`` greedy copies (the trainer logs them
+    once at start-up)."""
 
     top_k: int = -1
     """-1: no top-k limit."""
@@ -162,31 +159,28 @@ class ValKwargsConfig:
             raise ValueError(f"{key}.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k != -1 and self.top_k < 1:
             raise ValueError(f"{key}.top_k must be -1 (no limit) or >= 1, got {self.top_k}")
+
+    def warnings(self) -> list[str]:
+        """Settings that do not do what they say (accepted, as verl accepts them)."""
+        key = "rollout.val_kwargs"
         greedy = self.temperature == 0
+        out = []
         if self.do_sample == greedy:
-            _warn_once(
+            out.append(
                 f"{key}.do_sample={str(self.do_sample).lower()} has no effect: validation "
                 f"follows {key}.temperature={self.temperature:g} ("
                 f"{'greedy' if greedy else 'sampled'}), as verl's agent loops do"
             )
         if greedy and self.n > 1:
-            _warn_once(
+            out.append(
                 f"{key}.n={self.n} at temperature 0 validates {self.n} identical greedy "
                 f"responses per prompt: set {key}.temperature > 0 to sample them, or n=1"
             )
+        return out
 
     def sampling_params(self) -> dict[str, Any]:
         """Sampling keys of a validation turn."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning(message)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -17,7 +17,11 @@ verl is never imported to recognize one: a class qualifies by its shape (duck ty
   it): then a JSON string. It may return ``(text, reward, metrics)`` or ``(ToolResponse,
   reward, metrics)``; the text is the tool message, the reward the call's step reward
   (``ToolCallRecord.reward``, the process reward), the metrics the call's tool metrics.
-- ``calc_reward`` when the sample ends; ``release`` exactly once per created instance.
+- ``calc_reward`` when the sample ends; ``release`` exactly once per created instance, also
+  when ``create`` returned something that is no instance id (the id it was given is released).
+- ``create``, ``execute``, ``calc_reward`` and ``release`` must be ``async def``, as in verl: a
+  plain ``def`` would run on the agent-loop worker's event loop, blocking every sample, where
+  no call timeout can interrupt it, so such a class is refused at load time.
 - verl's per-tool config keys become our runner's limits (``verl_limits``); the class gets its
   ``config`` untouched.
 """
@@ -38,6 +42,7 @@ __all__ = ["SchemaView", "VerlTool", "missing_verl_api", "verl_limits", "verl_to
 logger = logging.getLogger(__name__)
 
 _METHODS = ("create", "execute", "calc_reward", "release", "get_openai_tool_schema")
+_ASYNC_METHODS = ("create", "execute", "calc_reward", "release")
 VERL_API = (
     "__init__(config, tool_schema), async create/execute/calc_reward/release and "
     "get_openai_tool_schema"
@@ -162,6 +167,15 @@ def verl_tool(
 ) -> VerlTool:
     """Build the verl-style class ``cls`` as verl's loader does (``cls(config=...,
     tool_schema=...)``, ``config`` untouched) and wrap it; ``where`` prefixes every error."""
+    plain = [m for m in _ASYNC_METHODS if not _is_async(getattr(cls, m))]
+    if plain:
+        names = " and ".join(f"{cls.__qualname__}.{m}" for m in plain)
+        are, it = ("is a plain `def`", "it") if len(plain) == 1 else ("are plain `def`s", "them")
+        raise ValueError(
+            f"{where}: {names} {are}; make {it} `async def`: verl's tool API is async, and a "
+            "plain method would run on the agent-loop worker's event loop, blocking every "
+            "sample, where no call timeout can interrupt it"
+        )
     limits = verl_limits(config, where)
     schema = None
     if tool_schema is not None:
@@ -210,6 +224,8 @@ class VerlTool(BaseTool):
         result = await _awaited(self.tool.create(instance_id, **kwargs))
         created = result[0] if isinstance(result, tuple) and result else result
         if not isinstance(created, str) or not created:
+            if instance_id is not None:  # it may hold state under the id it was given
+                await self._release_after_bad_create(instance_id)
             raise TypeError(
                 f"{self._label}.create returned {result!r}; return the instance id or "
                 "(instance_id, ToolResponse)"
@@ -250,6 +266,19 @@ class VerlTool(BaseTool):
         self._live.discard(instance_id)
         await _awaited(self.tool.release(instance_id))
 
+    async def _release_after_bad_create(self, instance_id: str) -> None:
+        """Release ``instance_id`` after ``create`` returned no id; a failure is only logged
+        (the bad return value is the error reported)."""
+        try:
+            await _awaited(self.tool.release(instance_id))
+        except Exception:
+            logger.warning(
+                "%s: releasing instance %s after create returned no instance id failed",
+                self.name,
+                instance_id,
+                exc_info=True,
+            )
+
     def _text(self, response: Any) -> str:
         """The tool message of a response: a str, ``ToolResponse``-like (``.text``), or a dict
         with ``text`` (verl's first base class returned one). Images and videos are dropped:
@@ -283,7 +312,16 @@ class VerlTool(BaseTool):
 
 
 async def _awaited(value: Any) -> Any:
+    """``value`` awaited when it is awaitable (``verl_tool`` only accepts ``async def``
+    methods; a wrapper around one may hand back its coroutine or a plain value)."""
     return await value if inspect.isawaitable(value) else value
+
+
+def _is_async(method: Any) -> bool:
+    """``method`` is an ``async def``, or a decorator's wrapper (``functools.wraps``) of one."""
+    return inspect.iscoroutinefunction(method) or inspect.iscoroutinefunction(
+        inspect.unwrap(method)
+    )
 
 
 def _parameters(fn: Any) -> list[inspect.Parameter]:

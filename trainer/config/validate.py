@@ -73,6 +73,9 @@ def check_train_config(config: Config) -> None:
         raise ValueError("trainer.total_training_steps must be >= 1 (or null)")
     check_async_config(config)
     check_cpu_cores(config)
+    if config.data.val_files:
+        for message in rollout.val_kwargs.warnings():
+            logger.warning(message)
 
 
 def check_cpu_cores(config: Config) -> None:

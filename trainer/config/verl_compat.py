@@ -23,6 +23,19 @@ _warned: set[str] = set()
 
 DEFAULTS_OK = ("ppo_trainer", "_self_")
 
+FREE_FORM = tuple(
+    f"{mapping}."
+    for mapping in (
+        "actor_rollout_ref.rollout.engine_kwargs.vllm",
+        "actor_rollout_ref.rollout.engine_kwargs.sglang",
+        "actor_rollout_ref.rollout.chat_template_kwargs",
+        "custom_reward_function.reward_kwargs",
+    )
+)
+"""Mappings whose entries are passed on as they are: ``key=value`` adds or replaces one
+(Hydra would want a ``+`` for a new entry; verl's scripts write none where its yaml
+predefines the entry)."""
+
 
 class ConfigFile:
     """A ``--config-path``/``--config-name`` pair (Hydra's ``-cp``/``-cn`` too)."""
@@ -53,7 +66,7 @@ def split_config_args(argv: list[str]) -> tuple[list[str], ConfigFile | None]:
                 value = argv[i + 1]
                 i += 1
             found[flags[flag]] = value
-        elif arg.startswith("-") and not arg.startswith("--config"):
+        elif arg.startswith("-"):
             raise ValueError(
                 f"unknown option {arg}: this command takes key=value overrides, "
                 "--config-path and --config-name"
@@ -102,6 +115,8 @@ def translate_overrides(overrides: list[str]) -> list[str]:
             if target is None:
                 continue
             key = target
+        if not prefix and eq and key.startswith(FREE_FORM):
+            prefix = "++"  # verl's yaml predefines some of these entries; ours are empty
         if eq:
             seen = origin.get(key)
             if seen and seen[0] != item.partition("=")[0] and _unquote(seen[1]) != _unquote(value):
@@ -140,10 +155,17 @@ def translate_tree(tree: dict[str, Any]) -> dict[str, Any]:
     for key, value in _flatten(tree):
         rule = rule_for(key)
         if isinstance(value, dict) and rule is not None and rule.status != "alias":
+            # A mapping under a warned/refused key: each value is judged (an empty or
+            # all-null one, verl's default, says nothing).
             for sub, sub_value in _flatten(value, f"{key}."):
-                _apply(rule, sub, str(sub_value))
+                _apply(rule, sub, "null" if sub_value is None else str(sub_value))
             continue
-        target = key if rule is None else _apply(rule, key, str(value))
+        if rule is None:
+            target: str | None = key
+        elif rule.status == "alias":
+            target = rule.alias_of(key)
+        else:
+            target = _apply(rule, key, "null" if value is None else str(value))
         if target is None:
             continue
         seen = origin.get(target)
@@ -157,13 +179,18 @@ def translate_tree(tree: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_config_file(source: ConfigFile) -> dict[str, Any]:
+def read_config_file(source: ConfigFile) -> dict[str, Any] | None:
     """The user's config file, checked and translated: ``defaults`` may only name
     ``ppo_trainer`` and ``_self_``; the ``hydra`` block (``searchpath``: verl's config folder)
-    is set aside, since ``ppo_trainer`` is ours."""
+    is set aside, since ``ppo_trainer`` is ours. ``--config-name=ppo_trainer`` with no such
+    file is ours (None: no file)."""
     from omegaconf import OmegaConf
 
     file = source.file
+    if not file.is_file() and source.name == "ppo_trainer":
+        return None  # verl's own ppo_trainer.yaml: ours stands in for it
+    if not file.is_file() and source.name == "ppo_megatron_trainer":
+        raise ValueError(f"--config-name=ppo_megatron_trainer: {NO_MEGATRON}")
     if not file.is_file():
         raise ValueError(
             f"--config-name={source.name}: no file {file} (--config-path={source.path}; "

@@ -37,8 +37,13 @@ class KeyRule:
     """Values (as written, case-insensitive) accepted silently: verl's behaviour is ours."""
 
     def matches(self, key: str) -> bool:
+        """``key`` is this rule's key, or (for a ``.*`` rule) its subtree or the subtree's
+        root (a config file may write the whole mapping)."""
         if self.key.endswith(".*"):
-            return key.startswith(self.key[:-1]) or fnmatchcase(key, self.key)
+            root = self.key[:-2]
+            return (
+                key.startswith(f"{root}.") or fnmatchcase(key, self.key) or fnmatchcase(key, root)
+            )
         return fnmatchcase(key, self.key)
 
     def alias_of(self, key: str) -> str:
@@ -108,7 +113,11 @@ RULES: tuple[KeyRule, ...] = (
     _w("data.dataloader_num_workers", "rows are read once, in the driver process"),
     _w("data.return_multi_modal_inputs", "rows are text-only here", *OFF),
     _r("data.image_key", "images are not supported here (text-only rows)", "images"),
-    _r("data.custom_cls.*", "rows are read in verl's parquet/jsonl layout; convert yours to it"),
+    _r(
+        "data.custom_cls.*",
+        "rows are read in verl's parquet/jsonl layout; convert yours to it",
+        *OFF,
+    ),
     _r("data.sampler.*", "the sampler is fixed: data.shuffle and data.seed set its order"),
     _r(
         "data.gen_batch_size",

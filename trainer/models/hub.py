@@ -19,7 +19,14 @@ from pathlib import Path
 
 from trainer.models.errors import HubModelError
 
-__all__ = ["HUB_IGNORE_PATTERNS", "hub_cache_dir", "hub_offline", "is_hub_id", "resolve_hub_id"]
+__all__ = [
+    "HUB_IGNORE_PATTERNS",
+    "TOKENIZER_PATTERNS",
+    "hub_cache_dir",
+    "hub_offline",
+    "is_hub_id",
+    "resolve_hub_id",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +44,22 @@ HUB_IGNORE_PATTERNS = [
     "coreml/*",
 ]
 """Files of a hub repository no loader here reads (other frameworks' weights): not downloaded."""
+
+TOKENIZER_PATTERNS = [
+    "tokenizer*",
+    "vocab*",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template*",
+    "*.model",  # sentencepiece
+    "*.tiktoken",
+    "config.json",  # AutoTokenizer reads the model type from it
+    "generation_config.json",
+    "*.py",  # a tokenizer's remote code (trust_remote_code)
+]
+"""The only files downloaded when just a tokenizer is needed (``need_config=False``): its
+files and chat template, never the weights."""
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
@@ -77,8 +100,8 @@ def resolve_hub_id(repo_id: str, what: str, *, need_config: bool = True) -> str:
     """The local snapshot folder of hub model ``repo_id`` (downloaded unless offline).
 
     ``what`` names the option or config key in errors. ``need_config``: the snapshot must hold
-    ``config.json`` (a model, not just its tokenizer). Raises ``HubModelError`` (a
-    ``ValueError``) saying what to do."""
+    ``config.json`` (a model, not just its tokenizer); without it only ``TOKENIZER_PATTERNS``
+    are downloaded. Raises ``HubModelError`` (a ``ValueError``) saying what to do."""
     from huggingface_hub import errors, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -98,6 +121,7 @@ def resolve_hub_id(repo_id: str, what: str, *, need_config: bool = True) -> str:
             cache_dir=cache,
             local_files_only=offline,
             endpoint=os.environ.get("HF_ENDPOINT") or None,
+            allow_patterns=None if need_config else TOKENIZER_PATTERNS,
             ignore_patterns=HUB_IGNORE_PATTERNS,
         )
     except LocalEntryNotFoundError as exc:

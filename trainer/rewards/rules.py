@@ -6,8 +6,9 @@
 loaded from a Python file, or the built-in scorer picked by ``data_source``:
 
 - gsm8k (``openai/gsm8k``, or any name containing ``gsm8k``): strict by default, as verl's:
-  the answer is the number after ``#### `` and a response without one scores 0; with
-  ``method="flexible"`` the last number in the response counts instead;
+  in the response's last 300 characters, the answer is the last ``#### <number>`` (so an agent
+  that revises its answer is scored by its last one) and a response without one scores 0;
+  with ``method="flexible"`` the last number in those characters counts instead;
 - math (a name containing ``math``, ``aime``, ``amc``, ``dapo``, ``numina``, ``deepscaler``
   or ``olympiad``): ``math-verify`` equivalence of the last ``\\boxed{}``/expression with the
   ground truth;
@@ -70,7 +71,11 @@ BUILTIN_SOURCES = (
 
 GSM8K_METHODS = ("strict", "flexible")
 
-_GSM8K = re.compile(r"####\s*\$?(-?[\d,]*\.?\d+)")
+_GSM8K = re.compile(r"#### (-?[0-9.,]+)")
+"""verl's strict gsm8k answer: ``#### ``, one space, then digits, dots and commas, an optional
+leading minus sign (``####5`` and ``#### $5`` have none)."""
+_GSM8K_CLIP_CHARS = 300
+"""verl reads only the last 300 characters of a response for a gsm8k answer."""
 _NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _SPECIAL = re.compile(r"<\|[^|]*\|>|<tool_call>.*?</tool_call>", re.S)
@@ -123,12 +128,14 @@ def _accepted(ground_truth: Any) -> list[str]:
 
 
 def gsm8k_answer(solution_str: str, method: str = "strict") -> str | None:
-    """``strict``: the number after the first ``####`` (verl's format); ``flexible``: the last
-    number anywhere; None when there is none."""
+    """The answer in the last 300 characters of ``solution_str``, as verl's
+    ``extract_solution``: ``strict``: the number of the last ``#### <number>``, commas
+    removed; ``flexible``: the last number; None when there is none."""
+    tail = solution_str[-_GSM8K_CLIP_CHARS:]
     if method == "strict":
-        marked = _GSM8K.search(solution_str)
-        return marked.group(1) if marked else None
-    numbers_found = _NUMBER.findall(solution_str)
+        marked = _GSM8K.findall(tail)
+        return marked[-1].replace(",", "") if marked else None
+    numbers_found = _NUMBER.findall(tail)
     return numbers_found[-1] if numbers_found else None
 
 
@@ -139,14 +146,20 @@ def gsm8k_score(
     format_score: float = 0.0,
     score: float = 1.0,
 ) -> float:
-    """``score`` when the answer (``gsm8k_answer``) equals the ground truth (commas, ``$`` and
-    a final full stop dropped), ``format_score`` when it does not, 0 without an answer."""
+    """``score`` when the answer (``gsm8k_answer``) equals the ground truth, ``format_score``
+    when it does not, 0 without an answer. ``strict`` compares as verl does: the answer, its
+    commas removed and nothing else (``#### 42.`` is ``42.``), with the ground truth as a
+    string; ``flexible`` drops commas, ``$`` and a final full stop from both first."""
     if method not in GSM8K_METHODS:
         raise ValueError(f"gsm8k method={method!r}: use strict or flexible")
     answer = gsm8k_answer(solution_str, method)
     if answer is None:
         return 0.0
-    return float(score if _normalise(answer) == _normalise(str(ground_truth)) else format_score)
+    if method == "strict":
+        right = answer == str(ground_truth)
+    else:
+        right = _normalise(answer) == _normalise(str(ground_truth))
+    return float(score if right else format_score)
 
 
 def exact_match_score(

@@ -1,6 +1,5 @@
-"""`agentloop-serve` serves one engine standalone: a model name resolves to its cache folder
-(a hub id to its snapshot in the hub cache), the HTTP front answers, and SIGINT stops it
-cleanly."""
+"""`agentloop-serve` serves one engine standalone: a hub id resolves to its snapshot in the
+hub cache (an unknown name is refused), the HTTP front answers, and SIGINT stops it cleanly."""
 
 from __future__ import annotations
 
@@ -16,50 +15,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.hf_cache import add_to_hf_cache, hf_env
-from tests.serve_cli import serve_cli
 
 pytestmark = pytest.mark.integration
 
 
 def _script(name: str) -> str:
     return str(Path(sys.executable).parent / name)
-
-
-def test_serve_cli_serves_a_named_model_until_sigint(tiny_qwen3_path):
-    proc = subprocess.Popen(
-        [
-            _script("agentloop-serve"),
-            "--model",
-            "tiny-qwen3",
-            "--port",
-            "0",
-            "--max-model-len",
-            "256",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=dict(os.environ),
-    )
-    try:
-        deadline = time.monotonic() + 400
-        line = ""
-        while time.monotonic() < deadline and not line.startswith("serving "):
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "agentloop-serve exited before serving"
-        assert line.startswith(f"serving {tiny_qwen3_path} on http://127.0.0.1:"), line
-        url = line.strip().rsplit(" ", 1)[-1]
-        assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
-        r = httpx.post(
-            f"{url}/generate",
-            json={"prompt_ids": [151644, 872, 198], "sampling_params": {"max_tokens": 4}},
-            timeout=60,
-        )
-        assert r.status_code == 200 and len(r.json()["token_ids"]) >= 1
-    finally:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=120)
-    assert code == 0
 
 
 def test_serve_cli_rejects_an_unknown_model():
@@ -83,10 +44,13 @@ CUSTOM = (
 )
 
 
-def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template(tiny_qwen3_path, tmp_path):
+def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template_until_sigint(
+    tiny_qwen3_path, tmp_path
+):
     """``--model Qwen/Qwen3-0.6B`` with HF_HUB_OFFLINE=1 loads the cached snapshot (here
-    tiny-qwen3's files), answers to the hub id, and ``--chat-template`` renders chats."""
-    add_to_hf_cache(tmp_path / "hf", "Qwen/Qwen3-0.6B", tiny_qwen3_path)
+    tiny-qwen3's files), answers to the hub id, ``--chat-template`` renders chats, and SIGINT
+    stops it cleanly (exit 0)."""
+    snapshot = add_to_hf_cache(tmp_path / "hf", "Qwen/Qwen3-0.6B", tiny_qwen3_path)
     template = tmp_path / "chat.jinja"
     template.write_text(CUSTOM)
     messages = [{"role": "user", "content": "What is 2 + 3?"}]
@@ -104,7 +68,28 @@ def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template(tiny_qwen
         "--chat-template",
         str(template),
     ]
-    with serve_cli(*args, env=hf_env(tmp_path / "hf")) as url:
+    proc = subprocess.Popen(
+        [_script("agentloop-serve"), "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **hf_env(tmp_path / "hf")},
+    )
+    try:
+        deadline = time.monotonic() + 400
+        line = ""
+        while time.monotonic() < deadline and not line.startswith("serving "):
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "agentloop-serve exited before serving"
+        assert line.startswith(f"serving {snapshot} on http://127.0.0.1:"), line
+        url = line.strip().rsplit(" ", 1)[-1]
+        assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
+        r = httpx.post(
+            f"{url}/generate",
+            json={"prompt_ids": [151644, 872, 198], "sampling_params": {"max_tokens": 4}},
+            timeout=60,
+        )
+        assert r.status_code == 200 and len(r.json()["token_ids"]) >= 1
         models = httpx.get(f"{url}/v1/models", timeout=30).json()
         assert [m["id"] for m in models["data"]] == ["Qwen/Qwen3-0.6B"]
         r = httpx.post(
@@ -114,3 +99,7 @@ def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template(tiny_qwen
         )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens"] == len(custom)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    assert code == 0

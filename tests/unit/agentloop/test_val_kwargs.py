@@ -96,17 +96,30 @@ def test_bad_val_kwargs_are_named(values, message):
         ),
     ],
 )
-def test_val_kwargs_follow_the_temperature_as_verls_agent_loops_and_warn(
-    values, params, warning, caplog, monkeypatch
-):
-    import agentloop.config
-
-    monkeypatch.setattr(agentloop.config, "_warned", set())
-    with caplog.at_level("WARNING", logger="agentloop.config"):
-        config = ValKwargsConfig(**values)
-        ValKwargsConfig(**values)
+def test_val_kwargs_follow_the_temperature_as_verls_agent_loops_and_warn(values, params, warning):
+    config = ValKwargsConfig(**values)
     assert config.sampling_params() == params
-    assert [r.getMessage() for r in caplog.records] == [warning]
+    assert config.warnings() == [warning]
+
+
+def test_the_trainer_logs_val_kwargs_warnings_once_at_start_up(caplog):
+    from trainer.config import load_config
+    from trainer.config.validate import check_train_config
+
+    config, _ = load_config(
+        [
+            "actor_rollout_ref.model.path=tiny-qwen3",
+            "data.val_files=/v.jsonl",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
+        ]
+    )
+    with caplog.at_level("WARNING", logger="trainer.config.validate"):
+        check_train_config(config)
+    assert [r.getMessage() for r in caplog.records] == [
+        "rollout.val_kwargs.do_sample=false has no effect: validation follows "
+        "rollout.val_kwargs.temperature=0.7 (sampled), as verl's agent loops do"
+    ]
 
 
 def test_unknown_val_kwargs_key_is_named():

@@ -5,6 +5,7 @@ cancellation included), verl's concurrency/timeout keys as runner limits, and cl
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.machinery
 import importlib.util
 import json
@@ -306,8 +307,117 @@ async def test_wrong_return_shapes_reach_the_model_saying_what_to_return(cls, te
     (outcome,) = await session.execute([add(1)], turn=0)
     assert outcome.text == text
     await session.release()
-    released = [e for e, _ in OldVerlTool.log].count("release")
-    assert released == (1 if cls is BareText else 0)  # NoId created nothing to release
+    # NoId's instance is released after its bad create (that release fails: it kept no state)
+    assert [e for e, _ in OldVerlTool.log].count("release") == 1
+
+
+class EmptyId(OldVerlTool):
+    async def create(self, instance_id=None, **kwargs):
+        await super().create(instance_id, **kwargs)  # allocates the instance's state
+        return ""
+
+
+@pytest.mark.parametrize(
+    ("cls", "returned", "fails"), [(EmptyId, "''", False), (NoId, "None", True)]
+)
+async def test_a_bad_create_releases_the_id_it_was_given_once_and_logs_a_failed_release(
+    cls, returned, fails, caplog
+):
+    tool = verl_tool(cls, {}, ADD_SCHEMA, "w")
+    with caplog.at_level(logging.WARNING), pytest.raises(TypeError) as info:
+        await tool.create("r-add")
+    assert str(info.value) == (
+        f"{cls.__name__}.create returned {returned}; return the instance id or "
+        "(instance_id, ToolResponse)"
+    )
+    assert [e for e in OldVerlTool.log if e[0] == "release"] == [("release", "r-add")]
+    assert tool.tool.state == {}  # EmptyId's allocated state is gone
+    await tool.release("r-add")  # never created: not released again
+    assert [e for e, _ in OldVerlTool.log].count("release") == 1
+    failed = [r for r in caplog.records if r.name == "agentloop.tools.verl_adapter"]
+    assert [r.getMessage() for r in failed] == (
+        ["add: releasing instance r-add after create returned no instance id failed"]
+        if fails
+        else []
+    )
+    if fails:
+        assert failed[0].exc_info[0] is KeyError
+
+
+async def test_a_bad_create_given_no_id_has_none_to_release():
+    tool = verl_tool(NoId, {}, ADD_SCHEMA, "w")
+    with pytest.raises(TypeError, match=r"^NoId\.create returned None; "):
+        await tool.create()
+    assert OldVerlTool.log == []
+
+
+class SyncCreate(OldVerlTool):
+    def create(self, instance_id=None, **kwargs):
+        return instance_id
+
+
+class SyncExecute(OldVerlTool):
+    def execute(self, instance_id, parameters, **kwargs):
+        return "", 0.0, {}
+
+
+class SyncRewardAndRelease(OldVerlTool):
+    def calc_reward(self, instance_id, **kwargs):
+        return 0.0
+
+    def release(self, instance_id, **kwargs):
+        pass
+
+
+def test_a_plain_def_create_is_refused_at_load_time_saying_to_make_it_async(tmp_path):
+    with pytest.raises(ValueError) as info:
+        load(tmp_path, {**old_entry(), "class_name": f"{__name__}.SyncCreate"})
+    assert str(info.value) == (
+        f"{tmp_path / 'tools.yaml'}: tools[0]: SyncCreate.create is a plain `def`; make it "
+        "`async def`: verl's tool API is async, and a plain method would run on the agent-loop "
+        "worker's event loop, blocking every sample, where no call timeout can interrupt it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cls", "named"),
+    [
+        (SyncExecute, "SyncExecute.execute is a plain `def`; make it"),
+        (
+            SyncRewardAndRelease,
+            "SyncRewardAndRelease.calc_reward and SyncRewardAndRelease.release are plain `def`s; "
+            "make them",
+        ),
+    ],
+)
+def test_every_plain_def_method_is_named(cls, named):
+    with pytest.raises(ValueError) as info:
+        verl_tool(cls, {}, ADD_SCHEMA, "w")
+    assert str(info.value) == (
+        f"w: {named} `async def`: verl's tool API is async, and a plain method would run on the "
+        "agent-loop worker's event loop, blocking every sample, where no call timeout can "
+        "interrupt it"
+    )
+
+
+def traced(method):
+    """A decorator whose plain wrapper hands back the async method's coroutine."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        return method(*args, **kwargs)
+
+    return wrapper
+
+
+class TracedExecute(OldVerlTool):
+    execute = traced(OldVerlTool.execute)
+
+
+async def test_an_async_method_behind_a_plain_decorator_is_accepted():
+    tool = verl_tool(TracedExecute, {}, ADD_SCHEMA, "w")
+    instance = await tool.create("i")
+    assert (await tool.execute(instance, {"a": 2, "b": 3})).text == "5"
 
 
 class FakeFunction(pydantic.BaseModel):

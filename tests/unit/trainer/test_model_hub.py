@@ -4,13 +4,17 @@ cache when the hub is unreachable, and a clear error naming the cache searched o
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import torch
@@ -136,6 +140,104 @@ def test_an_id_the_hub_does_not_know_says_to_check_it(hf_home, monkeypatch):
         f"{endpoint}/api/models/Org/Nope/revision/main.): check the id, log in (`hf auth login`) "
         f"for a gated model, or set {KEY} to a local model folder"
     )
+
+
+class FolderHub(BaseHTTPRequestHandler):
+    """A stand-in hub serving the files of ``folder`` as repository ``repo`` at ``COMMIT``:
+    the revision, the recursive tree listing and each file (HEAD and GET). ``fetched`` records
+    the name of the file of every file request."""
+
+    repo = ""
+    folder = Path()
+    fetched: list[str] = []
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def _serve(self, body: bool) -> None:
+        path = urlsplit(self.path).path
+        files = {str(p.relative_to(self.folder)): p for p in self.folder.rglob("*") if p.is_file()}
+        if path == f"/api/models/{self.repo}/revision/main":
+            self._send(json.dumps({"id": self.repo, "sha": COMMIT}).encode(), body)
+        elif path == f"/api/models/{self.repo}/tree/{COMMIT}":
+            tree = [
+                {"type": "file", "path": name, "size": p.stat().st_size, "oid": sha1(p)}
+                for name, p in sorted(files.items())
+            ]
+            self._send(json.dumps(tree).encode(), body)
+        elif (name := path.removeprefix(f"/{self.repo}/resolve/{COMMIT}/")) in files:
+            self.fetched.append(name)
+            headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{sha1(files[name])}"'}
+            self._send(files[name].read_bytes(), body, headers)
+        else:
+            self._send(b"{}", body, status=404)
+
+    def _send(self, data: bytes, body: bool, headers=None, status: int = 200) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def sha1(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture()
+def folder_hub(tmp_path, tiny_qwen3_path, monkeypatch) -> type[FolderHub]:
+    """``FolderHub`` serving tiny-qwen3 plus sharded weights, a sentencepiece model and remote
+    code as ``Org/Big``, online, with an empty hub cache; ``fetched`` starts empty."""
+    folder = tmp_path / "repo"
+    shutil.copytree(tiny_qwen3_path, folder, ignore=shutil.ignore_patterns("agentloop-*"))
+    for name in ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]:
+        (folder / name).write_bytes(b"weights")
+    (folder / "model.safetensors.index.json").write_text("{}")
+    (folder / "tokenizer.model").write_bytes(b"sentencepiece")
+    (folder / "tokenization_big.py").write_text("# remote code")
+    hub = type("Hub", (FolderHub,), {"repo": "Org/Big", "folder": folder, "fetched": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    use_hf_cache(monkeypatch, tmp_path / "hf", offline=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    yield hub
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_tokenizer_hub_id_downloads_no_weights(folder_hub, tmp_path):
+    key = "actor_rollout_ref.model.tokenizer_path"
+    snapshot = Path(resolve_model("Org/Big", key, need_config=False))
+    assert snapshot == tmp_path / "hf/hub/models--Org--Big/snapshots" / COMMIT
+    tokenizer_files = [
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "tokenization_big.py",
+        "tokenizer.json",
+        "tokenizer.model",
+        "tokenizer_config.json",
+    ]
+    assert sorted(set(folder_hub.fetched)) == tokenizer_files  # no weight file was asked for
+    assert sorted(p.name for p in snapshot.iterdir()) == tokenizer_files
+    tokenizer = tokenizer_source(ModelConfig(path=str(snapshot))).load()
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") == 151645
+
+
+def test_a_model_hub_id_downloads_its_weights(folder_hub):
+    snapshot = Path(resolve_model("Org/Big", KEY))
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(
+        p.name for p in folder_hub.folder.iterdir()
+    )
+    assert "model.safetensors" in folder_hub.fetched
 
 
 def test_a_snapshot_with_only_a_tokenizer_is_no_model_but_is_a_tokenizer(hf_home, monkeypatch):

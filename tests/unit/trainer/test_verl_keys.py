@@ -170,6 +170,21 @@ def test_an_alias_subtree_maps_under_our_key():
     assert config.actor_rollout_ref.rollout.chat_template_kwargs == {"enable_thinking": False}
 
 
+def test_entries_of_free_form_mappings_need_no_plus():
+    config, _ = load_config(
+        [
+            MODEL,
+            "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3",
+            "data.apply_chat_template_kwargs.enable_thinking=false",
+            "+custom_reward_function.reward_kwargs.method=flexible",
+        ]
+    )
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.engine_kwargs.sglang == {"attention_backend": "fa3"}
+    assert rollout.chat_template_kwargs == {"enable_thinking": False}
+    assert config.custom_reward_function.reward_kwargs == {"method": "flexible"}
+
+
 def test_both_spellings_with_different_values_is_an_error():
     with pytest.raises(ConfigError) as info:
         load_config(
@@ -324,17 +339,49 @@ def test_a_missing_config_file_names_the_path(tmp_path):
     )
 
 
+def test_verls_own_ppo_trainer_is_ours(tmp_path):
+    config, _ = load_config([f"--config-path={tmp_path}", "--config-name=ppo_trainer", MODEL])
+    assert config.data.train_batch_size == 8
+    config, _ = load_config(["--config-name=ppo_trainer.yaml", MODEL, "data.train_batch_size=4"])
+    assert config.data.train_batch_size == 4
+
+
+def test_verls_megatron_config_is_refused_by_name():
+    with pytest.raises(ConfigError) as info:
+        load_config(["--config-path=config", "--config-name=ppo_megatron_trainer.yaml", MODEL])
+    assert str(info.value) == (
+        "--config-name=ppo_megatron_trainer: Megatron is not a backend here: the actor and "
+        "reference are FSDP2 (strategy=fsdp2)"
+    )
+
+
+def test_a_config_file_may_write_verls_defaults_as_whole_mappings(tmp_path, caplog):
+    text = VERL_FILE.replace(
+        "data:\n",
+        "data:\n  custom_cls:\n    path: null\n    name: null\n  apply_chat_template_kwargs: {}\n",
+    ).replace(
+        "  rollout:\n",
+        "  rollout:\n    engine_kwargs:\n      vllm: {}\n      trtllm: {}\n",
+    )
+    folder = write(tmp_path, "mine", text)
+    with caplog.at_level(logging.WARNING, logger="trainer.config.verl_compat"):
+        config, _ = load_config([f"--config-path={folder}", "--config-name=mine"])
+    assert config.actor_rollout_ref.rollout.chat_template_kwargs == {}
+    assert caplog.records == []
+
+
 def test_config_path_without_a_name_is_an_error():
     with pytest.raises(ConfigError) as info:
         load_config(["--config-path=x", MODEL])
     assert str(info.value) == "--config-path needs --config-name=<file name without .yaml>"
 
 
-def test_an_unknown_option_is_an_error():
+@pytest.mark.parametrize("option", ["--multirun", "--config-dir=x"])
+def test_an_unknown_option_is_an_error(option):
     with pytest.raises(ConfigError) as info:
-        load_config(["--multirun", MODEL])
+        load_config([option, MODEL])
     assert str(info.value) == (
-        "unknown option --multirun: this command takes key=value overrides, --config-path "
+        f"unknown option {option}: this command takes key=value overrides, --config-path "
         "and --config-name"
     )
 

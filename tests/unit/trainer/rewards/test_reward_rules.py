@@ -22,9 +22,13 @@ from trainer.rewards.rules import check_reward_function
     [
         ("openai/gsm8k", "6 x 7 = 42.\n#### 42", "42", 1.0),
         ("openai/gsm8k", "#### 1,234", "1234", 1.0),
-        ("openai/gsm8k", "#### $42.", "42", 1.0),
+        ("openai/gsm8k", "#### $42", "42", 0.0),  # verl's pattern takes no '$': no answer
+        ("openai/gsm8k", "####42", "42", 0.0),  # nor a missing space
+        ("openai/gsm8k", "#### 42.", "42", 0.0),  # only commas go: '42.' is not '42'
         ("openai/gsm8k", "#### 41", "42", 0.0),
-        ("openai/gsm8k", "#### 42 then #### 41", "42", 1.0),  # the first marked answer, as verl
+        ("openai/gsm8k", "#### 42 then #### 41", "42", 0.0),  # the last marked answer, as verl
+        ("openai/gsm8k", "#### 41 then #### 42", "42", 1.0),
+        ("openai/gsm8k", "first try #### 3. wait, recheck. #### 5", "5", 1.0),
         ("openai/gsm8k", "first 7, then 6 x 7 = 42", "42", 0.0),  # no '####': no answer
         ("openai/gsm8k", "no number at all", "42", 0.0),
         ("gsm8k", "the answer: #### -3.5", "-3.5", 1.0),
@@ -45,6 +49,28 @@ def test_gsm8k_is_strict_the_answer_must_follow_the_marker(source, solution, tru
 )
 def test_gsm8k_flexible_reads_the_last_number(solution, expected):
     assert default_compute_score("openai/gsm8k", solution, "42", {}, method="flexible") == expected
+
+
+def test_gsm8k_reads_only_the_last_300_characters_as_verl():
+    padding = " and so on" * 30  # 300 characters
+    assert default_compute_score("openai/gsm8k", "#### 42" + padding, "42", None) == 0.0
+    assert default_compute_score("openai/gsm8k", "#### 42" + padding[:-7], "42", None) == 1.0
+    assert default_compute_score("openai/gsm8k", "#### 41 " + "#### 42" + padding[:-7], "42") == 1.0
+    flexible = default_compute_score("openai/gsm8k", "42" + padding, "42", None, method="flexible")
+    assert flexible == 0.0  # verl clips the flexible read too
+
+
+def test_gsm8k_marks_a_format_score_on_verls_answers_only():
+    def gsm8k(text: str) -> float:
+        return default_compute_score("openai/gsm8k", text, "42", {}, format_score=0.1)
+
+    # '####5': no answer, 0; '#### 42.': an answer that is not the ground truth, format_score
+    assert (gsm8k("####5"), gsm8k("#### $42"), gsm8k("#### 42."), gsm8k("#### 4,2")) == (
+        0.0,
+        0.0,
+        0.1,
+        1.0,
+    )
 
 
 def test_gsm8k_format_score_and_score_are_verls():
