@@ -218,7 +218,10 @@ def render_hermes(name: str, arguments: dict[str, Any], ensure_ascii: bool) -> s
     return f"{OPEN}\n{call}\n{CLOSE}"
 
 
-RENDERERS: dict[str, Callable[[str, dict[str, Any], bool], str]] = {"hermes": render_hermes}
+RENDERERS: dict[str, Callable[[str, dict[str, Any], bool], str]] = {
+    "hermes": render_hermes,
+    "qwen": render_hermes,  # verl's name for the same format
+}
 
 
 def test_every_registered_format_has_a_round_trip_renderer_here():
