@@ -18,6 +18,13 @@ from agentloop.base import (
 )
 from agentloop.batch import RolloutBatch, collate, rollout_metrics
 from agentloop.config import AgentConfig, MultiTurnConfig, RolloutConfig, from_dict
+from agentloop.formats import (
+    ChatFormat,
+    detect_format,
+    get_format,
+    register_format,
+    registered_formats,
+)
 from agentloop.manager import AgentLoopManager
 from agentloop.parsers import ToolCall, ToolCallError, get_parser, register_parser
 from agentloop.records import SampleRecord, ToolCallRecord
@@ -61,6 +68,11 @@ __all__ = [
     "mask_spans",
     "register",
     "register_parser",
+    "ChatFormat",
+    "detect_format",
+    "get_format",
+    "register_format",
+    "registered_formats",
     "registered_agent_loops",
     "rollout_metrics",
     "toolless_rows",

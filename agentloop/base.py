@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Protocol
 import yaml
 
 from agentloop.config import RolloutConfig
+from agentloop.formats import ChatFormat, EndTokens, end_tokens, resolve_format
 from agentloop.records import SAMPLE_RECORD_FIELDS, SampleRecord
 from agentloop.tokens import Trajectory, encode_delta, encode_prompt
 from agentloop.tools.base import BaseTool
@@ -117,6 +118,8 @@ class AgentLoopBase(abc.ABC):
         self.admitted_ms = time.time_ns() // 1_000_000
         """When the sample started (wall clock, shared by the workers of one machine)."""
         self.turns_done = 0
+        self._format: ChatFormat | None = None
+        self._ends: EndTokens | None = None
         """Model turns generated so far."""
 
     def priority(self) -> int:
@@ -151,18 +154,67 @@ class AgentLoopBase(abc.ABC):
             )
         return ids
 
+    @property
+    def chat_format(self) -> ChatFormat:
+        """``multi_turn.format``, or the family derived from the chat template."""
+        if self._format is None:
+            self._format = resolve_format(self.config.multi_turn.format, self.tokenizer)
+        return self._format
+
+    @property
+    def ends(self) -> EndTokens:
+        """The tokens that end a model turn for this model (from the tokenizer)."""
+        if self._ends is None:
+            self._ends = end_tokens(self.tokenizer, self.chat_format)
+        return self._ends
+
+    def turn_closed(self, out: TokenOutput) -> bool:
+        """The model ended its turn with an end-of-turn token (not length/abort)."""
+        return (
+            out.finish_reason == "stop"
+            and bool(out.token_ids)
+            and (out.token_ids[-1] in self.ends.ids)
+        )
+
+    def with_end_tokens(self, sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """``sampling_params`` with the format's end ids in ``stop_token_ids``, so the engine
+        stops on every one (gpt-oss ``<|call|>``, GLM ``<|observation|>``) even where the
+        model's generation config lists only its eos."""
+        stops = list(sampling_params.get("stop_token_ids") or [])
+        extra = sorted(i for i in self.ends.ids if i not in stops)
+        if not extra:
+            return sampling_params
+        return {**sampling_params, "stop_token_ids": stops + extra}
+
     async def encode_delta(
         self,
         messages: Sequence[dict[str, Any]],
         new_messages: Sequence[dict[str, Any]],
         tools: Sequence[dict[str, Any]] | None = None,
+        *,
+        head: int | None = None,
+        sampled_end: int | None = None,
     ) -> list[int]:
+        """Template ids for ``new_messages``. ``head``: messages of the prompt (only they,
+        the last message and the new ones are rendered, unless ``multi_turn.delta_check``
+        is ``full``); ``sampled_end``: the end token id the model's last turn ended with."""
+        ends = self.ends
+        check = self.config.multi_turn.delta_check == "full"
+        end_text = (
+            self.tokenizer.convert_ids_to_tokens(sampled_end) if sampled_end is not None else None
+        )
         return await asyncio.to_thread(
             encode_delta,
             self.tokenizer,
             messages,
             new_messages,
             tools,
+            eot_token=ends.strings,
+            opens_next=ends.opens_next,
+            sampled_end=end_text,
+            head=head,
+            check=check,
+            history_rewrite=self.chat_format.history_rewrite,
             chat_template_kwargs=self.config.chat_template_kwargs,
         )
 

@@ -46,8 +46,16 @@ class MultiTurnConfig:
     own ``config.max_concurrency`` limits that tool."""
     tool_config_path: str | None = None
     """verl-layout tool YAML (``tools: [{class_name, config, tool_schema}]``)."""
-    format: str = "hermes"
-    """Tool-call syntax the parser reads (``hermes``: ``<tool_call>{json}</tool_call>``)."""
+    format: str | None = None
+    """The model family's chat format (``agentloop.registered_formats()``): tool-call syntax,
+    end-of-turn tokens, history messages. ``hermes``/``qwen`` (Qwen2.5, Qwen3),
+    ``llama3_json`` (Llama 3.1-3.3), ``mistral``, ``gpt-oss``, ``glm45``; None: derived from
+    the chat template at start-up (hermes when no family matches)."""
+    delta_check: Literal["suffix", "full"] = "suffix"
+    """How template deltas are rendered: ``suffix`` renders only the prompt, the last model
+    turn and the new messages (cost flat in history length; exact on the registered
+    families' templates); ``full`` renders the whole conversation each turn and also checks
+    that the suffix path agrees (for a custom template whose new messages depend on more)."""
     max_tokens_per_turn: int | None = None
     """Tokens one model turn may sample (None: whatever is left of response_length)."""
     repair_tool_calls: bool = True

@@ -29,6 +29,7 @@ __all__ = [
     "limit_calls",
     "loads_tolerant",
     "register_parser",
+    "registered_parsers",
 ]
 
 ErrorKind = Literal[
@@ -116,6 +117,11 @@ def get_parser(name: str, *, repair: bool = True) -> ToolCallParser:
 
 
 _WARNED: set[str] = set()
+
+
+def registered_parsers() -> list[str]:
+    """Names ``get_parser`` accepts."""
+    return sorted(_PARSERS)
 
 
 # ---- tolerant JSON ----------------------------------------------------------------------------

@@ -3,14 +3,16 @@
 ``encode_delta`` renders the conversation with and without the new (tool/user) messages and
 tokenizes only the suffix, starting right after the end-of-turn token the model sampled (so
 the template's separator, e.g. Qwen's ``\\n`` after ``<|im_end|>``, is kept) and ending with
-the generation prompt. History is never re-tokenized. ``Trajectory`` keeps ids, loss mask and
-log-probs append-only and enforces the response budget.
+the generation prompt. History is never re-tokenized; with ``head`` only the prompt, the last
+message and the new ones are rendered, so a turn costs the same at any history length.
+``Trajectory`` keeps ids, loss mask and log-probs append-only and enforces the response
+budget.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -71,14 +73,87 @@ def encode_prompt(
     return list(ids)
 
 
-def _nth_end(text: str, token: str, n: int) -> int:
-    """Index just past the ``n``-th occurrence of ``token`` in ``text`` (-1 if fewer)."""
-    pos = -1
-    for _ in range(n):
-        pos = text.find(token, pos + 1)
-        if pos < 0:
-            return -1
-    return pos + len(token)
+def _end_pattern(ends: Sequence[str]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(e) for e in sorted(ends, key=len, reverse=True)))
+
+
+def _nth_end(text: str, pattern: re.Pattern[str], n: int) -> tuple[int, int]:
+    """(start, end) of the ``n``-th end token in ``text``; (-1, -1) if fewer."""
+    for i, match in enumerate(pattern.finditer(text), start=1):
+        if i == n:
+            return match.start(), match.end()
+    return -1, -1
+
+
+def _first_difference(old: str, new: str) -> str:
+    at = next(
+        (i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b),
+        min(len(old), len(new)),
+    )
+    return f"first difference at char {at}: {old[at : at + 40]!r} vs {new[at : at + 40]!r}"
+
+
+def _drop_think(text: str) -> str:
+    return _THINK.sub("", text)
+
+
+def _delta_text(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    new_messages: Sequence[dict[str, Any]],
+    ends: Sequence[str],
+    *,
+    opens_next: bool,
+    sampled_end: str | None,
+    rewrite: Callable[[str], str],
+    tools: Sequence[dict[str, Any]] | None,
+    chat_template_kwargs: dict[str, Any] | None,
+    check_history: bool,
+) -> str:
+    kwargs = {"tools": tools, "chat_template_kwargs": chat_template_kwargs}
+    pattern = _end_pattern(ends)
+    shown = " or ".join(repr(e) for e in ends)
+    before = render_chat(tokenizer, messages, add_generation_prompt=False, **kwargs)
+    found = list(pattern.finditer(before))
+    turns = len(found)
+    if opens_next:
+        # the model sampled the next message's header: the history ends before it
+        cut, turns = len(before.rstrip()), turns + 1
+    else:
+        if not found:
+            raise TemplateDeltaError(
+                f"the rendered conversation has no end-of-turn token {shown}; set "
+                "multi_turn.format to the model's family (or pass eot_token=)"
+            )
+        cut = found[-1].end()
+        if before[cut:].strip():
+            raise TemplateDeltaError(
+                f"the chat template puts {before[cut:]!r} after the last end-of-turn token "
+                f"{found[-1].group()!r}; only whitespace separators can follow a turn the "
+                "model closed"
+            )
+    after = render_chat(tokenizer, [*messages, *new_messages], add_generation_prompt=True, **kwargs)
+    start, cut_after = _nth_end(after, pattern, turns)
+    if cut_after < 0:
+        raise TemplateDeltaError(
+            f"the chat template renders the new messages without the end-of-turn token {shown} "
+            "that closes the history; a delta cannot be appended to the sampled tokens"
+        )
+    if opens_next and sampled_end is not None and after[start:cut_after] != sampled_end:
+        raise TemplateDeltaError(
+            f"the model ended its turn with {sampled_end!r} but the chat template opens the "
+            f"new messages with {after[start:cut_after]!r}"
+        )
+    if check_history:
+        old = before[:cut]
+        new = after[:start].rstrip() if opens_next else after[:cut_after]
+        if old != new and rewrite(old) != rewrite(new):
+            raise TemplateDeltaError(
+                "the chat template rewrites history when new messages are added "
+                f"({_first_difference(rewrite(old), rewrite(new))}); a delta cannot be "
+                "appended to the sampled tokens"
+            )
+    return after[cut_after:]
 
 
 def encode_delta(
@@ -87,48 +162,56 @@ def encode_delta(
     new_messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]] | None = None,
     *,
-    eot_token: str | None = None,
+    eot_token: str | Sequence[str] | None = None,
+    opens_next: bool = False,
+    sampled_end: str | None = None,
+    head: int | None = None,
+    check: bool = False,
+    history_rewrite: Callable[[str], str] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Ids the chat template adds for ``new_messages`` after ``messages``, generation prompt
-    included, starting right after the end-of-turn token that closes ``messages``.
+    included, starting right after the end-of-turn token the model sampled last.
 
-    The rendered history before that point must be unchanged by adding the new messages; the
-    one rewrite accepted is dropping ``<think>`` blocks (Qwen3 drops reasoning of earlier
-    turns): the trajectory keeps what was sampled. Anything else raises ``TemplateDeltaError``.
+    ``eot_token``: the end-of-turn token(s) (a format's ``EndTokens.strings``; default the
+    tokenizer's eos). ``opens_next``: the end token is the next message's header (GLM's
+    ``<|observation|>``), the delta starts after it and it must be ``sampled_end``.
+
+    ``head=None`` renders the whole conversation twice (the full check): the rendered
+    history before the cut must be unchanged by the new messages, apart from the template's
+    documented rewrite (``history_rewrite``; default: dropped ``<think>`` blocks, as Qwen3
+    drops earlier reasoning), else ``TemplateDeltaError``. ``head=k`` renders only the first
+    ``k`` messages (the prompt: system, tools, first user), the last message and the new
+    ones, so the cost does not grow with the history; ``check=True`` also runs the full
+    path and raises when the two differ (a template whose new messages depend on more than
+    the prompt and the previous message).
     """
-    eot = eot_token or tokenizer.eos_token
-    if not eot:
-        raise TemplateDeltaError("the tokenizer has no eos token: pass eot_token= explicitly")
-    kwargs = {"tools": tools, "chat_template_kwargs": chat_template_kwargs}
-    before = render_chat(tokenizer, messages, add_generation_prompt=False, **kwargs)
-    turns = before.count(eot)
-    if not turns:
-        raise TemplateDeltaError(
-            f"the rendered conversation has no end-of-turn token {eot!r}; pass the template's "
-            "end-of-turn token as eot_token="
-        )
-    cut = before.rfind(eot) + len(eot)
-    if before[cut:].strip():
-        raise TemplateDeltaError(
-            f"the chat template puts {before[cut:]!r} after the last end-of-turn token {eot!r}; "
-            "only whitespace separators can follow a turn the model closed"
-        )
-    after = render_chat(tokenizer, [*messages, *new_messages], add_generation_prompt=True, **kwargs)
-    cut_after = _nth_end(after, eot, turns)
-    if cut_after < 0 or after[:cut_after] != before[:cut]:
-        old, new = before[:cut], after[:cut_after] if cut_after >= 0 else after
-        if _THINK.sub("", old) != _THINK.sub("", new):
-            at = next(
-                (i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b),
-                min(len(old), len(new)),
-            )
+    if eot_token is None:
+        eot_token = tokenizer.eos_token
+        if not eot_token:
+            raise TemplateDeltaError("the tokenizer has no eos token: pass eot_token= explicitly")
+    ends = [eot_token] if isinstance(eot_token, str) else list(eot_token)
+    options = {
+        "opens_next": opens_next,
+        "sampled_end": sampled_end,
+        "rewrite": history_rewrite or _drop_think,
+        "tools": tools,
+        "chat_template_kwargs": chat_template_kwargs,
+    }
+    suffix_only = head is not None and len(messages) > head + 1
+    if suffix_only:
+        probe = [*messages[:head], messages[-1]]
+        text = _delta_text(tokenizer, probe, new_messages, ends, check_history=False, **options)
+    if not suffix_only or check:
+        full = _delta_text(tokenizer, messages, new_messages, ends, check_history=True, **options)
+        if suffix_only and full != text:
             raise TemplateDeltaError(
-                "the chat template rewrites history when new messages are added (first "
-                f"difference at char {at}: {old[at : at + 40]!r} vs {new[at : at + 40]!r}); "
-                "a delta cannot be appended to the sampled tokens"
+                "the chat template renders the new messages differently when only the prompt "
+                f"and the last message precede them ({_first_difference(full, text)}); set "
+                "multi_turn.delta_check=full for this template"
             )
-    return tokenizer.encode(after[cut_after:], add_special_tokens=False)
+        text = full
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 class Trajectory:

@@ -28,10 +28,9 @@ class ToolAgentLoop(AgentLoopBase):
     def __init__(self, context: AgentLoopContext, **kwargs: Any) -> None:
         super().__init__(context, **kwargs)
         self.multi_turn = self.config.multi_turn
-        self.parser = get_parser(self.multi_turn.format, repair=self.multi_turn.repair_tool_calls)
+        self.parser = get_parser(self.chat_format.name, repair=self.multi_turn.repair_tool_calls)
         self.runner = context.tool_runner
         self.schemas = {name: tool.tool_schema for name, tool in context.tools.items()}
-        self.eot_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
 
     async def run(
         self,
@@ -44,7 +43,9 @@ class ToolAgentLoop(AgentLoopBase):
         request_id = uuid.uuid4().hex
         schemas = list(self.schemas.values())
         messages = list(raw_prompt)
+        head = len(messages)
         traj = Trajectory(await self.encode_prompt(messages, schemas), self.config.response_length)
+        sampling_params = self.with_end_tokens(sampling_params)
         session = ToolSession(
             self.context.tools,
             self.runner,
@@ -62,11 +63,7 @@ class ToolAgentLoop(AgentLoopBase):
                 assistant_turns += 1
                 finish_reasons.append(out.finish_reason)
                 turn_ends.append(len(traj) - 1)
-                if (
-                    out.finish_reason != "stop"
-                    or not out.token_ids
-                    or out.token_ids[-1] != self.eot_id
-                ):
+                if not self.turn_closed(out):
                     stop = out.finish_reason if out.finish_reason != "stop" else "stop_token"
                     break
                 text = self.tokenizer.decode(out.token_ids[:-1], skip_special_tokens=False)
@@ -75,8 +72,8 @@ class ToolAgentLoop(AgentLoopBase):
                 limit_calls(parsed, self.multi_turn.max_parallel_calls)
                 if self.trace is not None:
                     self.trace.parse(parse_ns, text, parsed.calls, parsed.errors)
-                if not parsed.items:
-                    stop = "no_tool_call"
+                if not parsed.items or out.token_ids[-1] not in self.ends.call_ids:
+                    stop = "no_tool_call"  # also a turn that ended the conversation
                     break
                 if reached(self.multi_turn.max_assistant_turns, assistant_turns):
                     stop = "max_assistant_turns"
@@ -84,9 +81,17 @@ class ToolAgentLoop(AgentLoopBase):
                 if reached(self.multi_turn.max_user_turns, user_turns):
                     stop = "max_user_turns"
                     break
-                tool_messages = await self._call_tools(session, parsed, assistant_turns - 1)
-                messages.append({"role": "assistant", "content": text})
-                delta = await self.encode_delta(messages, tool_messages, schemas)
+                results = await self._call_tools(session, parsed, assistant_turns - 1)
+                fmt = self.chat_format
+                assistant = fmt.assistant_message(text, parsed)
+                tool_messages = [
+                    fmt.tool_message(content, item, i, assistant)
+                    for i, (content, item) in enumerate(zip(results, parsed.items, strict=True))
+                ]
+                messages.append(assistant)
+                delta = await self.encode_delta(
+                    messages, tool_messages, schemas, head=head, sampled_end=out.token_ids[-1]
+                )
                 messages.extend(tool_messages)
                 if not traj.add_template(delta):
                     stop = "length"
@@ -107,10 +112,8 @@ class ToolAgentLoop(AgentLoopBase):
             ),
         )
 
-    async def _call_tools(
-        self, session: ToolSession, parsed: ParsedTurn, turn: int
-    ) -> list[dict[str, str]]:
-        """Tool messages for every item of model turn ``turn``, in order; calls run
+    async def _call_tools(self, session: ToolSession, parsed: ParsedTurn, turn: int) -> list[str]:
+        """The answer text for every item of model turn ``turn``, in order; calls run
         concurrently, errors answer in their place."""
         for error in parsed.errors:
             session.record_error(error.kind)
@@ -118,9 +121,7 @@ class ToolAgentLoop(AgentLoopBase):
         outcomes = iter(await session.execute(parsed.calls, turn))
         self.metrics["tool_s"] += time.perf_counter() - start
         return [
-            {"role": "tool", "content": next(outcomes).text}
-            if isinstance(item, ToolCall)
-            else item.to_message()
+            next(outcomes).text if isinstance(item, ToolCall) else item.to_message()["content"]
             for item in parsed.items
         ]
 

@@ -142,10 +142,9 @@ class AgentLoopChatModel(BaseChatModel):
             )
         loop = self.loop
         traj, state = await self._extend(messages, tools)
-        params = {**self.sampling_params, **sampling}
+        params = loop.with_end_tokens({**self.sampling_params, **sampling})
         out = await loop.generate(self.request_id, traj, params)
-        eot = loop.tokenizer.convert_tokens_to_ids(loop.tokenizer.eos_token)
-        closed = out.finish_reason == "stop" and bool(out.token_ids) and out.token_ids[-1] == eot
+        closed = loop.turn_closed(out)
         sampled = out.token_ids[:-1] if closed else out.token_ids
         text = loop.tokenizer.decode(sampled, skip_special_tokens=False)
         state["assistant_turns"] += 1
@@ -254,7 +253,7 @@ class AgentLoopChatModel(BaseChatModel):
         loop = self.loop
         multi_turn = loop.config.multi_turn
         parser: ToolCallParser = self.parser or get_parser(
-            multi_turn.format, repair=multi_turn.repair_tool_calls
+            loop.chat_format.name, repair=multi_turn.repair_tool_calls
         )
         schemas = {s["function"]["name"]: s for s in tools}
         parse_ns = time.time_ns()

@@ -13,11 +13,18 @@ class ScriptedServer:
     """Returns the scripted turns in order as token ids (+ end-of-turn), with log-probs
     -0.01 * (position + 1) so alignment is checkable. Records every request."""
 
-    def __init__(self, tokenizer: Any, turns: list[str], *, end_turn: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        turns: list[str],
+        *,
+        end_turn: bool = True,
+        end_token: str | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.turns = list(turns)
         self.end_turn = end_turn
-        self.eot = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self.eot = tokenizer.convert_tokens_to_ids(end_token or tokenizer.eos_token)
         self.requests: list[dict[str, Any]] = []
         self.sampled: list[list[int]] = []
         self.priorities: list[int] = []

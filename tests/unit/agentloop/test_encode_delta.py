@@ -372,8 +372,8 @@ def test_a_template_that_never_renders_the_eos_token_is_rejected():
     with pytest.raises(TemplateDeltaError) as info:
         encode_delta(FakeTokenizer(no_eos), HISTORY, TOOL)
     assert str(info.value) == (
-        "the rendered conversation has no end-of-turn token '</s>'; pass the template's "
-        "end-of-turn token as eot_token="
+        "the rendered conversation has no end-of-turn token '</s>'; set "
+        "multi_turn.format to the model's family (or pass eot_token=)"
     )
 
 
@@ -381,8 +381,8 @@ def test_a_real_template_with_the_wrong_eot_token_is_rejected(qwen):
     with pytest.raises(TemplateDeltaError) as info:
         encode_delta(qwen, HISTORY, TOOL, eot_token="<|endoftext|>")
     assert str(info.value) == (
-        "the rendered conversation has no end-of-turn token '<|endoftext|>'; pass the "
-        "template's end-of-turn token as eot_token="
+        "the rendered conversation has no end-of-turn token '<|endoftext|>'; set "
+        "multi_turn.format to the model's family (or pass eot_token=)"
     )
 
 

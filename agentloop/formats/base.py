@@ -1,0 +1,210 @@
+"""Chat formats: what ``multi_turn.format`` names. A format ties a model family's tool-call
+syntax (its parser) to how its chat template ends a model turn and what the template needs
+in the message history to render tool results.
+
+A family module registers its format with ``register_format``; ``get_format`` looks one up
+(a parser registered alone with ``register_parser`` gets a plain format ending turns with
+the tokenizer's eos). ``detect_format`` derives the format from a chat template's text, and
+``end_tokens`` takes the end-of-turn ids from the tokenizer (never assumed to be eos).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop.parsers import (
+    ParsedTurn,
+    ToolCall,
+    ToolCallError,
+    ToolCallParser,
+    get_parser,
+    registered_parsers,
+)
+
+__all__ = [
+    "ChatFormat",
+    "content_message",
+    "detect_format",
+    "EndTokens",
+    "end_tokens",
+    "get_format",
+    "plain_tool_message",
+    "register_format",
+    "registered_formats",
+    "resolve_format",
+]
+
+logger = logging.getLogger(__name__)
+
+AssistantBuilder = Callable[[str, ParsedTurn], dict[str, Any]]
+ToolBuilder = Callable[[str, "ToolCall | ToolCallError", int, dict[str, Any]], dict[str, Any]]
+
+
+def content_message(text: str, parsed: ParsedTurn) -> dict[str, Any]:
+    """The assistant message as sampled text (templates that render ``content`` verbatim)."""
+    return {"role": "assistant", "content": text}
+
+
+def plain_tool_message(
+    content: str, item: ToolCall | ToolCallError, index: int, assistant: dict[str, Any]
+) -> dict[str, Any]:
+    """``{"role": "tool", "content": ...}``: the answer to item ``index`` of the turn."""
+    return {"role": "tool", "content": content}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatFormat:
+    name: str
+    parser: Callable[..., ToolCallParser]
+    """The parser class (constructed with ``repair=`` when it takes it)."""
+    end_tokens: tuple[str, ...] = ()
+    """Special tokens that end a model turn, in order of preference (every one the tokenizer
+    has counts). Empty: the tokenizer's eos token."""
+    call_end_tokens: tuple[str, ...] | None = None
+    """End tokens after which the turn's tool calls run (None: every end token). A turn
+    ending with another end token (gpt-oss ``<|return|>``) is final."""
+    end_opens_next: bool = False
+    """The end token the model samples is the header of the next message, as GLM's
+    ``<|observation|>``: the delta starts right after it in the rendering."""
+    template_markers: tuple[str, ...] = ()
+    """Strings that all appear in the family's chat template (``detect_format``)."""
+    aliases: tuple[str, ...] = ()
+    assistant_message: AssistantBuilder = content_message
+    """History message for a model turn that called tools (what the template needs to
+    render the tool results after it; the trajectory keeps the sampled tokens)."""
+    tool_message: ToolBuilder = plain_tool_message
+    """History message answering one call (or error) of that turn."""
+    history_rewrite: Callable[[str], str] | None = None
+    """Maps rendered history to the form it takes once later messages exist, for the
+    template's documented rewrites (dropped reasoning). None: the default drops ``<think>``
+    blocks."""
+    eos_fallback: bool = False
+    """Use the tokenizer's eos token when it has none of ``end_tokens``."""
+    notes: str = ""
+    """One line for the docs: what the template rewrites, what is exact."""
+
+    def make_parser(self, repair: bool = True) -> ToolCallParser:
+        return get_parser(self.name, repair=repair)
+
+
+_FORMATS: dict[str, ChatFormat] = {}
+
+
+def register_format(fmt: ChatFormat) -> ChatFormat:
+    """Make ``fmt`` (and its aliases) available as ``multi_turn.format``; registers its
+    parser under the same names."""
+    from agentloop.parsers import register_parser
+
+    for name in (fmt.name, *fmt.aliases):
+        _FORMATS[name] = fmt
+        register_parser(name)(fmt.parser)  # type: ignore[arg-type]
+    return fmt
+
+
+def registered_formats() -> list[str]:
+    """Every name ``multi_turn.format`` accepts (formats, aliases, parsers registered alone)."""
+    return sorted({*_FORMATS, *registered_parsers()})
+
+
+def get_format(name: str) -> ChatFormat:
+    """The format registered as ``name``; a parser registered alone gets a format ending
+    turns with the tokenizer's eos. Unknown names raise naming the registered ones."""
+    if name in _FORMATS:
+        return _FORMATS[name]
+    if name in registered_parsers():
+        fmt = ChatFormat(name=name, parser=type(get_parser(name)))
+        _FORMATS[name] = fmt
+        return fmt
+    raise ValueError(
+        f"unknown multi_turn.format {name!r}; registered: {', '.join(registered_formats())} "
+        "(register your own with agentloop.register_format or agentloop.register_parser)"
+    )
+
+
+def detect_format(chat_template: str | None) -> str | None:
+    """The registered format whose template markers all appear in ``chat_template`` (the
+    one with most markers when several match); None when none does."""
+    if not chat_template:
+        return None
+    best: tuple[int, str] | None = None
+    for name, fmt in _FORMATS.items():
+        if name != fmt.name or not fmt.template_markers:
+            continue
+        if all(m in chat_template for m in fmt.template_markers):
+            score = len(fmt.template_markers)
+            if best is None or score > best[0]:
+                best = (score, name)
+    return best[1] if best else None
+
+
+def resolve_format(name: str | None, tokenizer: Any) -> ChatFormat:
+    """``multi_turn.format`` as configured, or derived from the tokenizer's chat template
+    when unset (``hermes`` when no family matches, logged once)."""
+    if name:
+        return get_format(name)
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default") or next(iter(template.values()), None)
+    found = detect_format(template)
+    if found is None:
+        if "hermes" not in _WARNED:
+            _WARNED.add("hermes")
+            logger.warning(
+                "multi_turn.format is unset and the chat template matches no registered "
+                "format; parsing tool calls as hermes (set multi_turn.format to choose)"
+            )
+        found = "hermes"
+    return get_format(found)
+
+
+_WARNED: set[str] = set()
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    vocab_id = tokenizer.convert_tokens_to_ids(token)
+    if vocab_id is None or vocab_id == getattr(tokenizer, "unk_token_id", None):
+        return None
+    if tokenizer.convert_ids_to_tokens(vocab_id) != token:
+        return None
+    return int(vocab_id)
+
+
+@dataclass(frozen=True, slots=True)
+class EndTokens:
+    """A format's end-of-turn tokens as this tokenizer has them."""
+
+    strings: tuple[str, ...]
+    """Every token that ends a model turn (text form, as rendered by the template)."""
+    ids: frozenset[int]
+    call_ids: frozenset[int]
+    """Ends after which the turn's tool calls run."""
+    opens_next: bool
+    """The end token is the next message's header (``ChatFormat.end_opens_next``)."""
+
+
+def end_tokens(tokenizer: Any, fmt: ChatFormat) -> EndTokens:
+    """The format's end tokens the tokenizer has (its eos token where the format names
+    none; hermes falls back to eos for ChatML-like templates without ``<|im_end|>``).
+    Raises ``ValueError`` naming the tokens when the tokenizer has none of them."""
+    eos = getattr(tokenizer, "eos_token", None)
+    names: Sequence[str] = fmt.end_tokens or ([eos] if eos else [])
+    ends = {t: i for t in names if (i := _token_id(tokenizer, t)) is not None}
+    if not ends and fmt.eos_fallback and eos and (i := _token_id(tokenizer, eos)) is not None:
+        ends = {eos: i}
+    if not ends:
+        raise ValueError(
+            f"multi_turn.format={fmt.name} ends model turns with "
+            f"{' or '.join(names) or 'the eos token'}, but the tokenizer has none of them: "
+            "set multi_turn.format to the model's family (or leave it unset to derive it from "
+            "the chat template)"
+        )
+    calls = fmt.call_end_tokens
+    call_ids = (
+        frozenset(ends.values())
+        if calls is None
+        else frozenset(ends[t] for t in calls if t in ends)
+    )
+    return EndTokens(tuple(ends), frozenset(ends.values()), call_ids, fmt.end_opens_next)

@@ -1,0 +1,1 @@
+"""Placeholder: the glm chat format is registered here."""

@@ -1,0 +1,1 @@
+"""Placeholder: the gpt_oss chat format is registered here."""

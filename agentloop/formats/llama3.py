@@ -1,0 +1,1 @@
+"""Placeholder: the llama3 chat format is registered here."""

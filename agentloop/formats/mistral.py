@@ -1,0 +1,1 @@
+"""Placeholder: the mistral chat format is registered here."""
