@@ -66,12 +66,32 @@ def prepare_rollout(config: Config) -> RolloutSetup:
     get_agent_loop(rollout.agent.default_agent_loop)
     path = rollout.multi_turn.tool_config_path
     tools = load_tool_config(path) if path else {}
+    tokenizer = tokenizer_source(model).load()
+    check_chat_format(rollout, tokenizer)
     return RolloutSetup(
         model=model,
-        tokenizer=tokenizer_source(model).load(),
+        tokenizer=tokenizer,
         tool_names=sorted(tools),
         tool_schemas=[t.tool_schema for t in tools.values()],
     )
+
+
+def check_chat_format(rollout: RolloutConfig, tokenizer: Any) -> None:
+    """``multi_turn.format`` is a registered format whose end-of-turn tokens the tokenizer
+    has; unset, it is derived from the chat template and written into the config so every
+    agent-loop worker uses the same. Raises ValueError before any server starts."""
+    from agentloop.formats import end_tokens, resolve_format
+
+    key = "actor_rollout_ref.rollout.multi_turn.format"
+    try:
+        fmt = resolve_format(rollout.multi_turn.format, tokenizer)
+        ends = end_tokens(tokenizer, fmt)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+    if rollout.multi_turn.format is None:
+        logger.info("%s unset: %s, derived from the chat template", key, fmt.name)
+        rollout.multi_turn.format = fmt.name
+    logger.info("model turns end with %s (%s)", " or ".join(ends.strings), fmt.name)
 
 
 def load_split(config: Config, setup: RolloutSetup, split: str) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """encode_delta and Trajectory against the project's real chat templates (tiny-qwen3 with
 <think> handling, SmolLM2): exact deltas, no history rewrite (property test over random
-conversations), Qwen3's reasoning drop kept out of the trajectory, template errors, budget."""
+conversations, the suffix-only render checked against the full one), Qwen3's reasoning drop
+kept out of the trajectory, template errors, budget."""
 
 from __future__ import annotations
 
@@ -270,7 +271,8 @@ def check_no_history_rewrite(tokenizer, first, tools, rounds) -> None:
     for (assistant, new), text in zip(rounds, sampled, strict=True):
         ids += tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
         history.append(assistant)
-        ids += encode_delta(tokenizer, history, new, tools)
+        # the suffix path (prompt + last turn rendered), checked against the full render
+        ids += encode_delta(tokenizer, history, new, tools, head=len(first), check=True)
         history += new
     assert ids == full_ids(tokenizer, all_messages, tools)
 
@@ -304,7 +306,7 @@ def test_qwen_delta_after_a_think_turn_keeps_the_sampled_reasoning(qwen, convers
         think_blocks.append(text[: text.index("</think>\n\n") + len("</think>\n\n")])
         ids += qwen.encode(text + "<|im_end|>", add_special_tokens=False)
 
-        delta = encode_delta(qwen, history, new, tools)
+        delta = encode_delta(qwen, history, new, tools, head=len(first), check=True)
         delta_text = decode(qwen, delta)
         assert delta_text.startswith("\n")
         assert delta_text.endswith(ASSISTANT)
@@ -420,6 +422,68 @@ def test_a_template_that_drops_closed_turns_is_rejected():
 
     with pytest.raises(TemplateDeltaError, match="^the chat template rewrites history"):
         encode_delta(FakeTokenizer(last_only), HISTORY, TOOL)
+
+
+# ---- the suffix-only path (head=) --------------------------------------------------------------
+LONG = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "a"},
+    {"role": "tool", "content": "1"},
+    {"role": "assistant", "content": "b"},
+]
+
+
+def test_the_suffix_path_renders_only_the_prompt_the_last_turn_and_the_new_messages():
+    seen: list[list[str]] = []
+
+    def recording(messages, add_generation_prompt):
+        seen.append([m["content"] for m in messages])
+        return plain_template(messages, add_generation_prompt)
+
+    delta = encode_delta(FakeTokenizer(recording), LONG, TOOL, head=1)
+    assert "".join(map(chr, delta)) == "\ntool: 5</s>\nassistant: "
+    assert seen == [["hi", "b"], ["hi", "b", "5"]]
+
+
+def test_the_full_check_catches_a_template_whose_new_messages_depend_on_history():
+    def numbered(messages, add_generation_prompt):
+        text = "".join(f"{i} {m['role']}: {m['content']}</s>\n" for i, m in enumerate(messages))
+        return text + ("assistant: " if add_generation_prompt else "")
+
+    fast = encode_delta(FakeTokenizer(numbered), LONG, TOOL, head=1)
+    assert "".join(map(chr, fast)) == "\n2 tool: 5</s>\nassistant: "  # wrong: the turn is 4
+    with pytest.raises(TemplateDeltaError) as info:
+        encode_delta(FakeTokenizer(numbered), LONG, TOOL, head=1, check=True)
+    assert str(info.value) == (
+        "the chat template renders the new messages differently when only the prompt and the "
+        "last message precede them (first difference at char 1: '4 tool: 5</s>\\nassistant: ' "
+        "vs '2 tool: 5</s>\\nassistant: '); set multi_turn.delta_check=full for this template"
+    )
+
+
+def test_an_end_token_that_opens_the_next_message_must_be_the_one_sampled():
+    def headed(messages, add_generation_prompt):
+        text = "".join(f"<|{m['role']}|>{m['content']}" for m in messages)
+        return text + ("<|assistant|>" if add_generation_prompt else "")
+
+    ends = ["<|tool|>", "<|user|>"]
+    delta = encode_delta(
+        FakeTokenizer(headed), LONG, TOOL, eot_token=ends, opens_next=True, sampled_end="<|tool|>"
+    )
+    assert "".join(map(chr, delta)) == "5<|assistant|>"
+    with pytest.raises(TemplateDeltaError) as info:
+        encode_delta(
+            FakeTokenizer(headed),
+            LONG,
+            TOOL,
+            eot_token=ends,
+            opens_next=True,
+            sampled_end="<|user|>",
+        )
+    assert str(info.value) == (
+        "the model ended its turn with '<|user|>' but the chat template opens the new messages "
+        "with '<|tool|>'"
+    )
 
 
 # ---- Trajectory ------------------------------------------------------------------------------
