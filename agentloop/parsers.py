@@ -235,24 +235,28 @@ class HermesToolParser:
         return ParsedTurn(content=content, items=items)
 
 
-def _read_call(raw: str, index: int, repair: bool) -> ToolCall | ToolCallError:
+def _read_call(
+    raw: str, index: int, repair: bool, hint: str = CALL_HINT
+) -> ToolCall | ToolCallError:
+    """One call object ``{"name", "arguments"|"parameters"}``; ``hint`` (how to write a
+    call in the family's syntax) ends the messages of malformed ones."""
     try:
         obj, repaired = loads_tolerant(raw, repair)
     except json.JSONDecodeError as exc:
         return ToolCallError(
             "bad_json",
-            f"tool call {index} is not valid JSON ({exc.msg} at char {exc.pos}); {CALL_HINT}",
+            f"tool call {index} is not valid JSON ({exc.msg} at char {exc.pos}); {hint}",
             raw,
         )
     if not isinstance(obj, dict):
         return ToolCallError(
             "bad_json",
-            f"tool call {index} must be a JSON object, got {_kind(obj)}; {CALL_HINT}",
+            f"tool call {index} must be a JSON object, got {_kind(obj)}; {hint}",
             raw,
         )
     name = obj.get("name")
     if not isinstance(name, str) or not name:
-        return ToolCallError("missing_name", f'tool call {index} has no "name"; {CALL_HINT}', raw)
+        return ToolCallError("missing_name", f'tool call {index} has no "name"; {hint}', raw)
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
         try:
