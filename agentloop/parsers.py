@@ -95,7 +95,9 @@ def register_parser(name: str) -> Callable[[type], type]:
     return wrap
 
 
-def get_parser(name: str, *, repair: bool = True) -> ToolCallParser:
+def get_parser(
+    name: str, *, repair: bool = True, schemas: Mapping[str, dict[str, Any]] | None = None
+) -> ToolCallParser:
     """A fresh parser for ``multi_turn.format=name``. ``repair``
     (``multi_turn.repair_tool_calls``) goes to parsers whose constructor takes it; a user
     parser that does not is used as it is (logged once when repair is off)."""
@@ -104,8 +106,11 @@ def get_parser(name: str, *, repair: bool = True) -> ToolCallParser:
             f"unknown multi_turn.format {name!r}; registered: {', '.join(sorted(_PARSERS))}"
         )
     cls = _PARSERS[name]
-    if "repair" in inspect.signature(cls).parameters:
-        return cls(repair=repair)
+    params = inspect.signature(cls).parameters
+    if "repair" in params:
+        # schemas: for formats whose argument values are untyped text (GLM)
+        extra = {"schemas": schemas} if schemas is not None and "schemas" in params else {}
+        return cls(repair=repair, **extra)
     if not repair and name not in _WARNED:
         _WARNED.add(name)
         logger.warning(

@@ -28,9 +28,11 @@ class ToolAgentLoop(AgentLoopBase):
     def __init__(self, context: AgentLoopContext, **kwargs: Any) -> None:
         super().__init__(context, **kwargs)
         self.multi_turn = self.config.multi_turn
-        self.parser = get_parser(self.chat_format.name, repair=self.multi_turn.repair_tool_calls)
         self.runner = context.tool_runner
         self.schemas = {name: tool.tool_schema for name, tool in context.tools.items()}
+        self.parser = get_parser(
+            self.chat_format.name, repair=self.multi_turn.repair_tool_calls, schemas=self.schemas
+        )
 
     async def run(
         self,

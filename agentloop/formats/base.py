@@ -165,9 +165,8 @@ _WARNED: set[str] = set()
 
 def _token_id(tokenizer: Any, token: str) -> int | None:
     vocab_id = tokenizer.convert_tokens_to_ids(token)
-    if vocab_id is None or vocab_id == getattr(tokenizer, "unk_token_id", None):
-        return None
-    if tokenizer.convert_ids_to_tokens(vocab_id) != token:
+    # an unknown token maps to unk, whose text differs (unless it is the unk token itself)
+    if vocab_id is None or tokenizer.convert_ids_to_tokens(vocab_id) != token:
         return None
     return int(vocab_id)
 

@@ -252,10 +252,10 @@ class AgentLoopChatModel(BaseChatModel):
         error kind, and all call ids in order of appearance."""
         loop = self.loop
         multi_turn = loop.config.multi_turn
-        parser: ToolCallParser = self.parser or get_parser(
-            loop.chat_format.name, repair=multi_turn.repair_tool_calls
-        )
         schemas = {s["function"]["name"]: s for s in tools}
+        parser: ToolCallParser = self.parser or get_parser(
+            loop.chat_format.name, repair=multi_turn.repair_tool_calls, schemas=schemas
+        )
         parse_ns = time.time_ns()
         parsed = check_calls(parser.parse(text), schemas)
         limit_calls(parsed, loop.config.multi_turn.max_parallel_calls)
