@@ -209,7 +209,7 @@ class AgentLoopBase(abc.ABC):
             messages,
             new_messages,
             tools,
-            eot_token=ends.strings,
+            eot_token=ends.boundaries,
             opens_next=ends.opens_next,
             sampled_end=end_text,
             head=head,

@@ -69,6 +69,11 @@ class ChatFormat:
     end_opens_next: bool = False
     """The end token the model samples is the header of the next message, as GLM's
     ``<|observation|>``: the delta starts right after it in the rendering."""
+    delta_end_tokens: tuple[str, ...] = ()
+    """Tokens that close a message in the rendered history, counted by ``encode_delta`` to
+    find where the sampled turn ends (empty: ``end_tokens``). gpt-oss closes messages inside
+    a turn, and re-renders an earlier ``<|return|>``, with ``<|end|>``: counted here, but not
+    an end token (it must not stop the engine)."""
     template_markers: tuple[str, ...] = ()
     """Strings that all appear in the family's chat template (``detect_format``)."""
     aliases: tuple[str, ...] = ()
@@ -182,6 +187,9 @@ class EndTokens:
     """Ends after which the turn's tool calls run."""
     opens_next: bool
     """The end token is the next message's header (``ChatFormat.end_opens_next``)."""
+    boundaries: tuple[str, ...]
+    """What ``encode_delta`` counts to find the cut: ``ChatFormat.delta_end_tokens`` the
+    tokenizer has, else ``strings``."""
 
 
 def end_tokens(tokenizer: Any, fmt: ChatFormat) -> EndTokens:
@@ -206,4 +214,11 @@ def end_tokens(tokenizer: Any, fmt: ChatFormat) -> EndTokens:
         if calls is None
         else frozenset(ends[t] for t in calls if t in ends)
     )
-    return EndTokens(tuple(ends), frozenset(ends.values()), call_ids, fmt.end_opens_next)
+    boundaries = tuple(t for t in fmt.delta_end_tokens if _token_id(tokenizer, t) is not None)
+    return EndTokens(
+        strings=tuple(ends),
+        ids=frozenset(ends.values()),
+        call_ids=call_ids,
+        opens_next=fmt.end_opens_next,
+        boundaries=boundaries or tuple(ends),
+    )
