@@ -26,6 +26,7 @@ from agentloop.parsers import (
 
 __all__ = [
     "ChatFormat",
+    "all_formats",
     "content_message",
     "detect_format",
     "EndTokens",
@@ -86,6 +87,10 @@ class ChatFormat:
     """Maps rendered history to the form it takes once later messages exist, for the
     template's documented rewrites (dropped reasoning). None: the default drops ``<think>``
     blocks."""
+    family: str = ""
+    """The model families the format is for (docs)."""
+    call_syntax: str = ""
+    """How a tool call is written (docs)."""
     eos_fallback: bool = False
     """Use the tokenizer's eos token when it has none of ``end_tokens``."""
     notes: str = ""
@@ -112,6 +117,12 @@ def register_format(fmt: ChatFormat) -> ChatFormat:
 def registered_formats() -> list[str]:
     """Every name ``multi_turn.format`` accepts (formats, aliases, parsers registered alone)."""
     return sorted({*_FORMATS, *registered_parsers()})
+
+
+def all_formats() -> list[ChatFormat]:
+    """Every registered format once (aliases folded), by name."""
+    unique = {fmt.name: fmt for fmt in _FORMATS.values()}
+    return [unique[name] for name in sorted(unique)]
 
 
 def get_format(name: str) -> ChatFormat:

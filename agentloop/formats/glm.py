@@ -188,6 +188,8 @@ def empty_earlier_reasoning(text: str) -> str:
 GLM45 = register_format(
     ChatFormat(
         name="glm45",
+        family="GLM-4.5, GLM-4.6",
+        call_syntax="<tool_call>NAME<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>",
         aliases=("glm4.5", "glm46"),
         parser=GlmToolParser,
         end_tokens=("<|observation|>", "<|user|>", "<|endoftext|>"),

@@ -223,6 +223,10 @@ def harmony_history_rewrite(text: str) -> str:
 GPT_OSS = register_format(
     ChatFormat(
         name="gpt-oss",  # verl's name
+        family="gpt-oss (Harmony)",
+        call_syntax=(
+            "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>"
+        ),
         aliases=("harmony", "openai"),  # vLLM's tool-parser name is "openai"
         parser=GptOssToolParser,
         end_tokens=(CALL, RETURN),

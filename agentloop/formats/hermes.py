@@ -13,6 +13,8 @@ __all__ = ["HERMES"]
 HERMES = register_format(
     ChatFormat(
         name="hermes",
+        family="Qwen2.5, Qwen3, Hermes, SmolLM2 (ChatML)",
+        call_syntax='<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
         aliases=("qwen",),  # verl's name for the same format
         parser=HermesToolParser,
         end_tokens=("<|im_end|>",),

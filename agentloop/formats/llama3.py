@@ -96,6 +96,10 @@ def _unchanged(text: str) -> str:
 LLAMA3 = register_format(
     ChatFormat(
         name="llama3_json",
+        family="Llama 3.1, 3.2, 3.3",
+        call_syntax=(
+            '{"name": ..., "parameters": {...}} (several joined by "; ", optional <|python_tag|>)'
+        ),
         aliases=("llama3",),
         parser=Llama3JsonToolParser,
         end_tokens=("<|eot_id|>", "<|eom_id|>"),

@@ -281,6 +281,10 @@ def prompt_parts_moved(text: str) -> str:
 MISTRAL = register_format(
     ChatFormat(
         name="mistral",
+        family="Mistral v0.3+ (Mistral-7B-Instruct-v0.3, Mixtral-8x22B, Mistral-Nemo)",
+        call_syntax=(
+            '[TOOL_CALLS] [{"name": ..., "arguments": {...}}] or [TOOL_CALLS]name[ARGS]{...}'
+        ),
         parser=MistralToolParser,
         end_tokens=("</s>",),
         template_markers=("[INST]", "[TOOL_CALLS]"),

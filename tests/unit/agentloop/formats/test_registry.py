@@ -1,0 +1,73 @@
+"""The format registry: the docs table is the registry's, each family's test template is
+detected as its own format and as no other, and lookups of unknown names say what exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from agentloop.formats import detect_format, get_format, registered_formats
+from agentloop.formats.table import markdown_table
+from tests.chat_families import TEMPLATES
+
+DOCS = Path(__file__).resolve().parents[4] / "docs" / "chat-formats.md"
+# test template -> the format it must be detected as
+EXPECTED = {
+    "qwen25": "hermes",
+    "llama3": "llama3_json",
+    "mistral": "mistral",
+    "gpt_oss": "gpt-oss",
+    "glm45": "glm45",
+}
+
+
+def test_the_docs_table_is_the_registry_s():
+    text = DOCS.read_text()
+    block = re.search(r"<!-- formats:start -->\n(.*?)\n<!-- formats:end -->", text, re.DOTALL)
+    assert block is not None
+    assert block.group(1) == markdown_table()
+
+
+def test_every_family_has_a_test_template():
+    assert sorted(p.stem for p in TEMPLATES.glob("*.jinja")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("template", sorted(EXPECTED))
+def test_each_test_template_is_detected_as_its_own_family(template):
+    assert detect_format((TEMPLATES / f"{template}.jinja").read_text()) == EXPECTED[template]
+
+
+def test_the_real_qwen3_and_smollm2_templates_are_hermes(tiny_qwen3_path, smollm2_path):
+    from transformers import AutoTokenizer
+
+    for path in (tiny_qwen3_path, smollm2_path):
+        assert detect_format(AutoTokenizer.from_pretrained(path).chat_template) == "hermes"
+
+
+def test_a_template_without_tool_markup_matches_no_family():
+    assert detect_format("{% for m in messages %}{{ m.content }}{% endfor %}") is None
+    assert detect_format(None) is None
+
+
+def test_aliases_name_the_same_format():
+    for alias, name in [
+        ("qwen", "hermes"),
+        ("llama3", "llama3_json"),
+        ("harmony", "gpt-oss"),
+        ("openai", "gpt-oss"),
+        ("glm4.5", "glm45"),
+        ("glm46", "glm45"),
+    ]:
+        assert get_format(alias) is get_format(name)
+        assert alias in registered_formats()
+
+
+def test_an_unknown_name_lists_the_registered_ones():
+    with pytest.raises(ValueError) as info:
+        get_format("gptoss")
+    assert str(info.value) == (
+        f"unknown multi_turn.format 'gptoss'; registered: {', '.join(registered_formats())} "
+        "(register your own with agentloop.register_format or agentloop.register_parser)"
+    )
