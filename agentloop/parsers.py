@@ -26,6 +26,9 @@ __all__ = [
     "HermesToolParser",
     "check_calls",
     "get_parser",
+    "json_kind",
+    "loads_json",
+    "read_json_call",
     "limit_calls",
     "loads_tolerant",
     "register_parser",
@@ -192,7 +195,7 @@ def _drop_trailing_comma(out: list[str]) -> None:
         del out[j]
 
 
-def _loads(text: str) -> Any:
+def loads_json(text: str) -> Any:
     """``json.loads`` whose every failure is a ``json.JSONDecodeError``: model text can also
     nest past the decoder's recursion limit or hold an integer over Python's digit limit."""
     try:
@@ -209,12 +212,12 @@ def loads_tolerant(text: str, repair: bool = True) -> tuple[Any, bool]:
     """``json.loads``; on failure retry once on a repaired copy (with ``repair``). Returns
     (value, repaired) or raises the original ``json.JSONDecodeError``."""
     try:
-        return _loads(text), False
+        return loads_json(text), False
     except json.JSONDecodeError as first:
         if not repair:
             raise
         try:
-            return _loads(_repair(text)), True
+            return loads_json(_repair(text)), True
         except json.JSONDecodeError:
             raise first from None
 
@@ -235,12 +238,12 @@ class HermesToolParser:
     def parse(self, text: str) -> ParsedTurn:
         items: list[ToolCall | ToolCallError] = []
         for index, match in enumerate(self._BLOCK.finditer(text), start=1):
-            items.append(_read_call(match.group(1).strip(), index, self.repair))
+            items.append(read_json_call(match.group(1).strip(), index, self.repair))
         content = self._BLOCK.sub("", text).strip()
         return ParsedTurn(content=content, items=items)
 
 
-def _read_call(
+def read_json_call(
     raw: str, index: int, repair: bool, hint: str = CALL_HINT
 ) -> ToolCall | ToolCallError:
     """One call object ``{"name", "arguments"|"parameters"}``; ``hint`` (how to write a
@@ -256,7 +259,7 @@ def _read_call(
     if not isinstance(obj, dict):
         return ToolCallError(
             "bad_json",
-            f"tool call {index} must be a JSON object, got {_kind(obj)}; {hint}",
+            f"tool call {index} must be a JSON object, got {json_kind(obj)}; {hint}",
             raw,
         )
     name = obj.get("name")
@@ -279,14 +282,14 @@ def _read_call(
     if not isinstance(args, dict):
         return ToolCallError(
             "bad_arguments",
-            f"arguments of tool call {index} ({name}) must be a JSON object, got {_kind(args)}",
+            f"arguments of tool call {index} ({name}) must be a JSON object, got {json_kind(args)}",
             raw,
             name,
         )
     return ToolCall(name=name, arguments=args, raw=raw, repaired=repaired)
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), "a number"
     )

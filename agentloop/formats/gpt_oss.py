@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop.formats.base import ChatFormat, register_format
-from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, _kind, loads_tolerant
+from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, json_kind, loads_tolerant
 
 __all__ = [
     "GPT_OSS",
@@ -167,7 +167,8 @@ class GptOssToolParser:
         if not isinstance(args, dict):
             return ToolCallError(
                 "bad_arguments",
-                f"arguments of tool call {index} ({name}) must be a JSON object, got {_kind(args)}",
+                f"arguments of tool call {index} ({name}) must be a JSON object, got "
+                f"{json_kind(args)}",
                 raw,
                 name,
             )

@@ -12,7 +12,7 @@ malformed, and here each malformed object must become its own error.
 from __future__ import annotations
 
 from agentloop.formats.base import ChatFormat, register_format
-from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, _read_call
+from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, read_json_call
 
 __all__ = ["LLAMA3", "Llama3JsonToolParser"]
 
@@ -85,7 +85,7 @@ class Llama3JsonToolParser:
         return ParsedTurn(content=body[pos:].strip(), items=items)
 
     def _read(self, raw: str, index: int) -> ToolCall | ToolCallError:
-        return _read_call(raw, index, self.repair, CALL_HINT)
+        return read_json_call(raw, index, self.repair, CALL_HINT)
 
 
 def _unchanged(text: str) -> str:

@@ -26,10 +26,10 @@ from agentloop.parsers import (
     ParsedTurn,
     ToolCall,
     ToolCallError,
-    _kind,
-    _loads,
-    _read_call,
+    json_kind,
+    loads_json,
     loads_tolerant,
+    read_json_call,
 )
 
 __all__ = ["MISTRAL", "MistralToolParser", "mistral_tool_content"]
@@ -180,7 +180,7 @@ class MistralToolParser:
                 return ToolCallError(
                     "bad_json", f"tool call {index} is empty (a stray comma); {CALL_HINT}", raw
                 )
-            return _read_call(raw, index, self.repair, CALL_HINT)
+            return read_json_call(raw, index, self.repair, CALL_HINT)
         if not name:
             return ToolCallError("missing_name", f"tool call {index} has no name", raw)
         try:
@@ -196,7 +196,8 @@ class MistralToolParser:
         if not isinstance(args, dict):
             return ToolCallError(
                 "bad_arguments",
-                f"arguments of tool call {index} ({name}) must be a JSON object, got {_kind(args)}",
+                f"arguments of tool call {index} ({name}) must be a JSON object, got "
+                f"{json_kind(args)}",
                 raw,
                 name,
             )
@@ -254,7 +255,7 @@ def mistral_tool_content(content: str) -> str:
     if not content:
         return "{}"
     try:
-        return json.dumps(_loads(content), ensure_ascii=False)
+        return json.dumps(loads_json(content), ensure_ascii=False)
     except json.JSONDecodeError:
         return json.dumps(content, ensure_ascii=False)
 
