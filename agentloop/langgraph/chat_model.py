@@ -8,10 +8,14 @@ rollout's ``multi_turn.format`` parser and checked against the bound schemas) an
 model should see).
 
 The token trajectory lives in ``response_metadata["agentloop"]`` of each AIMessage: prompt
-ids, response ids, loss mask, engine log-probs and the request id (later turns stick to the
-same server). The next call continues from the last such message and appends only the
-template delta of the messages added after it (mask 0), so the trajectory holds exactly the
-sampled tokens. The messages before that AIMessage must be the ones it was sampled from.
+ids, response ids, loss mask, engine log-probs, the request id (later turns stick to the
+same server), the sampled text, its parsed calls and the end token it ended with. The next
+call continues from the last such message and appends only the template delta of the
+messages added after it (mask 0), so the trajectory holds exactly the sampled tokens. The
+messages before that AIMessage must be the ones it was sampled from. Messages are rendered
+in the rollout's chat format as ``tool_agent`` renders them (``messages.to_chat_dicts``), so
+every registered family works; a turn's calls are run only when it ended with one of the
+format's call end tokens (gpt-oss ``<|call|>``, GLM ``<|observation|>``), as in ``tool_agent``.
 
 When the budget is spent (the delta does not fit the response length, the last turn was cut,
 or a turn limit is reached) the call raises ``TrajectoryLimitError``: a graph run ends there
@@ -35,8 +39,20 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from agentloop.base import AgentLoopBase
 from agentloop.config import MultiTurnConfig
-from agentloop.langgraph.messages import METADATA_KEY, to_chat_dicts
-from agentloop.parsers import ToolCall, ToolCallParser, check_calls, get_parser, limit_calls
+from agentloop.langgraph.messages import (
+    METADATA_KEY,
+    parsed_to_state,
+    takes_string_arguments,
+    to_chat_dicts,
+)
+from agentloop.parsers import (
+    ParsedTurn,
+    ToolCall,
+    ToolCallParser,
+    check_calls,
+    get_parser,
+    limit_calls,
+)
 from agentloop.tokens import Trajectory
 from agentloop.tool_agent import reached
 
@@ -155,8 +171,14 @@ class AgentLoopChatModel(BaseChatModel):
         else:
             state["stop"] = "stop_token" if out.finish_reason == "stop" else out.finish_reason
         content, tool_calls, invalid, kinds, order = text, [], [], {}, []
+        parsed: ParsedTurn | None = None
         if closed and tools and tool_choice != "none":
-            content, tool_calls, invalid, kinds, order = self._parse(text, tools)
+            parsed = self._parse(text, tools)
+            content = parsed.content
+            if out.token_ids[-1] in loop.ends.call_ids:  # else a final turn: no call runs
+                tool_calls, invalid, kinds, order = self._calls(parsed)
+            else:
+                parsed = ParsedTurn(content=parsed.content)
         state.update(
             request_id=self.request_id,
             prompt_ids=traj.prompt_ids,
@@ -165,6 +187,8 @@ class AgentLoopChatModel(BaseChatModel):
             response_log_probs=traj.response_log_probs,
             response_versions=traj.response_versions,
             text=text,
+            parsed=parsed_to_state(parsed) if parsed is not None else None,
+            end_id=out.token_ids[-1] if closed else None,
             messages=len(messages) + 1,
             error_kinds=kinds,
             call_order=order,
@@ -197,7 +221,7 @@ class AgentLoopChatModel(BaseChatModel):
             (i for i in range(len(messages) - 1, -1, -1) if trajectory_of(messages[i])), None
         )
         if last is None:
-            prompt = await loop.encode_prompt(to_chat_dicts(messages), tools)
+            prompt = await loop.encode_prompt(self._render(messages), tools)
             traj = Trajectory(prompt, loop.config.response_length)
             state = {"assistant_turns": 0, "user_turns": 0, "finish_reasons": [], "turn_ends": []}
             return traj, state
@@ -228,8 +252,9 @@ class AgentLoopChatModel(BaseChatModel):
             prev["response_log_probs"],
             prev.get("response_versions"),
         )
-        history, new = to_chat_dicts(messages[: last + 1]), to_chat_dicts(messages[last + 1 :])
-        delta = await loop.encode_delta(history, new, tools)
+        rendered = self._render(messages)
+        history, new = rendered[: last + 1], rendered[last + 1 :]
+        delta = await loop.encode_delta(history, new, tools, sampled_end=prev.get("end_id"))
         if not traj.add_template(delta):
             raise TrajectoryLimitError(
                 "length",
@@ -245,11 +270,18 @@ class AgentLoopChatModel(BaseChatModel):
         }
         return traj, state
 
-    def _parse(
-        self, text: str, tools: list[dict[str, Any]]
-    ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], dict[str, str], list[str]]:
-        """Content, valid calls, invalid calls (in LangChain's shapes), each invalid call's
-        error kind, and all call ids in order of appearance."""
+    def _render(self, messages: list[BaseMessage]) -> list[dict[str, Any]]:
+        """The chat dicts of ``messages`` in the rollout's chat format, one per message."""
+        loop = self.loop
+        return to_chat_dicts(
+            messages,
+            loop.chat_format,
+            string_arguments=takes_string_arguments(loop.tokenizer.chat_template),
+        )
+
+    def _parse(self, text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
+        """The turn's calls as ``tool_agent`` parses them: the format's parser, calls checked
+        against the bound schemas and limited to ``max_parallel_calls``."""
         loop = self.loop
         multi_turn = loop.config.multi_turn
         schemas = {s["function"]["name"]: s for s in tools}
@@ -261,6 +293,14 @@ class AgentLoopChatModel(BaseChatModel):
         limit_calls(parsed, loop.config.multi_turn.max_parallel_calls)
         if loop.trace is not None:
             loop.trace.parse(parse_ns, text, parsed.calls, parsed.errors)
+        return parsed
+
+    @staticmethod
+    def _calls(
+        parsed: ParsedTurn,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, str], list[str]]:
+        """Valid calls, invalid calls (in LangChain's shapes), each invalid call's error
+        kind, and all call ids in order of appearance (the order of ``parsed.items``)."""
         calls, invalid, kinds, order = [], [], {}, []
         for item in parsed.items:
             call_id = f"call_{uuid.uuid4().hex[:16]}"
@@ -272,4 +312,4 @@ class AgentLoopChatModel(BaseChatModel):
                 invalid.append({**entry, "error": item.message, "type": "invalid_tool_call"})
                 kinds[call_id] = item.kind
             order.append(call_id)
-        return parsed.content, calls, invalid, kinds, order
+        return calls, invalid, kinds, order
