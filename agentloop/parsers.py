@@ -24,6 +24,7 @@ __all__ = [
     "ToolCallError",
     "ToolCallParser",
     "HermesToolParser",
+    "bracket_end",
     "check_calls",
     "get_parser",
     "json_kind",
@@ -31,6 +32,7 @@ __all__ = [
     "read_json_call",
     "limit_calls",
     "loads_tolerant",
+    "object_call",
     "register_parser",
     "registered_parsers",
 ]
@@ -279,6 +281,14 @@ def read_json_call(
             )
     if args is None:
         args = {}
+    return object_call(name, args, raw, index, repaired)
+
+
+def object_call(
+    name: str, args: Any, raw: str, index: int, repaired: bool = False
+) -> ToolCall | ToolCallError:
+    """A call whose arguments parsed: a ``ToolCall`` when they are an object, else the
+    ``bad_arguments`` error naming what they are."""
     if not isinstance(args, dict):
         return ToolCallError(
             "bad_arguments",
@@ -287,6 +297,34 @@ def read_json_call(
             name,
         )
     return ToolCall(name=name, arguments=args, raw=raw, repaired=repaired)
+
+
+def bracket_end(text: str, start: int, stop: str = "") -> tuple[int, bool]:
+    """(index just past the JSON object/array opening at ``text[start]``, whether it closed).
+    Quote-aware, single quotes too (repair reads them). An unclosed value ends at a character
+    of ``stop`` outside strings, or at the end of ``text``."""
+    depth = 0
+    quote: str | None = None
+    i = start
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth <= 0:
+                return i + 1, True
+        elif ch in stop:
+            return i, False
+        i += 1
+    return len(text), False
 
 
 def json_kind(value: Any) -> str:

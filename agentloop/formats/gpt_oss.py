@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop.formats.base import ChatFormat, register_format
-from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, json_kind, loads_tolerant
+from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, loads_tolerant, object_call
 
 __all__ = [
     "GPT_OSS",
@@ -164,15 +164,7 @@ class GptOssToolParser:
                 raw,
                 name,
             )
-        if not isinstance(args, dict):
-            return ToolCallError(
-                "bad_arguments",
-                f"arguments of tool call {index} ({name}) must be a JSON object, got "
-                f"{json_kind(args)}",
-                raw,
-                name,
-            )
-        return ToolCall(name=name, arguments=args, raw=raw, repaired=repaired)
+        return object_call(name, args, raw, index, repaired)
 
 
 def harmony_assistant_message(text: str, parsed: ParsedTurn) -> dict[str, Any]:

@@ -12,7 +12,7 @@ malformed, and here each malformed object must become its own error.
 from __future__ import annotations
 
 from agentloop.formats.base import ChatFormat, register_format
-from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, read_json_call
+from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, bracket_end, read_json_call
 
 __all__ = ["LLAMA3", "Llama3JsonToolParser"]
 
@@ -20,38 +20,6 @@ PYTHON_TAG = "<|python_tag|>"
 CALL_HINT = (
     'reply with only {"name": <tool name>, "parameters": {...}} (several calls separated by "; ")'
 )
-_QUOTES = "\"'"
-_OPEN = "{["
-_CLOSE = "}]"
-
-
-def _object_end(text: str, start: int) -> int:
-    """End (exclusive) of the JSON object opening at ``text[start]``: where its braces
-    balance, else at a ``;`` outside strings (never valid inside JSON: the model started the
-    next call) or at the end of the text. Single quotes count as string quotes (repair reads
-    them)."""
-    depth = 0
-    quote: str | None = None
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = None
-        elif ch in _QUOTES:
-            quote = ch
-        elif ch in _OPEN:
-            depth += 1
-        elif ch in _CLOSE:
-            depth -= 1
-            if depth <= 0:
-                return i + 1
-        elif ch == ";":
-            return i
-        i += 1
-    return len(text)
 
 
 def _skip_separators(text: str, pos: int) -> int:
@@ -79,7 +47,7 @@ class Llama3JsonToolParser:
         items: list[ToolCall | ToolCallError] = []
         pos = 0
         while pos < len(body) and body[pos] == "{":
-            end = _object_end(body, pos)
+            end, _ = bracket_end(body, pos, stop=";")  # a ; is never inside JSON
             items.append(self._read(body[pos:end].strip(), len(items) + 1))
             pos = _skip_separators(body, end)
         return ParsedTurn(content=body[pos:].strip(), items=items)

@@ -26,9 +26,10 @@ from agentloop.parsers import (
     ParsedTurn,
     ToolCall,
     ToolCallError,
-    json_kind,
+    bracket_end,
     loads_json,
     loads_tolerant,
+    object_call,
     read_json_call,
 )
 
@@ -51,31 +52,6 @@ _LAST_INST = re.compile(r"\[INST\](?!.*\[INST\]).*?\[/INST\]", re.DOTALL)
 
 
 # ---- scanning JSON values -------------------------------------------------------------------
-def _value_end(text: str, start: int) -> tuple[int, bool]:
-    """(index just past the JSON object/array opening at ``start``, whether it is closed);
-    quote-aware, single quotes too. An unclosed value runs to the end of ``text``."""
-    depth = 0
-    quote: str | None = None
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1, True
-        i += 1
-    return len(text), False
-
-
 def _split_top(body: str) -> list[str]:
     """``body`` split at the commas outside strings, objects and lists."""
     parts, depth, quote, begin, i = [], 0, None, 0, 0
@@ -105,14 +81,14 @@ def _list_items(text: str) -> tuple[list[str], str]:
     it starts with), as text, and the text after them. An unclosed list runs to the end."""
     start = len(text) - len(text.lstrip())
     if text[start] == "[":
-        end, closed = _value_end(text, start)
+        end, closed = bracket_end(text, start)
         items = _split_top(text[start + 1 : end - 1 if closed else end])
         if len(items) == 1 and not items[0].strip():
             items = []  # "[]": no calls
         return items, text[end:]
     items, pos = [], start
     while True:  # objects without the enclosing list
-        end, _ = _value_end(text, pos)
+        end, _ = bracket_end(text, pos)
         items.append(text[pos:end])
         after = len(text) - len(text[end:].lstrip())
         if not text.startswith(",", after):
@@ -167,7 +143,7 @@ class MistralToolParser:
         """``name[ARGS]{...}`` (v11+); returns the text after the arguments."""
         name_part, args = segment.split(ARGS, 1)
         start = len(args) - len(args.lstrip())
-        end = _value_end(args, start)[0] if args[start : start + 1] in ("{", "[") else len(args)
+        end = bracket_end(args, start)[0] if args[start : start + 1] in ("{", "[") else len(args)
         raw = (name_part + ARGS + args[:end]).strip()
         found.append((raw, name_part.split(CALL_ID, 1)[0].strip(), args[:end].strip()))
         return args[end:]
@@ -193,15 +169,7 @@ class MistralToolParser:
                 raw,
                 name,
             )
-        if not isinstance(args, dict):
-            return ToolCallError(
-                "bad_arguments",
-                f"arguments of tool call {index} ({name}) must be a JSON object, got "
-                f"{json_kind(args)}",
-                raw,
-                name,
-            )
-        return ToolCall(name=name, arguments=args, raw=raw, repaired=repaired)
+        return object_call(name, args, raw, index, repaired)
 
 
 # ---- history messages -----------------------------------------------------------------------
