@@ -1,4 +1,5 @@
-"""Fuzzing the tool-call parsers (every registered ``multi_turn.format``) with hypothesis.
+"""Fuzzing the tool-call parsers (every registered ``multi_turn.format``, one name per parser
+class) with hypothesis.
 
 Model text is untrusted input: whatever a turn holds, ``parse`` returns a ``ParsedTurn`` of
 ``ToolCall``/``ToolCallError`` items and never raises; ``check_calls`` and ``limit_calls`` keep
@@ -9,8 +10,10 @@ written the way the model writes it, parses back to the same name and arguments.
 from __future__ import annotations
 
 import json
+import re
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentloop import parsers
+from agentloop.formats.base import all_formats
 from agentloop.parsers import (
     ParsedTurn,
     ToolCall,
@@ -28,7 +32,14 @@ from agentloop.parsers import (
     loads_tolerant,
 )
 
-FORMATS = sorted(parsers._PARSERS)
+# One name per parser class: aliases share their format's parser (its own name is used).
+_OWN_NAMES = {fmt.name for fmt in all_formats()}
+FORMATS = sorted(
+    {
+        type(get_parser(name)): name
+        for name in sorted(parsers.registered_parsers(), key=lambda n: n in _OWN_NAMES)
+    }.values()
+)
 ERROR_KINDS = set(typing.get_args(parsers.ErrorKind))
 FUZZ = settings(
     max_examples=300,
@@ -45,6 +56,11 @@ FRAGMENTS = [
     '"name"', '"arguments"', '"parameters"', "'name'", '"calc"', '""', "null", "True", "None",
     "false", "NaN", "Infinity", "-Infinity", "1e999", "-0", "0.1e-5", "9" * 5000, "[" * 1200,
     "{\"a\":" * 600, "]" * 50, "}" * 50, "é", "\U0001f600", "\u202e", "\ufeff",
+    # the other families' tokens: Llama 3, Mistral, gpt-oss (Harmony), GLM
+    "<|python_tag|>", ";", "; ", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|start|>",
+    "assistant", "<|channel|>", "commentary", "analysis", "final", " to=functions.calc",
+    "to=", "<|constrain|>", "json", "<|message|>", "<|call|>", "<|end|>", "<|return|>",
+    "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<think>", "</think>",
 ]  # fmt: skip
 JSON_SCALARS = (
     st.none()
@@ -69,6 +85,14 @@ def fragment_soup(draw) -> str:
     return "".join(draw(st.lists(pieces, max_size=40)))
 
 
+OPENINGS = [
+    OPEN + "\n", OPEN, "<tool_call >", "", "<|python_tag|>", "[TOOL_CALLS]", "[TOOL_CALLS][",
+    "[TOOL_CALLS]calc[ARGS]", "<|start|>assistant<|channel|>commentary to=functions.calc "
+    "<|constrain|>json<|message|>", "<|channel|>commentary<|message|>", OPEN + "calc\n<arg_key>a"
+    "</arg_key>\n<arg_value>",
+]  # fmt: skip
+
+
 @st.composite
 def mutated_call(draw) -> str:
     """A call block whose JSON was cut, had characters dropped or inserted, or lost a tag."""
@@ -87,8 +111,8 @@ def mutated_call(draw) -> str:
             body = body[:i] + body[i + 1 :]
         else:
             body = body[:i] + draw(st.sampled_from(FRAGMENTS)) + body[i:]
-    opening = draw(st.sampled_from([OPEN + "\n", OPEN, "<tool_call >", ""]))
-    closing = draw(st.sampled_from(["\n" + CLOSE, CLOSE, "", "</tool_call"]))
+    opening = draw(st.sampled_from(OPENINGS))
+    closing = draw(st.sampled_from(["\n" + CLOSE, CLOSE, "", "</tool_call", "]", "<|call|>"]))
     return opening + body + closing
 
 
@@ -212,66 +236,201 @@ def test_loads_tolerant_returns_a_value_or_raises_only_json_decode_error(text):
 
 
 # ---- round trip ------------------------------------------------------------------------------
-def render_hermes(name: str, arguments: dict[str, Any], ensure_ascii: bool) -> str:
-    """How Hermes/Qwen models (and their chat templates) write a call."""
-    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=ensure_ascii)
-    return f"{OPEN}\n{call}\n{CLOSE}"
+# A turn of calls written the way each family's model writes it parses back to the same names
+# and arguments, with no errors and nothing repaired, and the text around the calls is the
+# turn's content. Aliases share their format's parser class, so one name per class is enough.
+@dataclass(frozen=True)
+class Turn:
+    calls: list[tuple[str, dict[str, Any]]]
+    texts: list[str]  # texts[i] goes before call i; texts[-1] after the last, if closed
+    ensure_ascii: bool
+    close_last: bool  # False: the model stopped before closing its last call
+    variant: bool  # the family's other way of writing a call
 
 
-RENDERERS: dict[str, Callable[[str, dict[str, Any], bool], str]] = {
-    "hermes": render_hermes,
-    "qwen": render_hermes,  # verl's name for the same format
+@dataclass(frozen=True)
+class RoundTrip:
+    write: Callable[[Turn], tuple[str, str]]  # the turn's text and its expected content
+    markers: tuple[str, ...]  # what no name, key, string value or text around calls holds
+    names: st.SearchStrategy[str] | None = None  # None: any text without markers
+    typed_by_schema: bool = False  # values are untyped text, typed by the tool schemas
+    unclosed_is_repaired: bool = False
+    infinity: bool = True  # values may be +-Infinity (written as JSON constants)
+
+
+def _dumps(value: Any, turn: Turn) -> str:
+    return json.dumps(value, ensure_ascii=turn.ensure_ascii)
+
+
+def _outside(turn: Turn) -> list[str]:
+    return turn.texts[: len(turn.calls)] + ([turn.texts[-1]] if turn.close_last else [])
+
+
+def write_hermes(turn: Turn) -> tuple[str, str]:
+    """Hermes/Qwen: <tool_call> blocks of JSON, text anywhere around them."""
+    text = ""
+    for before, (name, args) in zip(turn.texts, turn.calls, strict=False):
+        text += f"{before}{OPEN}\n{_dumps({'name': name, 'arguments': args}, turn)}\n{CLOSE}"
+    text = text + turn.texts[-1] if turn.close_last else text.removesuffix("\n" + CLOSE)
+    return text, "".join(_outside(turn)).strip()
+
+
+def write_llama3(turn: Turn) -> tuple[str, str]:
+    """Llama 3: the turn is the JSON objects joined by "; " (variant: after <|python_tag|>),
+    content only after them. No closing tag: the end token ends the last call."""
+    calls = [_dumps({"name": n, "parameters": a}, turn) for n, a in turn.calls]
+    text = ("<|python_tag|>" if turn.variant else "") + "; ".join(calls)
+    after = turn.texts[-1] if turn.close_last else ""
+    if after.lstrip()[:1] in ("{", ";"):  # would read as another call or a separator
+        after = ""
+    return text + after, after.strip()
+
+
+_V11_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def write_mistral(turn: Turn) -> tuple[str, str]:
+    """Mistral: [TOOL_CALLS] then a JSON list of calls (v3) or, the variant, where the name
+    allows it, name[ARGS]{...} (v11); one call per [TOOL_CALLS] here, text between them."""
+    text = ""
+    for before, (name, args) in zip(turn.texts, turn.calls, strict=False):
+        if turn.variant and _V11_NAME.fullmatch(name):
+            text += f"{before}[TOOL_CALLS]{name}[ARGS]{_dumps(args, turn)}"
+        else:
+            text += f"{before}[TOOL_CALLS][{_dumps({'name': name, 'arguments': args}, turn)}]"
+    text = text + turn.texts[-1] if turn.close_last else text.removesuffix("]")
+    return text, "".join(_outside(turn)).strip()
+
+
+def write_gpt_oss(turn: Turn) -> tuple[str, str]:
+    """gpt-oss: one commentary message per call, the recipient in the channel (variant: in
+    the role header), <|call|> ending it; text between is unformatted content."""
+    text = ""
+    for before, (name, args) in zip(turn.texts, turn.calls, strict=False):
+        if turn.variant:
+            head = f"<|start|>assistant to=functions.{name}<|channel|>commentary <|constrain|>json"
+        else:
+            head = f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json"
+        text += f"{before}{head}<|message|>{_dumps(args, turn)}<|call|>"
+    text = text + turn.texts[-1] if turn.close_last else text.removesuffix("<|call|>")
+    parts = [t for t in _outside(turn) if t.strip()]
+    return text, "\n".join(parts).strip()
+
+
+def write_glm(turn: Turn) -> tuple[str, str]:
+    """GLM-4.5/4.6: <tool_call>NAME then <arg_key>/<arg_value> pairs, strings written raw,
+    other values as JSON (variant: no line break after the name, as GLM-4.7 writes it)."""
+    text = ""
+    for before, (name, args) in zip(turn.texts, turn.calls, strict=False):
+        pairs = "".join(
+            f"<arg_key>{k}</arg_key>\n<arg_value>"
+            f"{v if isinstance(v, str) else _dumps(v, turn)}</arg_value>\n"
+            for k, v in args.items()
+        )
+        text += f"{before}{OPEN}{name}{'' if turn.variant else chr(10)}{pairs}{CLOSE}"
+    text = text + turn.texts[-1] if turn.close_last else text.removesuffix(CLOSE)
+    return text, "".join(_outside(turn)).strip()
+
+
+def _token_free(forbidden: str) -> st.SearchStrategy[str]:
+    """Names with no whitespace (any Unicode kind) and none of ``forbidden``."""
+    chars = st.characters(blacklist_categories=("Z", "C"), blacklist_characters=forbidden)
+    return st.text(chars, min_size=1, max_size=20)
+
+
+HERMES_TAGS = ("<tool_call", "</tool_call")
+ROUND_TRIPS: dict[str, RoundTrip] = {
+    "hermes": RoundTrip(write_hermes, HERMES_TAGS),
+    "llama3_json": RoundTrip(write_llama3, ("<|python_tag|>",)),
+    "mistral": RoundTrip(write_mistral, ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")),
+    "gpt-oss": RoundTrip(write_gpt_oss, ("<|", "to="), names=_token_free("<")),
+    "glm45": RoundTrip(
+        write_glm,
+        (*HERMES_TAGS, "arg_key>", "arg_value>", "</think>"),
+        names=_token_free("<>"),
+        typed_by_schema=True,
+        unclosed_is_repaired=True,
+        infinity=False,  # the template's JSON has no Infinity; such text stays a string
+    ),
 }
 
 
-def test_every_registered_format_has_a_round_trip_renderer_here():
-    assert sorted(RENDERERS) == FORMATS
+def test_every_registered_parser_is_fuzzed_and_round_tripped_through_one_of_its_names():
+    fuzzed = {type(get_parser(name)) for name in FORMATS}
+    assert {type(get_parser(name)) for name in parsers.registered_parsers()} == fuzzed
+    assert len(fuzzed) == len(FORMATS)
+    assert sorted(ROUND_TRIPS) == FORMATS
 
 
-def _no_tags(text: str) -> bool:
-    return "<tool_call" not in text and "</tool_call" not in text
+def _turn_strategy(spec: RoundTrip) -> st.SearchStrategy[Turn]:
+    def clean(text: str) -> bool:
+        return not any(m in text for m in spec.markers)
+
+    strings = st.text(max_size=20).filter(clean)
+    values = st.recursive(
+        # finite numbers only: NaN != NaN, so a round trip cannot compare equal
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(10**40), max_value=10**40)
+        | st.floats(allow_nan=False, allow_infinity=spec.infinity)
+        | strings,
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(st.text(max_size=8).filter(clean), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+    keys = st.text(max_size=8).filter(clean)
+    if spec.typed_by_schema:  # the key is read stripped, and an empty one is an error
+        keys = keys.map(str.strip).filter(bool)
+    names = st.text(min_size=1, max_size=20).filter(clean) if spec.names is None else spec.names
+    calls = st.lists(
+        st.tuples(names, st.dictionaries(keys, values, max_size=5)),
+        min_size=1,
+        max_size=4,
+        unique_by=(lambda c: c[0]) if spec.typed_by_schema else None,  # one schema per name
+    )
+    return st.builds(
+        Turn,
+        calls=calls,
+        texts=st.lists(st.text(max_size=30).filter(clean), min_size=5, max_size=5),
+        ensure_ascii=st.booleans(),
+        close_last=st.booleans(),
+        variant=st.booleans(),
+    )
 
 
-# Finite numbers only: NaN != NaN, so a round trip cannot compare equal.
-ROUND_TRIP_VALUES = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(10**40), max_value=10**40)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=20).filter(_no_tags),
-    lambda inner: (
-        st.lists(inner, max_size=4)
-        | st.dictionaries(st.text(max_size=8).filter(_no_tags), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
-CALLS = st.tuples(
-    st.text(min_size=1, max_size=20).filter(_no_tags),
-    st.dictionaries(st.text(max_size=8).filter(_no_tags), ROUND_TRIP_VALUES, max_size=5),
-)
+TURNS = {name: _turn_strategy(spec) for name, spec in ROUND_TRIPS.items()}
+
+
+def _schemas(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """String-typed properties for the string arguments; other values' types left open."""
+    return {
+        name: {
+            "name": name,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    k: {"type": "string"} for k, v in args.items() if isinstance(v, str)
+                },
+            },
+        }
+        for name, args in calls
+    }
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @FUZZ
-@given(
-    calls=st.lists(CALLS, min_size=1, max_size=4),
-    texts=st.lists(st.text(max_size=30).filter(_no_tags), min_size=5, max_size=5),
-    ensure_ascii=st.booleans(),
-    close_last=st.booleans(),
-)
-def test_a_well_formed_call_parses_back_to_its_name_and_arguments(
-    fmt, calls, texts, ensure_ascii, close_last
-):
-    blocks = [RENDERERS[fmt](name, args, ensure_ascii) for name, args in calls]
-    between = texts[: len(calls)]
-    text = "".join(t + b for t, b in zip(between, blocks, strict=True))
-    if close_last:
-        text += texts[-1]
-    else:  # the model stopped before closing its last call: still read
-        text = text.removesuffix("\n" + CLOSE)
-    turn = get_parser(fmt).parse(text)
-    assert turn.errors == []
-    assert [(c.name, c.arguments) for c in turn.calls] == calls
-    assert not any(c.repaired for c in turn.calls)
-    outside = "".join(between) + (texts[-1] if close_last else "")
-    assert turn.content == outside.strip()
+@given(data=st.data())
+def test_a_well_formed_call_parses_back_to_its_name_and_arguments(fmt, data):
+    spec = ROUND_TRIPS[fmt]
+    turn = data.draw(TURNS[fmt], label="turn")
+    text, content = spec.write(turn)
+    schemas = _schemas(turn.calls) if spec.typed_by_schema else None
+    parsed = get_parser(fmt, schemas=schemas).parse(text)
+    assert parsed.errors == []
+    assert [(c.name, c.arguments) for c in parsed.calls] == turn.calls
+    repaired = [c.repaired for c in parsed.calls]
+    unclosed = spec.unclosed_is_repaired and not turn.close_last
+    assert repaired == [False] * (len(repaired) - 1) + [unclosed]
+    assert parsed.content == content
