@@ -17,7 +17,7 @@ from servers.config import ServerConfig
 from servers.core import ServerCore
 from servers.engines import make_engine
 from servers.http import HttpFront, build_app
-from servers.shm import engine_shm
+from servers.shm import SHM, engine_shm
 from servers.types import TokenOutput
 from servers.weights import WeightSyncInfo, bucketize
 
@@ -90,6 +90,12 @@ class AsyncServer:
         (``StagedBucket.to_wire``); returns tensors loaded."""
         return await self._engine_with("load_staged").load_staged(buckets)
 
+    async def load_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
+        """Serve a new version of the LoRA adapter (a server started with ``lora_rank``):
+        PEFT-named ``tensors`` and PEFT's ``adapter_config.json`` dict; returns its version.
+        A restarted server begins again from ``lora_adapter_path`` (or the base model)."""
+        return await self._engine_with("load_adapter").load_adapter(tensors, config)
+
     # vLLM's weight-transfer API (``weight_transfer=nccl|ipc``): a trainer drives these through
     # vLLM's trainer-side engine, which sends the tensors itself (NCCL broadcast / CUDA IPC).
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
@@ -123,6 +129,8 @@ class AsyncServer:
         await self.core.engine.wake_up()
 
     async def health(self) -> dict[str, Any]:
+        """The engine's state (``lora_version``: the adapter version requests run on, 0 for
+        none) and ``address``."""
         info = await self.core.engine.health()
         return {**info, "address": self.address()}
 
@@ -132,12 +140,16 @@ class AsyncServer:
 
     def shm_footprint(self) -> dict[str, Any]:
         """``{"node_id", "names"}``: this server's Ray node (None outside Ray) and the
-        ``/dev/shm`` entries its engine's processes map, which a kill would leave behind
-        (``ServerGroup`` removes them after one)."""
+        ``/dev/shm`` entries its engine's processes map, and its LoRA adapter folder, which a
+        kill would leave behind (``ServerGroup`` removes them after one)."""
         import ray
 
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        return {"node_id": node_id, "names": engine_shm()}
+        names = engine_shm()
+        adapters = getattr(self.core.engine, "adapter_root", None)  # vLLM with lora_rank
+        if adapters is not None and adapters.parent == SHM:
+            names.append(adapters.name)
+        return {"node_id": node_id, "names": names}
 
     def metrics_text(self) -> str:
         return self.core.metrics.text().decode()

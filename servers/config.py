@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servers.engine_args import refuse_own_args
+from servers.lora import check_lora
 
 __all__ = ["SCHEDULING_POLICIES", "WEIGHT_TRANSFERS", "ServerConfig", "parse_cores"]
 
@@ -106,6 +107,17 @@ class ServerConfig:
     works on CPU and GPU, with either backend. vLLM on GPU only: ``nccl`` (vLLM's
     weight-transfer API; trainer rank 0 broadcasts from its GPU, nothing touches host memory)
     or ``ipc`` (CUDA IPC: for trainer ranks on the engine's own GPUs, i.e. colocated)."""
+    lora_rank: int = 0
+    """vLLM: the largest LoRA adapter rank the server loads (``load_adapter``); 0: LoRA off.
+    The engine's ``max_lora_rank`` is the smallest value vLLM accepts at or above it (1, 8, 16,
+    32, 64, 128, 256, 320, 512). Every request then runs on the adapter loaded last. SGLang
+    servers load no adapters (``weight_sync_info().lora_rank`` is 0): they take merged weights."""
+    max_loras: int = 2
+    """vLLM, with ``lora_rank``: adapter versions the engine runs in one batch. 2: the one
+    loaded last and the one before it, whose requests may still run."""
+    lora_adapter_path: str | None = None
+    """vLLM, with ``lora_rank``: a PEFT adapter folder (``adapter_config.json`` +
+    ``adapter_model.safetensors``) the server loads before it serves; None: the base model."""
     served_model_name: str | None = None
     """Model name on the OpenAI endpoint; defaults to the folder name."""
     tool_parser: str = "hermes"
@@ -176,6 +188,14 @@ class ServerConfig:
                 f"max_num_batched_tokens must be >= 1 (or None), got {self.max_num_batched_tokens}"
             )
         refuse_own_args(self.backend, self.engine_kwargs)
+        check_lora(self.lora_rank, self.lora_adapter_path)
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.lora_adapter_path is not None and self.backend != "vllm":
+            raise ValueError(
+                f"lora_adapter_path: {self.backend} servers load no LoRA adapters here; use "
+                "backend='vllm', or leave it unset and send the merged weights"
+            )
         if self.weight_transfer not in WEIGHT_TRANSFERS:
             raise ValueError(
                 f"weight_transfer must be 'host', 'nccl' or 'ipc', got {self.weight_transfer!r}"

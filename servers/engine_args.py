@@ -42,6 +42,9 @@ OWN_ARGS: dict[str, dict[str, str]] = {
         "enable_chunked_prefill": "enable_chunked_prefill",
         "seed": "seed",
         "weight_transfer_config": "weight_transfer",
+        "enable_lora": "lora_rank",
+        "max_lora_rank": "lora_rank",
+        "max_loras": "max_loras",
         "enable_sleep_mode": _FIXED,  # on with a GPU: colocated servers sleep during updates
         "worker_extension_cls": _FIXED,  # the workers' weight loader
         "disable_log_stats": _FIXED,

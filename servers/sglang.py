@@ -93,6 +93,12 @@ class SGLangEngine:
         self._sleeping = False
 
     async def start(self) -> None:
+        if self.config.lora_rank:
+            logger.info(
+                "lora_rank=%d: SGLang servers here load no adapters (weight_sync_info's "
+                "lora_rank is 0), so they take the merged weights",
+                self.config.lora_rank,
+            )
         if self.engine is None:
             import sglang
 
@@ -143,8 +149,8 @@ class SGLangEngine:
         return sum(t.numel() * t.element_size() for _, t in named)
 
     def weight_sync_info(self) -> WeightSyncInfo:
-        """Named-tensor buckets only (no staged files); the serving dtype where SGLang's model
-        config shows it."""
+        """Named-tensor buckets only (no staged files, no LoRA adapters); the serving dtype
+        where SGLang's model config shows it."""
         dtype = getattr(getattr(self.engine.tokenizer_manager, "model_config", None), "dtype", None)
         return WeightSyncInfo(
             backend="sglang",
@@ -187,6 +193,7 @@ class SGLangEngine:
             "model": self.config.model_name,
             "sleeping": self._sleeping,
             "max_model_len": self.max_model_len,
+            "lora_version": 0,  # no adapters: LoRA trainers send merged weights
         }
 
     def shutdown(self) -> None:

@@ -7,7 +7,8 @@ scikit-learn, renames every ``multiprocessing`` semaphore). A clean shutdown unl
 killed engine cannot, and ``/dev/shm`` is RAM. So a server records what its engine's processes
 hold (``engine_shm``: the segments they map, and the semaphores named after their pids, since
 a semaphore maps a temporary file that is unlinked once it has its name) and whoever kills it
-removes exactly those (``remove_shm``), leaving other engines' entries alone.
+removes exactly those (``remove_shm``), leaving other engines' entries alone. A server with
+LoRA on adds the folder it writes adapter versions into (``agentloop-lora-*``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
 __all__ = ["SHM", "engine_shm", "remove_shm"]
@@ -23,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 SHM = Path("/dev/shm")
 _KINDS = ("psm_", "sem.")  # multiprocessing.shared_memory segments, named POSIX semaphores
+_ADAPTER_FOLDERS = "agentloop-lora-"  # a server's LoRA adapter versions (servers/weights.py)
 _SEM_PID = re.compile(r"sem\.[A-Za-z]+-(\d+)-")  # sem.loky-<creator pid>-<random>
 
 
@@ -80,14 +83,19 @@ def engine_shm(pid: int | None = None) -> list[str]:
 
 
 def remove_shm(names: list[str]) -> list[str]:
-    """Unlink these ``/dev/shm`` entries (names from ``engine_shm``); returns those removed.
-    Processes still mapping one keep their memory until they exit; the name is gone at once."""
+    """Unlink these ``/dev/shm`` entries (names from ``engine_shm``, or a server's adapter
+    folder); returns those removed. Processes still mapping one keep their memory until they
+    exit; the name is gone at once."""
     removed = []
     for name in names:
-        if "/" in name or not name.startswith(_KINDS):
+        if "/" in name or name in (".", "..") or not name.startswith((*_KINDS, _ADAPTER_FOLDERS)):
             raise ValueError(f"{name!r} is not a /dev/shm segment or semaphore name")
+        path = SHM / name
         try:
-            (SHM / name).unlink()
+            if name.startswith(_ADAPTER_FOLDERS):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
         except FileNotFoundError:  # the engine's own shutdown got there first
             continue
         removed.append(name)

@@ -11,6 +11,7 @@ import base64
 import logging
 import os
 import pickle
+import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,10 +21,20 @@ import torch
 
 from servers.config import ServerConfig, parse_cores
 from servers.engine_args import check_known_args
+from servers.lora import check_adapter_rank, max_lora_rank, write_adapter
+from servers.shm import engine_shm, remove_shm
 from servers.types import EngineDeadError, GenerateInputError, TokenOutput
-from servers.weights import StagedBucket, WeightSyncInfo, new_staging_file, stage_bucket
+from servers.weights import (
+    StagedBucket,
+    WeightSyncInfo,
+    new_adapter_root,
+    new_staging_file,
+    stage_bucket,
+)
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+
     from servers.vllm_openai import VLLMOpenAI
 
 __all__ = ["VLLMEngine", "to_vllm_sampling"]
@@ -50,6 +61,17 @@ def to_vllm_sampling(params: dict[str, Any]):
     )
 
 
+def _lora_args(cfg: ServerConfig) -> dict[str, Any]:
+    """``AsyncEngineArgs`` that turn LoRA on (none when ``lora_rank`` is 0)."""
+    if not cfg.lora_rank:
+        return {}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": max_lora_rank(cfg.lora_rank),
+        "max_loras": cfg.max_loras,
+    }
+
+
 class VLLMEngine:
     """``generate``/``abort``/weights/sleep over one ``vllm.v1.engine.async_llm.AsyncLLM``."""
 
@@ -60,7 +82,14 @@ class VLLMEngine:
         self.max_model_len = 0
         self._staged: list[StagedBucket] = []
         self._staging_files: list[str] = []  # kept across updates: page reuse is faster
+        self._engine_shm: list[str] = []  # /dev/shm entries the engine's processes made
         self._sleeping = False
+        # LoRA (lora_rank > 0): the adapter versions loaded, oldest first; the last is the one
+        # new requests run on, the one before it may still serve requests started on it.
+        self._adapters: list[LoRARequest] = []
+        self.adapter_root: Path | None = None  # the folder the versions sent are written in
+        self._adapter_lock = asyncio.Lock()
+        self.lora_version = 0
 
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -112,10 +141,13 @@ class VLLMEngine:
             worker_extension_cls="servers.vllm_worker.WeightLoaderExtension",
             weight_transfer_config=transfer,
             disable_log_stats=True,
+            **_lora_args(cfg),
             **cfg.engine_kwargs,  # none of the above: ServerConfig refuses those
         )
         t0 = time.perf_counter()
+        before = set(engine_shm())  # another engine's, where this process runs two
         self.engine = AsyncLLM.from_engine_args(args)
+        self._engine_shm = sorted(set(engine_shm()) - before)
         model_config = self.engine.model_config
         self.vocab_size = model_config.get_vocab_size()
         self.max_model_len = model_config.max_model_len
@@ -127,6 +159,11 @@ class VLLMEngine:
             self.max_model_len,
             "cpu" if cpu else "cuda",
         )
+        if cfg.lora_rank:
+            # made now, so that the server's shared-memory footprint names it from the start
+            self.adapter_root = new_adapter_root()
+        if cfg.lora_adapter_path is not None:  # the run's starting adapter, loaded in place
+            await self._add_adapter(cfg.lora_adapter_path)
 
     def _require(self):
         if self.engine is None:
@@ -157,6 +194,7 @@ class VLLMEngine:
                 TokensPrompt(prompt_token_ids=prompt_ids),
                 sampling,
                 request_id,
+                lora_request=self.current_adapter(),
                 priority=priority if self.config.scheduling_policy == "priority" else 0,
             ):
                 final = out
@@ -191,6 +229,7 @@ class VLLMEngine:
             cfg.tool_parser,
             cfg.max_prompt_tokens,
             chat_template=cfg.chat_template,
+            current_adapter=self.current_adapter if cfg.lora_rank else None,
         )
 
     async def abort(self, request_id: str) -> None:
@@ -235,7 +274,69 @@ class VLLMEngine:
             loads_staged=True,
             transfer=self.config.weight_transfer,
             workers=self.config.tensor_parallel_size,
+            lora_rank=max_lora_rank(self.config.lora_rank),
         )
+
+    # ---- LoRA adapters (lora_rank > 0) -----------------------------------------------------
+    def current_adapter(self) -> LoRARequest | None:
+        """The adapter version new requests run on; None: the base model (none loaded yet)."""
+        return self._adapters[-1] if self._adapters else None
+
+    async def load_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
+        """Serve a new version of the LoRA adapter: ``tensors`` named as in PEFT's saved file
+        (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``), ``config`` the
+        ``adapter_config.json`` PEFT writes for it. Requests from now on run on it; those
+        running finish on the version they started with. Returns its version (1, 2, ...)."""
+        check_adapter_rank(config, self.config.lora_rank)
+        self._require()
+        async with self._adapter_lock:
+            assert self.adapter_root is not None  # start made it
+            folder = self.adapter_root / f"v{self.lora_version + 1}"
+            await asyncio.to_thread(write_adapter, folder, tensors, config)
+            try:
+                return await self._add_adapter(str(folder))
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+
+    async def _add_adapter(self, path: str) -> int:
+        """Load the adapter in folder ``path`` as the next version and make it current.
+
+        Older versions are dropped, and their folders deleted, once no request runs on them
+        (vLLM's cache holds ``max_loras`` versions and loads one it let go again from its
+        folder), except the version before: a request may have picked it and not yet reached
+        the engine."""
+        from vllm.lora.request import LoRARequest
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMDead
+
+        engine = self._require()
+        version = self.lora_version + 1
+        adapter = LoRARequest(f"{self.config.model_name}-lora-v{version}", version, path)
+        try:
+            await engine.add_lora(adapter)  # the worker reads the folder now
+        except VLLMDead as exc:
+            raise EngineDeadError(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - vLLM reports a refused adapter as Exception
+            raise ValueError(f"vLLM could not load the adapter: {exc}") from None
+        self._adapters.append(adapter)
+        self.lora_version = version
+        in_use = {
+            state.lora_request.lora_int_id
+            for state in engine.output_processor.request_states.values()
+            if state.lora_request is not None
+        }
+        for old in self._adapters[:-2]:
+            if old.lora_int_id not in in_use:
+                await engine.remove_lora(old.lora_int_id)
+                self._remove_adapter_folder(old.lora_path)
+                self._adapters.remove(old)
+        logger.info("LoRA adapter version %d loaded from %s", version, path)
+        return version
+
+    def _remove_adapter_folder(self, path: str) -> None:
+        """Delete a version's folder if this server wrote it (not ``lora_adapter_path``)."""
+        if self.adapter_root is not None and Path(path).parent == self.adapter_root:
+            shutil.rmtree(path, ignore_errors=True)
 
     # ---- vLLM's weight-transfer API (weight_transfer=nccl|ipc; GPU) ------------------------
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
@@ -308,10 +409,18 @@ class VLLMEngine:
             "max_num_batched_tokens": scheduler.max_num_batched_tokens,
             "enable_chunked_prefill": scheduler.enable_chunked_prefill,
             "enforce_eager": engine.model_config.enforce_eager,
+            "lora_version": self.lora_version,
         }
 
     def shutdown(self) -> None:
         self._discard_staging_files()
+        if self.adapter_root is not None:
+            shutil.rmtree(self.adapter_root, ignore_errors=True)
+            self.adapter_root = None
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+            # vLLM kills an engine process that is slow to exit (its worker takes 5-15 s on a
+            # busy 2-core machine), which leaves its shared memory behind: unlink it
+            remove_shm(self._engine_shm)
+            self._engine_shm = []

@@ -4,16 +4,22 @@ layer and Hermes tool parser over the running ``AsyncLLM`` (reuse beats a hand-w
 The HTTP front checks a request's ``n`` and ``max_tokens`` before admitting it
 (``servers/limits.py``); its prompt length is known only once vLLM has applied the chat
 template (or tokenized a text prompt), so ``max_prompt_tokens`` is checked here, before the
-engine sees the request."""
+engine sees the request.
+
+On a server with LoRA on, a request that names the served model runs on the adapter version
+loaded last (as ``/generate`` does), and its response still names the served model."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servers.limits import check_prompt_tokens
 from servers.types import GenerateInputError, error_body
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 __all__ = ["VLLMOpenAI"]
 
@@ -31,15 +37,19 @@ class VLLMOpenAI:
         max_prompt_tokens: int | None = None,
         *,
         chat_template: str | None = None,
+        current_adapter: Callable[[], LoRARequest | None] | None = None,
     ) -> None:
-        """``chat_template``: Jinja text rendering chat requests instead of the tokenizer's."""
+        """``chat_template``: Jinja text rendering chat requests instead of the tokenizer's;
+        ``current_adapter``: the LoRA adapter requests run on, asked per request (None: LoRA
+        off)."""
         from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
         from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
         from vllm.entrypoints.openai.models.protocol import BaseModelPath
         from vllm.entrypoints.openai.models.serving import OpenAIServingModels
         from vllm.renderers.online_renderer import OnlineRenderer
 
-        models = OpenAIServingModels(
+        models_cls = OpenAIServingModels if current_adapter is None else _served_name_models()
+        models = models_cls(
             engine_client=engine,
             base_model_paths=[BaseModelPath(name=served_name, model_path=model_path)],
         )
@@ -54,6 +64,9 @@ class VLLMOpenAI:
             model_config=engine.model_config, renderer=engine.renderer, **common
         )
         chat_cls, completion_cls = OpenAIServingChat, OpenAIServingCompletion
+        if current_adapter is not None:
+            chat_cls = _on_current_adapter(chat_cls, current_adapter)
+            completion_cls = _on_current_adapter(completion_cls, current_adapter)
         if max_prompt_tokens is not None:
             chat_cls, completion_cls = _prompt_limited(chat_cls, completion_cls, max_prompt_tokens)
         self._chat = chat_cls(engine, models, "assistant", online_renderer=renderer, **common)
@@ -117,6 +130,30 @@ async def _serve(
         return 200, result.model_dump()
     # streaming: async iterator of "data: ...\n\n" strings
     return 200, _constraint_errors_named(result) if _constrained(request) else result
+
+
+def _on_current_adapter(serving_cls: Any, current: Callable[[], LoRARequest | None]) -> Any:
+    """``serving_cls`` whose requests for the served model run on ``current()`` (vLLM would
+    run them on the base model: it maps only adapter names it registered to adapters)."""
+
+    class OnCurrentAdapter(serving_cls):
+        def _maybe_get_adapters(self, request: Any, supports_default_mm_loras: bool = False):
+            named = super()._maybe_get_adapters(request, supports_default_mm_loras)
+            return named if named is not None else current()
+
+    return OnCurrentAdapter
+
+
+def _served_name_models() -> Any:
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+
+    class ServedNameModels(OpenAIServingModels):
+        """Responses name the served model, not the adapter version that served them."""
+
+        def model_name(self, lora_request: LoRARequest | None = None) -> str:
+            return super().model_name(None)
+
+    return ServedNameModels
 
 
 def _prompt_limited(chat_cls: Any, completion_cls: Any, limit: int) -> tuple[Any, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ __all__ = [
     "stage_bucket",
     "read_bucket",
     "iter_buckets",
+    "new_adapter_root",
     "shm_dir",
     "sweep_orphans",
 ]
@@ -113,6 +115,9 @@ class WeightSyncInfo:
     """Engine worker processes (tensor-parallel ranks): an NCCL group gives each a rank."""
     node_id: str | None = None
     """The server's Ray node (None outside Ray)."""
+    lora_rank: int = 0
+    """The largest LoRA adapter rank the server loads (``load_adapter``); 0: it takes no
+    adapters, so a LoRA trainer sends the merged full weights instead."""
 
 
 def shm_dir() -> Path:
@@ -122,6 +127,7 @@ def shm_dir() -> Path:
 
 
 _PREFIX = "agentloop-weights-"
+_ADAPTER_PREFIX = "agentloop-lora-"
 
 
 def new_staging_file(directory: Path | None = None) -> str:
@@ -137,13 +143,28 @@ def new_staging_file(directory: Path | None = None) -> str:
     return path
 
 
+def new_adapter_root(directory: Path | None = None) -> Path:
+    """Create an empty folder in shared memory for the LoRA adapters a server is sent; the
+    caller owns (and removes) it. Named after the owner's pid, like the staging files, so that
+    a killed server's folder is removed by the next sweep."""
+    folder = directory or shm_dir()
+    sweep_orphans(folder)
+    return Path(tempfile.mkdtemp(prefix=f"{_ADAPTER_PREFIX}{os.getpid()}-", dir=folder))
+
+
 def sweep_orphans(folder: Path) -> int:
-    """Unlink staging files whose owner process is gone; returns how many were removed."""
+    """Remove the staging files and adapter folders whose owner process is gone; returns how
+    many were removed."""
     removed = 0
-    for path in folder.glob(f"{_PREFIX}*.bin"):
-        owner = path.name.removeprefix(_PREFIX).split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
-            path.unlink(missing_ok=True)
+    for prefix, pattern in ((_PREFIX, f"{_PREFIX}*.bin"), (_ADAPTER_PREFIX, f"{_ADAPTER_PREFIX}*")):
+        for path in folder.glob(pattern):
+            owner = path.name.removeprefix(prefix).split("-", 1)[0]
+            if not owner.isdigit() or _alive(int(owner)):
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
             removed += 1
     return removed
 
