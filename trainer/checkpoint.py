@@ -8,7 +8,8 @@ Layout (verl's names)::
         trainer_state.json                 # step, data position, ... (``extra``)
         actor/dcp/                         # sharded model + optimizer (torch DCP)
         actor/optim_extra.pt               # lr scheduler, optimizer step count
-        actor/huggingface/                 # transformers folder (``hf_model``)
+        actor/huggingface/                 # transformers folder (``hf_model``; LoRA: adapter)
+        actor/huggingface_merged/          # LoRA merged into a transformers folder (``hf_merged``)
 
 A checkpoint is written into ``.global_step_N.tmp`` and renamed when complete, so a run killed
 while saving never leaves a folder that resume would pick up. A save that fails (disk full,
@@ -63,9 +64,10 @@ def checkpoint_bytes(model_path: str | Path, contents: list[str]) -> int:
         total += 4 * model_numel
     if "optimizer" in contents:
         total += 8 * numel
-    if "hf_model" in contents:
-        others = (f for f in folder.iterdir() if f.is_file() and f.suffix != ".safetensors")
-        total += 4 * numel + sum(f.stat().st_size for f in others)
+    for export in ("hf_model", "hf_merged"):  # with LoRA hf_model is far smaller: an upper bound
+        if export in contents:
+            others = (f for f in folder.iterdir() if f.is_file() and f.suffix != ".safetensors")
+            total += 4 * numel + sum(f.stat().st_size for f in others)
     return total
 
 

@@ -5,7 +5,9 @@ Each row's conversation becomes the token trajectory RL would produce for it
 (``trainer.sft_data``); the loss is the token-mean NLL of the assistant tokens
 (``trainer.workers.sft_step``), one optimizer step per ``data.train_batch_size`` conversations,
 on the same FSDP2 workers as RL. Checkpoints use the RL layout
-(``global_step_N/actor/{dcp,huggingface}``).
+(``global_step_N/actor/{dcp,huggingface}``). With LoRA (``model.lora_rank``) only an adapter
+trains: ``huggingface`` is the adapter folder (RL's ``lora_adapter_path``) and
+``huggingface_merged`` the model with it merged (RL's ``model.path``), the run's result.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("agentloop.sft")
 
 CONTENTS = ["model", "optimizer", "extra", "hf_model"]
+LORA_CONTENTS = [*CONTENTS, "hf_merged"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -173,7 +176,8 @@ def _val_loss(group: Any, samples: list[SFTSample], cfg: SFTConfig, pad: int) ->
 
 
 def train(cfg: SFTConfig, setup: SFTSetup) -> Path:
-    """Run (or resume) the fit; returns the HF export of the last checkpoint."""
+    """Run (or resume) the fit; returns the HF export of the last checkpoint (with LoRA the
+    merged one)."""
     import ray
 
     from trainer.tracking import Tracking
@@ -249,11 +253,15 @@ def _fit(
             bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", epoch=epoch)
             if step == total or trainer.save_freq > 0 and step % trainer.save_freq == 0:
                 state = {"epoch": epoch, "next_batch": next_batch, "rows": len(setup.train)}
-                last_dir = ckpt.save(step, group, CONTENTS, state)
+                contents = LORA_CONTENTS if cfg.model.use_lora else CONTENTS
+                last_dir = ckpt.save(step, group, contents, state)
     if last_dir is None:  # pragma: no cover - total_steps >= 1 always trains or resumes
         raise RuntimeError("no checkpoint was written")
     if step > total:
         logger.warning(
             "checkpoint %s is at step %d, past the %d steps asked", last_dir, step, total
         )
+    if cfg.model.use_lora:
+        logger.info("LoRA adapter: %s", last_dir / "actor" / "huggingface")
+        return last_dir / "actor" / "huggingface_merged"
     return last_dir / "actor" / "huggingface"

@@ -10,8 +10,10 @@ Each row's conversation becomes the token trajectory RL would produce for it
 on the same FSDP2 workers as RL. Checkpoints use the RL layout
 (``global_step_N/actor/{dcp,huggingface}``); the last step is always saved and its
 ``huggingface`` folder, printed as the last line on stdout, is the
-``actor_rollout_ref.model.path`` of the RL run. ``trainer.resume_mode=auto`` continues from
-the newest checkpoint (optimizer step and data position).
+``actor_rollout_ref.model.path`` of the RL run (with ``model.lora_rank=N`` only a LoRA adapter
+trains: the printed folder is ``huggingface_merged``, the model with it merged, and
+``huggingface`` is the adapter). ``trainer.resume_mode=auto`` continues from the newest
+checkpoint (optimizer step and data position).
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import ClassVar, Literal
 
 from trainer.algos import KL_TYPES, LOSS_AGG_MODES
 
@@ -45,6 +47,63 @@ class ModelConfig:
     longest."""
     attn_implementation: str = "sdpa"
     """transformers attention kernel of the trainer's model."""
+    lora_rank: int = 0
+    """LoRA rank: > 0 trains only a PEFT LoRA adapter on the frozen model (its optimizer state
+    and checkpoints hold the adapter alone, the reference policy is the model with the adapter
+    switched off, weight sync sends the adapter); 0: full-parameter training. With
+    ``lora_adapter_path`` and 0 here, the adapter's own rank."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator: the adapter's update is ``lora_alpha / lora_rank * B @ A``."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get an adapter: ``all-linear`` (every linear layer but the LM head), a list
+    of module-name suffixes (``[q_proj, v_proj]``) or one regex (PEFT's ``target_modules``)."""
+    exclude_modules: str | list[str] | None = None
+    """Modules never adapted: name suffixes or a regex (PEFT's ``exclude_modules``)."""
+    lora_adapter_path: str | None = None
+    """A PEFT adapter folder (``adapter_config.json`` + weights) to start from and keep
+    training; its config then sets the rank, alpha and modules."""
+
+    PREFIX: ClassVar[str] = "actor_rollout_ref.model"
+    """Where these keys live, for error messages (SFT: ``model``)."""
+
+    def __post_init__(self) -> None:
+        key = self.PREFIX
+        if self.lora_rank < 0:
+            raise ValueError(f"{key}.lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
+        if self.lora_alpha <= 0:
+            raise ValueError(f"{key}.lora_alpha must be > 0, got {self.lora_alpha}")
+        if not self.target_modules:
+            raise ValueError(
+                f"{key}.target_modules is empty: use all-linear or a list of module names "
+                "(e.g. [q_proj, v_proj])"
+            )
+        if self.lora_adapter_path is None:
+            return
+        folder = Path(self.lora_adapter_path)
+        if not (folder / "adapter_config.json").is_file():
+            what = "has no adapter_config.json" if folder.is_dir() else "is not a folder"
+            raise ValueError(
+                f"{key}.lora_adapter_path={self.lora_adapter_path} {what}: point it at a PEFT "
+                "adapter folder (what PeftModel.save_pretrained writes), or set it to null"
+            )
+        rank = json.loads((folder / "adapter_config.json").read_text()).get("r")
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(
+                f"{key}.lora_adapter_path={self.lora_adapter_path}: its adapter_config.json has "
+                f"no LoRA rank (r={rank!r}); only LoRA adapters can be loaded"
+            )
+        if self.lora_rank == 0:
+            self.lora_rank = rank  # verl's behaviour: the adapter says its rank
+        elif self.lora_rank != rank:
+            raise ValueError(
+                f"{key}.lora_rank={self.lora_rank} but the adapter at {key}.lora_adapter_path "
+                f"has rank {rank}: set {key}.lora_rank={rank} (or 0), or point "
+                f"{key}.lora_adapter_path at a rank-{self.lora_rank} adapter"
+            )
+
+    @property
+    def use_lora(self) -> bool:
+        return self.lora_rank > 0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -81,20 +140,25 @@ class FSDPConfig:
     """Compute dtype on GPU (master weights and gradient reduction stay fp32). CPU: fp32."""
 
 
+SAVE_CONTENTS = ("model", "optimizer", "extra", "hf_model", "hf_merged")
+
+
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig:
     save_contents: list[str] = field(
         default_factory=lambda: ["model", "optimizer", "extra", "hf_model"]
     )
-    """``model``/``optimizer`` (sharded, for resume), ``extra`` (step, data position),
-    ``hf_model`` (a full transformers folder of the actor)."""
+    """``model``/``optimizer`` (sharded, for resume; with LoRA the adapter and its optimizer
+    state only), ``extra`` (step, data position), ``hf_model`` (``actor/huggingface``: a full
+    transformers folder of the actor; with LoRA a PEFT adapter folder), ``hf_merged`` (LoRA
+    only: ``actor/huggingface_merged``, a full transformers folder with the adapter merged)."""
 
     def __post_init__(self) -> None:
-        bad = sorted(set(self.save_contents) - {"model", "optimizer", "extra", "hf_model"})
+        bad = sorted(set(self.save_contents) - set(SAVE_CONTENTS))
         if bad:
             raise ValueError(
                 f"actor.checkpoint.save_contents has unknown item {bad[0]!r}; "
-                "use model, optimizer, extra, hf_model"
+                f"use {', '.join(SAVE_CONTENTS)}"
             )
 
 

@@ -5,7 +5,7 @@ subtrees reuse the actor's dataclasses, so a warm start and the RL run read the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from trainer.config import ConfigError, compose_tree
 from trainer.config.actor import FSDPConfig, ModelConfig, OptimConfig
@@ -65,6 +65,8 @@ class SFTDataConfig:
 @dataclass(kw_only=True, slots=True)
 class SFTModelConfig(ModelConfig):
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+    PREFIX: ClassVar[str] = "model"
 
 
 @dataclass(kw_only=True, slots=True)

@@ -71,6 +71,13 @@ def check_train_config(config: Config) -> None:
         )
     if config.trainer.total_training_steps is not None and config.trainer.total_training_steps < 1:
         raise ValueError("trainer.total_training_steps must be >= 1 (or null)")
+    lora = config.actor_rollout_ref.model.use_lora
+    if "hf_merged" in actor.checkpoint.save_contents and not lora:
+        raise ValueError(
+            "actor_rollout_ref.actor.checkpoint.save_contents has hf_merged, which merges a LoRA "
+            "adapter, but actor_rollout_ref.model.lora_rank=0: hf_model is the full model "
+            "already; drop hf_merged (or set actor_rollout_ref.model.lora_rank)"
+        )
     check_async_config(config)
     check_cpu_cores(config)
     if config.data.val_files:

@@ -57,7 +57,11 @@ NO_CRITIC = (
     "reinforce_plus_plus) use none, as in verl (gae, which needs one, is refused)"
 )
 NO_MEGATRON = "Megatron is not a backend here: the actor and reference are FSDP2 (strategy=fsdp2)"
-NO_LORA = "LoRA RL is not supported yet (full-parameter training only): drop the LoRA keys"
+MEGATRON_LORA = (
+    "verl's Megatron LoRA block (Megatron module names); the FSDP2 actor here reads "
+    "actor_rollout_ref.model.lora_rank, lora_alpha, target_modules (transformers names, "
+    "e.g. all-linear), exclude_modules and lora_adapter_path"
+)
 NO_PROFILER = "no profiler is wired to the trainer here; run it under torch.profiler or nsys"
 JUDGE = (
     "a model-based reward here is the judge: reward_model.judge.enable=True and "
@@ -208,12 +212,7 @@ RULES: tuple[KeyRule, ...] = (
     _r(f"{ARR}.actor.tau_neg", "SAPO's soft gate is not implemented: use the PPO clip"),
     _r(f"{ARR}.actor.freeze_vision_tower", "vision models are not supported here", *OFF),
     _w(f"{ARR}.*.profiler.*", NO_PROFILER),
-    _r(f"{ARR}.model.lora_rank", NO_LORA, "0"),
-    _w(f"{ARR}.model.lora_alpha", "only used with LoRA (not supported yet)"),
-    _w(f"{ARR}.model.target_modules", "only used with LoRA (not supported yet)"),
-    _w(f"{ARR}.model.exclude_modules", "only used with LoRA (not supported yet)"),
-    _r(f"{ARR}.model.lora_adapter_path", NO_LORA, *OFF),
-    _r(f"{ARR}.model.lora.*", NO_LORA),
+    _r(f"{ARR}.model.lora.*", MEGATRON_LORA),
     _w(f"{ARR}.model.use_shm", "models load from their folder (no shared-memory copy)", *OFF),
     _r(
         f"{ARR}.model.enable_activation_offload",
@@ -250,7 +249,12 @@ RULES: tuple[KeyRule, ...] = (
         f"{ARR}.rollout.load_format",
         "servers load the model folder's weights at start and then receive the actor's",
     ),
-    _w(f"{ARR}.rollout.layered_summon", "only used with LoRA (not supported yet)", *OFF),
+    _w(
+        f"{ARR}.rollout.layered_summon",
+        "with LoRA only the adapter is gathered for weight sync (megabytes), one tensor at a "
+        "time; there are no layers of full weights to summon",
+        *OFF,
+    ),
     _w(
         f"{ARR}.rollout.calculate_log_probs",
         "the engine's log-probs are always kept (algorithm.rollout_correction uses them)",

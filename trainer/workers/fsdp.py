@@ -1,8 +1,10 @@
 """Building the trainer's model and sharding it with FSDP2, in a fixed order:
-load (fp32 master weights) -> activation checkpointing -> ``fully_shard`` each decoder layer
--> ``fully_shard`` the root. Model files hold no distributed code; this file holds all of it,
-including the two ways weights leave the shards: ``full_tensors`` (all-gathered, one entry at a
-time) and ``shard_pieces`` (each rank's own part, for writing into memory all ranks can reach).
+load (fp32 master weights) -> activation checkpointing -> LoRA adapter (``lora_rank > 0``,
+``trainer.workers.lora``) -> ``fully_shard`` each decoder layer -> ``fully_shard`` the root.
+Model files hold no distributed code; this file holds all of it, including the two ways
+weights leave the shards: ``full_tensors`` (all-gathered, one entry at a time) and
+``shard_pieces`` (each rank's own part, for writing into memory all ranks can reach). A LoRA
+model's weights leave through ``trainer.workers.lora`` (``adapter_tensors``, ``merged_tensors``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch.distributed as dist
 
 from trainer.config.actor import FSDPConfig, ModelConfig
 from trainer.models.resolve import import_external_lib
+from trainer.workers.gather import gather_tensor
+from trainer.workers.lora import apply_lora, is_lora
 
 __all__ = [
     "ShardPiece",
@@ -57,7 +61,11 @@ def init_distributed(rank: int, world_size: int, master: str, device: str) -> No
 
 def load_model(path: str, config: ModelConfig, device: str) -> torch.nn.Module:
     """A transformers causal LM in float32 (master weights; compute dtype comes from FSDP),
-    after importing ``config.external_lib`` (it may register the architecture)."""
+    after importing ``config.external_lib`` (it may register the architecture); with
+    ``config.lora_rank > 0`` a ``peft.PeftModel`` whose adapter alone trains (``apply_lora``).
+
+    Activation checkpointing is non-reentrant: the adapter's gradients flow through the
+    recomputed layers although no input of them requires grad (the embedding is frozen)."""
     from transformers import AutoModelForCausalLM
 
     import_external_lib(config.external_lib)
@@ -70,11 +78,14 @@ def load_model(path: str, config: ModelConfig, device: str) -> torch.nn.Module:
     model.config.use_cache = False
     if config.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.to(device)
+    return apply_lora(model, config).to(device)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks (``model.model.layers`` in Llama/Qwen-style models)."""
+    """The repeated transformer blocks (``model.model.layers`` in Llama/Qwen-style models;
+    those of the wrapped model in a LoRA model)."""
+    if is_lora(model):
+        model = model.get_base_model()
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
@@ -116,7 +127,8 @@ def full_tensors(
     device: str | None = "cpu",
     skip_tied_head: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) for every entry of the state dict, one at a time.
+    """(name, full tensor) for every entry of the state dict, one at a time (a LoRA model's
+    raw entries, under PEFT's module names: use ``trainer.workers.lora`` for its weights).
 
     Floating-point entries are cast to ``dtype`` on the trainer's device *before* the
     all-gather, so a bf16 target moves half the bytes through the collective and through any
@@ -128,12 +140,7 @@ def full_tensors(
     values on rank 0 are meant to be used.
     """
     for name, value in _state_items(model, skip_tied_head):
-        if value.is_floating_point():
-            value = value.to(dtype)  # a DTensor casts its local shard
-        if hasattr(value, "full_tensor"):
-            value = value.full_tensor()
-        value = value.detach()
-        yield name, value if device is None else value.to(device)
+        yield name, gather_tensor(value, dtype=dtype, device=device)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,11 @@
 """``FSDPWorker``: one rank of the trainer (a Ray actor). Holds an FSDP2 shard of the actor
 (and of the frozen reference policy when a KL term needs one), computes log-probs, runs the
 PPO update, streams weights to the rollout servers, saves and loads checkpoints.
+
+With LoRA (``model.lora_rank > 0``, ``trainer.workers.lora``) only the adapter trains: the
+optimizer holds state for it alone, the reference policy is the actor with its adapter
+switched off (no second model), checkpoints hold the adapter and its optimizer state, and the
+``hf_model`` export is a PEFT adapter folder (``hf_merged``: also the merged full model).
 """
 
 from __future__ import annotations
@@ -8,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +26,13 @@ import torch.distributed as dist
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers.batch import TrainBatch
 from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
+from trainer.workers.lora import (
+    adapter_config,
+    adapter_tensors,
+    is_lora,
+    merged_tensors,
+    trainable_parameters,
+)
 from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
 
 if TYPE_CHECKING:
@@ -98,9 +112,10 @@ def write_model_files(model_path: str, model: ModelConfig, out: Path) -> None:
 
 
 def adamw(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
-    """The actor's optimizer as ``actor.optim`` describes it."""
+    """The actor's optimizer as ``actor.optim`` describes it, over the trainable parameters
+    (a LoRA model's adapter)."""
     return torch.optim.AdamW(
-        model.parameters(),
+        trainable_parameters(model),
         lr=optim.lr,
         betas=(optim.betas[0], optim.betas[1]),
         eps=optim.eps,
@@ -141,14 +156,20 @@ class FSDPWorker:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
         )
-        if spec.need_ref:
+        if spec.need_ref and not is_lora(self.model):  # LoRA: the actor without its adapter
             ref = load_model(spec.model_path, spec.model, spec.device)
             ref.requires_grad_(False)
             # The actor's sharding, with the reference's own offload setting.
             fsdp = replace(spec.actor.fsdp_config, param_offload=spec.ref.param_offload)
             self.ref_model = apply_fsdp(ref, fsdp, spec.device)
         params = sum(p.numel() for p in self.model.parameters())
-        return {"rank": self.rank, "local_params": params, "device": spec.device}
+        trainable = sum(p.numel() for p in trainable_parameters(self.model))
+        return {
+            "rank": self.rank,
+            "local_params": params,
+            "trainable_params": trainable,
+            "device": spec.device,
+        }
 
     # ---- compute --------------------------------------------------------------------------
     def _log_probs(
@@ -189,11 +210,17 @@ class FSDPWorker:
         )
 
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
-        if self.ref_model is None:
-            raise RuntimeError("no reference policy: it is only built when a KL term is used")
+        """Reference log-probs [batch, R]: the frozen copy's, or with LoRA the actor's with its
+        adapter switched off (the model it started from, as in verl)."""
+        assert self.model is not None
         ref, actor = self.spec.ref, self.spec.actor
         micro = ref.log_prob_micro_batch_size_per_gpu or actor.log_prob_micro_batch_size
         tokens = ref.log_prob_max_token_len_per_gpu or actor.log_prob_max_token_len
+        if is_lora(self.model):
+            with self.model.disable_adapter():
+                return self._log_probs(self.model, batch, micro, False, tokens)[0]
+        if self.ref_model is None:
+            raise RuntimeError("no reference policy: it is only built when a KL term is used")
         return self._log_probs(self.ref_model, batch, micro, entropy=False, max_tokens=tokens)[0]
 
     def update_actor(self, batch: TrainBatch, samples_per_mini_batch: int, seed: int) -> dict:
@@ -260,21 +287,56 @@ class FSDPWorker:
         return self._sender.push(servers, bucket_bytes, route)
 
     def full_state_dict(self, skip_tied_head: bool = False) -> dict[str, torch.Tensor] | None:
-        """The whole model on rank 0 (None elsewhere); collective."""
-        assert self.model is not None
-        state = dict(full_tensors(self.model, skip_tied_head=skip_tied_head))
+        """The whole model on rank 0 (None elsewhere) under transformers' names, float32; a
+        LoRA model's with the adapter merged. Collective."""
+        state = dict(self._model_tensors(skip_tied_head))
         return state if self.rank == 0 else None
+
+    def adapter_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        """A LoRA actor's adapter on rank 0 (None elsewhere): its float32 tensors under PEFT's
+        file names, and its ``adapter_config.json``. Collective."""
+        assert self.model is not None and is_lora(self.model)
+        tensors = dict(adapter_tensors(self.model))
+        return (tensors, adapter_config(self.model)) if self.rank == 0 else None
+
+    def _model_tensors(self, skip_tied_head: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        assert self.model is not None
+        if is_lora(self.model):
+            return merged_tensors(self.model, skip_tied_head=skip_tied_head)
+        return full_tensors(self.model, skip_tied_head=skip_tied_head)
+
+    def memory_stats(self) -> dict[str, float]:
+        """This rank's memory: peak RSS, and the MB of its shards of the trainable parameters,
+        of their gradients during an update (one per trainable parameter) and of the
+        optimizer state."""
+        assert self.model is not None and self.optimizer is not None
+        mb = 1 / 2**20
+        trainable = sum(_nbytes(p) for p in trainable_parameters(self.model))
+        optim = sum(
+            _nbytes(v)
+            for state in self.optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
+        )
+        return {
+            "rank": float(self.rank),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "trainable_mb": trainable * mb,
+            "grad_mb": trainable * mb,
+            "optimizer_mb": optim * mb,
+        }
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, directory: str, contents: list[str]) -> None:
-        """Sharded model/optimizer (torch.distributed.checkpoint) and, with ``hf_model``, a
-        transformers folder under ``directory/huggingface``."""
+        """Sharded model/optimizer (torch.distributed.checkpoint; with LoRA the adapter and its
+        optimizer state only) and, with ``hf_model``, the export under
+        ``directory/huggingface`` (``export_hf``); with ``hf_merged`` and LoRA, the merged full
+        model under ``directory/huggingface_merged``."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         assert self.model is not None and self.optimizer is not None
         path = Path(directory)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = self._sharded_state()
         state: dict[str, Any] = {}
         if "model" in contents:
             state["model"] = model_sd
@@ -290,33 +352,53 @@ class FSDPWorker:
             )
         if "hf_model" in contents:
             self.export_hf(str(path / "huggingface"))
+        if "hf_merged" in contents and is_lora(self.model):
+            self.export_hf(str(path / "huggingface_merged"), merged=True)
         dist.barrier()
+
+    def _sharded_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Model and optimizer state dicts of this rank's shards (no communication); a LoRA
+        model's holds its adapter alone (the frozen base is the model folder's)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        assert self.model is not None and self.optimizer is not None
+        lora = is_lora(self.model)
+        options = StateDictOptions(ignore_frozen_params=lora)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
+        if lora:  # a tied head is no parameter of its own, so frozen-param filtering keeps it
+            trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+        return model_sd, optim_sd
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
-            get_state_dict,
+            StateDictOptions,
             set_model_state_dict,
             set_state_dict,
         )
 
         assert self.model is not None and self.optimizer is not None
         path = Path(directory)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = self._sharded_state()
         state: dict[str, Any] = {"model": model_sd}
         has_optim = (path / "optim_extra.pt").is_file()
         if has_optim:
             state["optimizer"] = optim_sd
         dcp.load(state, checkpoint_id=str(path / "dcp"))
+        lora = is_lora(self.model)
+        # LoRA: the state holds the adapter alone; the frozen base stays as loaded.
+        options = StateDictOptions(ignore_frozen_params=lora, strict=not lora)
         if has_optim:
             set_state_dict(
                 self.model,
                 self.optimizer,
                 model_state_dict=state["model"],
                 optim_state_dict=state["optimizer"],
+                options=options,
             )
         else:
-            set_model_state_dict(self.model, state["model"])
+            set_model_state_dict(self.model, state["model"], options=options)
         if has_optim:
             extra = torch.load(path / "optim_extra.pt", weights_only=True)
             assert self.scheduler is not None
@@ -324,25 +406,36 @@ class FSDPWorker:
             self.updates = int(extra["updates"])
         return {"optimizer": has_optim, "updates": self.updates}
 
-    def export_hf(self, directory: str) -> None:
+    def export_hf(self, directory: str, merged: bool = False) -> None:
         """A transformers folder: config, model.safetensors, and the source folder's other files
-        with the run's tokenizer (``write_model_files``)."""
+        with the run's tokenizer (``write_model_files``). A LoRA actor's is a PEFT adapter folder
+        (adapter_model.safetensors, adapter_config.json naming the model folder as its base, the
+        same other files); with ``merged`` a transformers folder of the model with the adapter
+        merged in. Collective."""
         from safetensors.torch import save_file
 
         assert self.model is not None
-        state = self.full_state_dict(skip_tied_head=True)  # transformers re-ties on load
+        adapter = is_lora(self.model) and not merged
+        if adapter:
+            state = dict(adapter_tensors(self.model))
+        else:  # transformers re-ties the head on load
+            state = dict(self._model_tensors(skip_tied_head=True))
         if self.rank != 0:
             return
-        assert state is not None
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        config = self.model.config
+        weights = "adapter_model.safetensors" if adapter else "model.safetensors"
         save_file(
             {k: v.contiguous() for k, v in state.items()},
-            out / "model.safetensors",
+            out / weights,
             metadata={"format": "pt"},
         )
-        config.save_pretrained(out)
+        if adapter:
+            config = adapter_config(self.model)
+            (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        else:
+            base = self.model.get_base_model() if is_lora(self.model) else self.model
+            base.config.save_pretrained(out)
         write_model_files(self.spec.model_path, self.spec.model, out)
 
     def shutdown(self) -> None:
@@ -351,3 +444,9 @@ class FSDPWorker:
             self._sender = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    """Bytes of this rank's part of ``tensor`` (a DTensor's local shard)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()

@@ -45,10 +45,11 @@ class WorkerGroup:
         self.workers = [actor.remote(spec, rank, world_size, master) for rank in range(world_size)]
         info = ray.get([w.init_model.remote() for w in self.workers])
         logger.info(
-            "%d FSDP2 rank(s) on %s, %d parameters per rank",
+            "%d FSDP2 rank(s) on %s, %d parameters per rank, %d trainable",
             world_size,
             spec.device,
             info[0]["local_params"],
+            info[0]["trainable_params"],
         )
 
     def _each(self, method: str, *args: Any) -> list[Any]:
@@ -140,7 +141,16 @@ class WorkerGroup:
         return self._each("push_weights", servers, bucket_bytes, route)[0]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model under transformers' names (a LoRA actor's merged), float32."""
         return self._each("full_state_dict")[0]
+
+    def adapter_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """A LoRA actor's adapter tensors (PEFT's file names, float32) and adapter config."""
+        return self._each("adapter_state")[0]
+
+    def memory_stats(self) -> list[dict[str, float]]:
+        """Each rank's ``FSDPWorker.memory_stats``, in rank order."""
+        return self._each("memory_stats")
 
     def save_checkpoint(self, directory: str, contents: list[str]) -> None:
         self._each("save_checkpoint", directory, contents)
@@ -148,8 +158,10 @@ class WorkerGroup:
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         return self._each("load_checkpoint", directory)[0]
 
-    def export_hf(self, directory: str) -> None:
-        self._each("export_hf", directory)
+    def export_hf(self, directory: str, merged: bool = False) -> None:
+        """``FSDPWorker.export_hf``: a transformers folder (LoRA: an adapter folder, or with
+        ``merged`` the merged full model)."""
+        self._each("export_hf", directory, merged)
 
     def shutdown(self) -> None:
         import ray

@@ -75,3 +75,50 @@ def test_fsdp2_nccl_bf16_update(tmp_path):
     assert (out["logp"] - reference).abs().max() < 0.1
     assert torch.isfinite(torch.tensor(out["metrics"]["actor/grad_norm"]))
     assert out["metrics"]["actor/optimizer_steps"] == 1
+
+
+def _lora_rank(rank: int, world: int, port: int, path: str, out: dict) -> None:
+    from trainer.workers.fsdp_worker import adamw
+    from trainer.workers.lora import adapter_tensors, merged_tensors
+
+    os.environ["LOCAL_RANK"] = str(rank)
+    init_distributed(rank, world, f"127.0.0.1:{port}", "cuda")
+    torch.manual_seed(0)
+    config = ModelConfig(path=path, lora_rank=4, lora_alpha=8, enable_gradient_checkpointing=True)
+    model = apply_fsdp(load_model(path, config, "cuda"), FSDPConfig(), "cuda")
+    batch = _batch().chunk(world)[rank]
+    logp, _ = log_probs_in_micro_batches(model, batch, micro_batch_size=2)
+    batch.old_log_probs = logp
+    cfg = ActorConfig(optim=OptimConfig(lr=1e-3), ppo_micro_batch_size_per_gpu=1)
+    optimizer = adamw(model, cfg.optim)
+    metrics = update_policy(model, optimizer, None, batch, cfg, samples_per_mini_batch=len(batch))
+    adapter = dict(adapter_tensors(model, dtype=torch.bfloat16, device=None))
+    merged = dict(merged_tensors(model, dtype=torch.bfloat16, device=None, skip_tied_head=True))
+    if rank == 0:
+        out["metrics"] = metrics
+        out["adapter_device"] = {str(v.device) for v in adapter.values()}
+        out["adapter_dtype"] = {v.dtype for v in adapter.values()}
+        out["max_b"] = max(v.abs().max().item() for k, v in adapter.items() if "lora_B" in k)
+        out["merged_names"] = list(merged)
+    torch.distributed.destroy_process_group()
+
+
+def test_lora_fsdp2_nccl_bf16_update_moves_only_the_adapter(tmp_path):
+    """LoRA under bf16 mixed precision with activation checkpointing on NCCL ranks: the update
+    runs, the adapter moves, and both exports gather on the GPU in the serving dtype."""
+    pytest.importorskip("peft")
+    path = str(tmp_path / "model")
+    _tiny_model(path)
+    world = min(2, torch.cuda.device_count())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_lora_rank, args=(world, port, path, out), nprocs=world, join=True)
+    assert torch.isfinite(torch.tensor(out["metrics"]["actor/grad_norm"]))
+    assert out["metrics"]["actor/optimizer_steps"] == 1
+    assert out["max_b"] > 0  # B started at zero
+    assert out["adapter_dtype"] == {torch.bfloat16}
+    assert all(d.startswith("cuda") for d in out["adapter_device"])
+    plain = load_model(path, ModelConfig(path=path), "cpu").state_dict()
+    assert out["merged_names"] == list(plain)  # untied: every entry, transformers' names

@@ -1,5 +1,6 @@
 """FSDP2 on 2 gloo ranks (Ray actors) against one process without FSDP on the same batch:
-same log-probs, same loss, same weights after the update; then a checkpoint round trip."""
+same log-probs, same loss, same weights after the update; the same with a LoRA adapter, whose
+checkpoints resume exactly and whose exports load with PEFT and with transformers alone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers import TrainBatch, WorkerGroup, WorkerSpec, log_probs_in_micro_batches
 from trainer.workers.fsdp import load_model
+from trainer.workers.fsdp_worker import adamw
+from trainer.workers.lora import adapter_tensors, trainable_parameters
 from trainer.workers.policy_math import update_policy
 
 pytestmark = pytest.mark.integration
@@ -156,3 +159,161 @@ def test_reference_policy_stays_frozen_and_checkpointing_matches(ray_local, tiny
     assert torch.allclose(plain_logp, ckpt_logp, atol=LOGP_ATOL)
     assert (plain_w - ckpt_w).abs().max() < WEIGHT_ATOL
     assert ckpt_m["actor/pg_loss"] == pytest.approx(plain_m["actor/pg_loss"], rel=LOSS_RTOL)
+
+
+# ---- LoRA -----------------------------------------------------------------------------------
+LORA = {"lora_rank": 8, "lora_alpha": 16}
+# Adam moves every adapter entry by ~lr per step, also those whose gradient is near zero (A's
+# gradient in step 2 is proportional to B, itself ~lr): float32 sums in another order change
+# such entries by ~1% of a step. Measured in one process, micro-batches of 2 vs 1: 5.6e-6 at
+# lr 1e-3, 3.2e-7 at lr 1e-4; so lr 1e-4 (B moves by 2e-4) and a bound of 1e-6.
+LORA_LR, LORA_WEIGHT_ATOL = 1e-4, 1e-6
+
+
+def lora_spec(path: str, cfg: ActorConfig, need_ref: bool = False) -> WorkerSpec:
+    return WorkerSpec(
+        model_path=path,
+        model=ModelConfig(path=path, **LORA),
+        actor=cfg,
+        ref=RefConfig(),
+        need_ref=need_ref,
+        device="cpu",
+    )
+
+
+def unmerged(merged: dict, adapter: dict, prefix: str = "base_model.model.") -> dict:
+    """The base weights under a merged state: each adapted W + s * B @ A minus s * B @ A."""
+    base = dict(merged)
+    scaling = LORA["lora_alpha"] / LORA["lora_rank"]
+    for name, a in adapter.items():
+        if ".lora_A." in name:
+            module = name[len(prefix) : -len(".lora_A.weight")]
+            b = adapter[name.replace(".lora_A.", ".lora_B.")]
+            base[f"{module}.weight"] = merged[f"{module}.weight"] - scaling * b @ a
+    return base
+
+
+def test_two_gloo_ranks_with_lora_train_the_adapter_as_one_process(ray_local, tiny_qwen3_path):
+    """LoRA (rank 8, all linear layers) on 2 FSDP2 ranks against one process without FSDP: the
+    same adapter after 2 Adam steps, the base weights untouched, optimizer state for the
+    adapter only, and the reference policy (adapter off) is the base model."""
+    path = str(tiny_qwen3_path)
+    cfg = actor_config(
+        optim=OptimConfig(lr=LORA_LR, weight_decay=0.0), use_kl_loss=True, kl_loss_coef=0.1
+    )
+    batch = make_batch(seed=5)
+    initial = load_model(path, ModelConfig(path=path), "cpu").state_dict()
+    # ---- one process, no FSDP (seeded as every rank is: the same initial A)
+    torch.manual_seed(0)
+    model = load_model(path, ModelConfig(path=path, **LORA), "cpu")
+    base_logp, _ = log_probs_in_micro_batches(model, batch, micro_batch_size=8)  # B = 0
+    noise = torch.randn(base_logp.shape, generator=torch.Generator().manual_seed(1))
+    batch.old_log_probs = base_logp + 0.1 * noise * batch.response_mask
+    batch.ref_log_probs = base_logp
+    optimizer = adamw(model, cfg.optim)
+    single = update_policy(
+        model, optimizer, None, copy.deepcopy(batch), cfg, samples_per_mini_batch=len(batch)
+    )
+    expected = dict(adapter_tensors(model))
+    assert {id(p) for p in optimizer.state} == {id(p) for p in trainable_parameters(model)}
+    # ---- two FSDP2 ranks over gloo
+    group = WorkerGroup(lora_spec(path, cfg, need_ref=True), world_size=2)
+    try:
+        logp, _ = group.compute_log_prob(batch)
+        ref = group.compute_ref_log_prob(batch)
+        sharded = group.update_actor(batch, samples_per_mini_batch=len(batch), seed=0)
+        after, _ = group.compute_log_prob(batch)
+        ref_after = group.compute_ref_log_prob(batch)
+        adapter, config = group.adapter_state()
+        merged = group.full_state_dict()
+        memory = group.memory_stats()
+    finally:
+        group.shutdown()
+    assert torch.allclose(logp, base_logp, atol=LOGP_ATOL)
+    assert torch.allclose(ref, base_logp, atol=LOGP_ATOL)
+    assert torch.allclose(ref_after, base_logp, atol=LOGP_ATOL)  # the adapter off: the base
+    moved = (after - base_logp).abs().max().item()
+    assert moved > 10 * LOGP_ATOL
+    assert single["actor/optimizer_steps"] == sharded["actor/optimizer_steps"] == 2
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
+        assert sharded[key] == pytest.approx(single[key], rel=LOSS_RTOL), key
+    # the same adapter as one process
+    assert list(adapter) == list(expected) and config["r"] == LORA["lora_rank"]
+    worst = max((adapter[k] - v).abs().max().item() for k, v in expected.items())
+    change = max(v.abs().max().item() for k, v in adapter.items() if ".lora_B." in k)
+    print(
+        f"LoRA fsdp2 x2 vs one process: max adapter diff {worst:.2e}, max |B| {change:.2e}, "
+        f"max actor log-prob change {moved:.2e}"
+    )
+    assert worst <= LORA_WEIGHT_ATOL
+    assert change > LORA_LR  # B left zero: the adapter moved
+    # the base weights did not move: the merged state minus the adapter is the initial model
+    base = unmerged(merged, adapter)
+    assert list(base) == list(initial)
+    drift = max((base[k] - v).abs().max().item() for k, v in initial.items())
+    assert drift < 1e-6, drift
+    # optimizer state on each rank: exp_avg and exp_avg_sq of its adapter shard (+ step scalars)
+    for rank in memory:
+        assert rank["trainable_mb"] > 0
+        assert 2 * rank["trainable_mb"] <= rank["optimizer_mb"] < 2 * rank["trainable_mb"] + 0.01
+
+
+def test_lora_checkpoint_resumes_exactly_and_exports_adapter_and_merged_model(
+    ray_local, tiny_qwen3_path, tmp_path
+):
+    """A LoRA checkpoint holds the adapter and its optimizer state only; new ranks that load it
+    continue bit for bit as the uninterrupted ranks do. The hf_model export is a PEFT adapter
+    folder and hf_merged a plain transformers folder, both giving the actor's log-probs."""
+    import torch.distributed.checkpoint as dcp
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    path = str(tiny_qwen3_path)
+    cfg = actor_config(optim=OptimConfig(lr=1e-3, weight_decay=0.0), ppo_epochs=1)
+    first, second = make_batch(seed=6), make_batch(seed=7)
+    initial = load_model(path, ModelConfig(path=path), "cpu")
+    for batch in (first, second):
+        batch.old_log_probs, _ = log_probs_in_micro_batches(initial, batch, micro_batch_size=8)
+    actor = tmp_path / "actor"
+    contents = ["model", "optimizer", "hf_model", "hf_merged"]
+    group = WorkerGroup(lora_spec(path, cfg), world_size=2)
+    try:
+        group.update_actor(first, samples_per_mini_batch=len(first), seed=0)
+        group.save_checkpoint(str(actor), contents)
+        saved_logp, _ = group.compute_log_prob(second)
+        group.update_actor(second, samples_per_mini_batch=len(second), seed=1)
+        uninterrupted = group.adapter_state()[0]
+    finally:
+        group.shutdown()
+    group = WorkerGroup(lora_spec(path, cfg), world_size=2)
+    try:
+        info = group.load_checkpoint(str(actor))
+        loaded_logp, _ = group.compute_log_prob(second)
+        group.update_actor(second, samples_per_mini_batch=len(second), seed=1)
+        resumed = group.adapter_state()[0]
+    finally:
+        group.shutdown()
+    assert info == {"optimizer": True, "updates": 1}
+    assert torch.equal(loaded_logp, saved_logp)
+    assert list(resumed) == list(uninterrupted)
+    assert all(torch.equal(resumed[k], v) for k, v in uninterrupted.items())
+    # the sharded checkpoint: adapter entries only (model and optimizer)
+    keys = dcp.FileSystemReader(str(actor / "dcp")).read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if k.startswith("model.")]
+    assert model_keys and all(".lora_A." in k or ".lora_B." in k for k in model_keys)
+    assert all(".lora_" in k for k in keys if k.startswith("optimizer.state."))
+    dcp_mb = sum(f.stat().st_size for f in (actor / "dcp").iterdir()) / 1e6
+    full_mb = (tiny_qwen3_path / "model.safetensors").stat().st_size / 1e6
+    print(f"LoRA dcp checkpoint {dcp_mb:.3f} MB (model.safetensors {full_mb:.1f} MB)")
+    assert dcp_mb < full_mb / 50
+    # the exports give the actor's log-probs at the checkpoint
+    adapter_dir, merged_dir = actor / "huggingface", actor / "huggingface_merged"
+    assert (adapter_dir / "adapter_config.json").is_file()
+    assert not (adapter_dir / "model.safetensors").exists()
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path), adapter_dir)
+    merged_model = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
+    for name, exported in (("adapter", peft_model), ("merged", merged_model)):
+        logp, _ = log_probs_in_micro_batches(exported, second, micro_batch_size=8)
+        diff = (logp - saved_logp).abs().max().item()
+        print(f"{name} export vs the actor: max log-prob diff {diff:.2e}")
+        assert diff < 1e-5, name

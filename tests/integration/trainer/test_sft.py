@@ -132,3 +132,46 @@ def test_sft_learns_exports_and_resumes(ray_local, data_file, tiny_qwen3_path, t
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "7"
     assert records[6]["val/loss"] == pytest.approx(mean_nll(hf7, data_file), rel=1e-4)
     assert "val/loss" not in records[5]
+
+
+def test_sft_with_lora_trains_an_adapter_and_prints_the_merged_model(
+    ray_local, data_file, tiny_qwen3_path, tmp_path, capsys
+):
+    """``model.lora_rank``: only an adapter trains; the checkpoint's ``huggingface`` folder is
+    the adapter (PEFT loads it), ``huggingface_merged`` the model with it merged (printed: the
+    RL run's model.path); both give the same, lower NLL."""
+    from peft import PeftModel
+
+    ckpt = tmp_path / "ckpt"
+    args = [
+        f"data.train_files={data_file}",
+        "model.path=tiny-qwen3",
+        "model.lora_rank=8",
+        "model.lora_alpha=16",
+        "data.train_batch_size=8",
+        "trainer.n_gpus_per_node=2",
+        "optim.lr=1e-2",
+        "trainer.total_training_steps=2",
+        "trainer.logger=[jsonl]",
+        f"trainer.default_local_dir={ckpt}",
+    ]
+    assert main(args) == 0
+    actor = ckpt / "global_step_2" / "actor"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(actor / "huggingface_merged")
+    assert (actor / "huggingface" / "adapter_config.json").is_file()
+    before = mean_nll(tiny_qwen3_path, data_file)
+    merged = mean_nll(actor / "huggingface_merged", data_file)
+    tokenizer = AutoTokenizer.from_pretrained(actor / "huggingface")  # the run's tokenizer
+    samples = encode_rows(read_rows([str(data_file)]), tokenizer, max_length=4096)
+    batch = collate_sft(samples, tokenizer.pad_token_id).trimmed()
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32)
+    with torch.no_grad():
+        log_probs, _ = forward_log_probs(
+            PeftModel.from_pretrained(base, actor / "huggingface"), batch
+        )
+    mask = batch.response_mask.float()
+    adapter = float(-(log_probs * mask).sum() / mask.sum())
+    with capsys.disabled():
+        print(f"\nLoRA SFT NLL: initial {before:.4f}, merged {merged:.4f}, adapter {adapter:.4f}")
+    assert merged < before - 0.05
+    assert adapter == pytest.approx(merged, abs=1e-5)
