@@ -219,7 +219,12 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         workers = WorkerGroup(spec, world)
         undo.callback(workers.shutdown)
         sync = WeightSync(
-            workers, servers, bucket_mb=config.trainer.weight_sync_bucket_mb, colocated=colocated
+            workers,
+            servers,
+            bucket_mb=config.trainer.weight_sync_bucket_mb,
+            colocated=colocated,
+            # a starting LoRA adapter the servers cannot load: they get merged weights first
+            starts_ahead=model.lora_adapter_path is not None and ref.rollout.name != "vllm",
         )
         manager.on_server_restart = sync.push_to  # a restarted server gets the current weights
         undo.pop_all()  # all started: from here ``RunParts.close`` stops them

@@ -156,6 +156,8 @@ _SERVER_FIELD_KEYS = {
     "max_num_batched_tokens": f"{_ROLLOUT}.max_num_batched_tokens",
     "enable_chunked_prefill": f"{_ROLLOUT}.enable_chunked_prefill",
     "weight_transfer": f"{_ROLLOUT}.weight_transfer",
+    "lora_rank": "actor_rollout_ref.model.lora_rank",
+    "lora_adapter_path": "actor_rollout_ref.model.lora_adapter_path",
 }
 
 
@@ -204,6 +206,9 @@ def start_rollout(
         enforce_eager=rollout.enforce_eager,
         engine_kwargs=getattr(rollout.engine_kwargs, rollout.name),
         weight_transfer=rollout.weight_transfer,
+        # SGLang loads no adapters here: it serves merged weights (``WeightSync.starts_ahead``)
+        lora_rank=model.lora_rank if rollout.name == "vllm" else 0,
+        lora_adapter_path=model.lora_adapter_path if rollout.name == "vllm" else None,
     )
     init_ray()  # no-op where agentloop-train started it at trainer.worker_log_level
     num_gpus = None if gpu_share is None else gpu_share * rollout.tensor_model_parallel_size

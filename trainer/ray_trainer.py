@@ -142,10 +142,11 @@ class RayPPOTrainer:
     def _resume(self) -> int:
         """Load the checkpoint to continue from (per ``trainer.resume_mode``); returns its step."""
         run = self.config.trainer
-        if run.resume_mode == "disable":
-            return 0
-        path = self.checkpoints.latest() if run.resume_mode == "auto" else run.resume_from_path
+        path = None
+        if run.resume_mode != "disable":
+            path = self.checkpoints.latest() if run.resume_mode == "auto" else run.resume_from_path
         if path is None:
+            self.sync.push_start()
             return 0
         state = CheckpointManager.load_state(path)
         self.workers.load_checkpoint(os.path.join(path, "actor"))

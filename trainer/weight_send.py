@@ -17,6 +17,14 @@ The servers say what they serve in and how weights can reach them
 
 Floating-point weights always travel in the dtype the servers serve in, cast on the trainer's
 device first: bf16 on GPU is half the bytes of the float32 master weights.
+
+A LoRA actor (``actor_rollout_ref.model.lora_rank > 0``) sends only its adapter:
+
+- ``adapter``: the ranks all-gather the adapter weights (megabytes, not gigabytes); rank 0
+  sends them with the adapter config as one Ray object, and each server loads them as its
+  next adapter version through vLLM's LoRA API (``AsyncServer.load_adapter``).
+- ``merged``: a server that cannot load adapters (SGLang, a server started without LoRA)
+  gets the full weights with the adapter merged in, by the ``buckets`` route; said once.
 """
 
 from __future__ import annotations
@@ -74,6 +82,10 @@ class WeightSender:
         self._file: SharedFile | None = None
         self._transfer: tuple[tuple[str, ...], Any] | None = None
         self._last_route: str | None = None
+        from servers.lora import adapter_rank
+        from trainer.workers.lora import adapter_config, is_lora
+
+        self._lora_rank = adapter_rank(adapter_config(model)) if is_lora(model) else 0
 
     def push(
         self, servers: list[Any], bucket_bytes: int, route: str | None = None
@@ -85,18 +97,39 @@ class WeightSender:
         infos: list[WeightSyncInfo] = ray.get([s.weight_sync_info.remote() for s in servers])
         dtype = serving_dtype(infos)
         route = route or self._route(infos)
+        if self._lora_rank and route not in ("adapter", "merged"):
+            raise ValueError(
+                f"a LoRA actor sends its adapter or merged weights (route adapter or merged), "
+                f"not {route!r}"
+            )
         if route != self._last_route and self.rank == 0:
+            if route == "merged":
+                logger.warning(
+                    "weight sync: the rollout servers cannot load a rank-%d LoRA adapter "
+                    "(they load up to rank %s): sending merged full weights instead",
+                    self._lora_rank,
+                    min(i.lora_rank for i in infos),
+                )
             logger.info("weight sync: %s route, %s, %d server(s)", route, dtype, len(servers))
         self._last_route = route
+        if route == "adapter":
+            return self._push_adapter(servers, dtype)
+        if route == "merged":
+            return self._push_buckets(servers, dtype, bucket_bytes, merged=True)
         if route == "staged":
             return self._push_staged(servers, dtype)
         if route == "buckets":
             return self._push_buckets(servers, dtype, bucket_bytes)
         if route in ("nccl", "ipc"):
             return self._push_transfer(servers, infos, dtype, route)
-        raise ValueError(f"route must be staged, buckets, nccl or ipc, got {route!r}")
+        raise ValueError(
+            f"route must be staged, buckets, nccl, ipc, adapter or merged, got {route!r}"
+        )
 
     def _route(self, infos: list[WeightSyncInfo]) -> str:
+        if self._lora_rank:
+            fits = all(i.lora_rank >= self._lora_rank for i in infos)
+            return "adapter" if fits else "merged"
         transfers = {i.transfer for i in infos}
         if len(transfers) > 1:
             raise ValueError(f"the rollout servers use different weight_transfer: {transfers}")
@@ -122,8 +155,9 @@ class WeightSender:
 
     # ---- buckets: gathered on rank 0, sent as Ray objects ---------------------------------
     def _push_buckets(
-        self, servers: list[Any], dtype: torch.dtype, bucket_bytes: int
+        self, servers: list[Any], dtype: torch.dtype, bucket_bytes: int, merged: bool = False
     ) -> dict[str, float]:
+        """``merged``: a LoRA actor's weights with the adapter merged in."""
         import ray
 
         if self.rank == 0:
@@ -140,7 +174,13 @@ class WeightSender:
             bucket, size = [], 0
 
         # Tied embeddings: the server copies the embedding into its head.
-        for name, tensor in full_tensors(self.model, dtype=dtype, skip_tied_head=True):
+        if merged:
+            from trainer.workers.lora import merged_tensors
+
+            source = merged_tensors(self.model, dtype=dtype, skip_tied_head=True)
+        else:
+            source = full_tensors(self.model, dtype=dtype, skip_tied_head=True)
+        for name, tensor in source:
             tensors += 1
             if self.rank == 0:
                 bucket.append((name, tensor))
@@ -151,6 +191,19 @@ class WeightSender:
         if self.rank == 0:
             ray.get([s.finish_weight_update.remote() for s in servers])
         return {"tensors": float(tensors), "bytes": float(sent)}
+
+    # ---- adapter: a LoRA actor's adapter, loaded as the servers' next version -------------
+    def _push_adapter(self, servers: list[Any], dtype: torch.dtype) -> dict[str, float]:
+        import ray
+
+        from trainer.workers.lora import adapter_config, adapter_tensors
+
+        tensors = dict(adapter_tensors(self.model, dtype=dtype))  # collective: every rank
+        if self.rank == 0:
+            ref = ray.put(tensors)
+            ray.get([s.load_adapter.remote(ref, adapter_config(self.model)) for s in servers])
+        sent = sum(t.numel() * t.element_size() for t in tensors.values())
+        return {"tensors": float(len(tensors)), "bytes": float(sent)}
 
     # ---- nccl / ipc: vLLM's weight-transfer API, GPU to GPU -------------------------------
     def _push_transfer(

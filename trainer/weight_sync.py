@@ -23,11 +23,30 @@ logger = logging.getLogger(__name__)
 
 
 class WeightSync:
-    def __init__(self, workers: Any, servers: list[Any], *, bucket_mb: int, colocated: bool):
+    def __init__(
+        self,
+        workers: Any,
+        servers: list[Any],
+        *,
+        bucket_mb: int,
+        colocated: bool,
+        starts_ahead: bool = False,
+    ):
         self.workers, self.servers = workers, servers
         self.bucket_bytes = bucket_mb << 20
         self.colocated = colocated
         self.version = 0
+        self.starts_ahead = starts_ahead
+        """The actor starts from weights the servers do not load themselves (a LoRA adapter
+        on servers that take none): they get them before the first rollout (``push_start``)
+        and after a restart, also at version 0."""
+
+    def push_start(self) -> None:
+        """Before the first rollout of a fresh run: the actor's starting weights to servers
+        that do not start with them (``starts_ahead``); the version stays 0."""
+        if self.starts_ahead:
+            sent = self.workers.push_weights(self.servers, self.bucket_bytes)
+            logger.info("starting weights: %.1f MB to the servers", sent["bytes"] / 1e6)
 
     def release_servers(self) -> None:
         """Colocated GPU: free the engines' memory for the update."""
@@ -39,7 +58,7 @@ class WeightSync:
     def push_to(self, servers: list[Any]) -> None:
         """Bring restarted ``servers`` (which load the model folder's weights) to the current
         version; nothing to do before the first update."""
-        if self.version == 0:
+        if self.version == 0 and not self.starts_ahead:
             return
         start = time.perf_counter()
         sent = self.workers.push_weights(servers, self.bucket_bytes)

@@ -1,6 +1,8 @@
 """Weight sync end to end on CPU: 2 FSDP2 trainer ranks (Ray actors, gloo) push their weights
-into a running vLLM server (tiny-qwen3), by each route the servers on one node can take. After
-a push the server's log-probs are the trainer model's."""
+into a running vLLM server (tiny-qwen3, started with LoRA enabled), by each route the servers on
+one node can take. After a push the server's log-probs are the trainer model's. A LoRA actor
+sends its adapter, which the server loads as its next version, or (a server that cannot load
+it) the weights with the adapter merged in."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from servers import ServerConfig, launch_servers
 from tests.ray_local import init_local_ray
-from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
+from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers import WorkerGroup, WorkerSpec
 
 pytestmark = pytest.mark.integration
@@ -38,7 +40,9 @@ def trainer_model_path(tiny_qwen3_path, tmp_path_factory):
 def setup(tiny_qwen3_path, trainer_model_path):
     init_local_ray()
     (server,) = launch_servers(
-        ServerConfig(model=str(tiny_qwen3_path), max_model_len=512, http=False), 1, num_cpus=1
+        ServerConfig(model=str(tiny_qwen3_path), max_model_len=512, http=False, lora_rank=8),
+        1,
+        num_cpus=1,
     )
     path = str(trainer_model_path)
     spec = WorkerSpec(
@@ -89,3 +93,67 @@ def test_after_a_push_the_server_serves_the_trainers_weights(
     )
     gap = (torch.tensor(sampled.log_probs) - _hf_logprobs(trainer.eval(), sampled.token_ids)).abs()
     assert gap.max().item() < 1e-3, gap.max().item()
+
+
+def test_a_lora_actor_sends_its_adapter_or_merged_weights_and_the_server_serves_them(
+    setup, trainer_model_path, tmp_path
+):
+    """The LoRA actor's base is the trainer model (pushed in full first); one update moves its
+    adapter (B starts at zero). Merged: the server's base weights become W + scaling * B @ A.
+    Adapter: the server is given its base back, then loads the adapter as version 1."""
+    from peft import PeftModel
+
+    from servers.lora import write_adapter
+    from tests.integration.trainer.test_fsdp_workers import actor_config, make_batch
+
+    server, group = setup
+    path = str(trainer_model_path)
+    spec = WorkerSpec(
+        model_path=path,
+        model=ModelConfig(path=path, lora_rank=8, lora_alpha=16),
+        actor=actor_config(optim=OptimConfig(lr=1e-2, weight_decay=0.0), ppo_epochs=1),
+        ref=RefConfig(),
+        need_ref=False,
+        device="cpu",
+    )
+    lora = WorkerGroup(spec, 2)
+    try:
+        batch = make_batch()
+        batch.old_log_probs = lora.compute_log_prob(batch)[0]
+        lora.update_actor(batch, samples_per_mini_batch=len(batch), seed=0)
+        tensors, config = lora.adapter_state()
+        write_adapter(tmp_path / "adapter", tensors, config)
+        base = AutoModelForCausalLM.from_pretrained(trainer_model_path, dtype=torch.float32)
+        full_bytes = sum(
+            v.numel() * 4 for k, v in base.state_dict().items() if k != "lm_head.weight"
+        )
+        trained = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+
+        def gap() -> tuple[float, float]:
+            """Server vs the trained actor, and vs its base model, on sampled tokens."""
+            params = {"max_tokens": 24, "temperature": 1.0, "seed": 5, "ignore_eos": True}
+            out = ray.get(server.generate.remote(PROMPT, params))
+            served = torch.tensor(out.log_probs)
+            with trained.disable_adapter():
+                plain = _hf_logprobs(trained, out.token_ids)
+            actor = _hf_logprobs(trained, out.token_ids)
+            return (served - actor).abs().max().item(), (served - plain).abs().max().item()
+
+        group.push_weights([server], 1 << 20)  # the LoRA actor's base, in full
+        merged = lora.push_weights([server], 1 << 20, "merged")
+        assert merged["bytes"] == full_bytes
+        to_actor, to_base = gap()
+        assert to_actor < 1e-3 and to_base > 1e-2, (to_actor, to_base)
+        assert ray.get(server.health.remote())["lora_version"] == 0
+
+        group.push_weights([server], 1 << 20)  # the base again, then the adapter on top
+        sent = lora.push_weights([server], 1 << 20)  # the ranks pick: adapter
+        assert sent["tensors"] == len(tensors)
+        assert sent["bytes"] == sum(t.numel() * 4 for t in tensors.values()) < merged["bytes"] / 50
+        assert ray.get(server.health.remote())["lora_version"] == 1
+        to_actor, to_base = gap()
+        assert to_actor < 1e-3 and to_base > 1e-2, (to_actor, to_base)
+        with pytest.raises(ValueError, match="a LoRA actor sends its adapter or merged weights"):
+            lora.push_weights([server], 1 << 20, "staged")
+    finally:
+        lora.shutdown()

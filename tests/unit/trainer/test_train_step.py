@@ -173,6 +173,9 @@ class RecordingWeightSync:
     def push_to(self, servers: list[Any]) -> None:
         raise AssertionError("no server restarts in these tests")
 
+    def push_start(self) -> None:
+        """The servers start with the actor's weights here (no LoRA adapter)."""
+
 
 # ---- a run of them --------------------------------------------------------------------------
 
