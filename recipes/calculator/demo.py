@@ -12,7 +12,9 @@ Environment knobs: ``DEMO_DIR`` (checkpoints/demo), ``DEMO_SFT_STEPS`` (3: a lig
 leaves RL room; 12 steps make the model perfect on this task), ``DEMO_RL_STEPS`` (5),
 ``DEMO_RL_LR`` (1e-5), ``DEMO_VAL`` (held-out prompts, 64), ``DEMO_MODEL``, ``DEMO_ASYNC``
 (0, the default: the synchronous GRPO loop; 1: async mode, the next step's rollout overlapping
-the update, staleness 1 with partial rollout; on 2 cores it was not sooner, see docs/demo.md).
+the update, staleness 1 with partial rollout; on 2 cores it was not sooner, see docs/demo.md),
+``DEMO_LORA`` (0; 1: a second GRPO run from the same SFT model training a LoRA adapter, rank
+16 on every linear layer, reported beside full fine-tuning), ``DEMO_LORA_LR`` (1e-4).
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ from typing import Any
 __all__ = [
     "evaluate",
     "evaluate_records",
+    "grpo",
     "grpo_mode",
+    "lora_overrides",
     "main",
     "reward_curve",
     "sft_warm_start",
+    "trained_model",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +107,10 @@ def sft_warm_start(model: str, data: Path, out: Path, steps: int) -> str:
     return printed.strip().splitlines()[-1]
 
 
-def evaluate(model: str, data: Path, out: Path) -> dict[str, float]:
+def evaluate(
+    model: str, data: Path, out: Path, overrides: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """Greedy held-out accuracy of ``model`` (``overrides``: e.g. a LoRA adapter to serve)."""
     _run(
         [
             "-m",
@@ -117,11 +125,70 @@ def evaluate(model: str, data: Path, out: Path) -> dict[str, float]:
             f"custom_reward_function.path={REWARD}",
             "+split=val",
             f"+output={out}",
+            *overrides,
         ]
     )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     rows = [json.loads(line) for line in (data / "val.jsonl").read_text().splitlines()]
     return evaluate_records(records, rows)
+
+
+LORA_RANK, LORA_ALPHA = 16, 32
+
+
+def lora_overrides(rank: int = LORA_RANK, alpha: int = LORA_ALPHA) -> list[str]:
+    """``agentloop-train`` overrides (verl's keys) for a LoRA adapter on every linear layer."""
+    return [
+        f"actor_rollout_ref.model.lora_rank={rank}",
+        f"actor_rollout_ref.model.lora_alpha={alpha}",
+        "actor_rollout_ref.model.target_modules=all-linear",
+    ]
+
+
+def trained_model(rl_dir: Path, steps: int, base: str, lora: bool) -> tuple[str, tuple[str, ...]]:
+    """The model a GRPO run from ``base`` exported at its last step, as ``evaluate`` takes
+    it: the full transformers folder, or (LoRA) ``base`` with the adapter folder to serve."""
+    export = rl_dir / f"global_step_{steps}" / "actor" / "huggingface"
+    if not lora:
+        return str(export), ()
+    return base, (
+        f"actor_rollout_ref.model.lora_rank={LORA_RANK}",
+        f"actor_rollout_ref.model.lora_adapter_path={export}",
+    )
+
+
+def grpo(model: str, data: Path, rl_dir: Path, steps: int, lr: str, overrides: list[str]) -> float:
+    """GRPO with ``tool_agent`` from ``model``; returns the minutes it took."""
+    start = time.perf_counter()
+    _run(
+        [
+            "-m",
+            "trainer.cli.train",
+            f"data.train_files={data / 'train.jsonl'}",
+            "data.train_batch_size=8",
+            f"actor_rollout_ref.model.path={model}",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.rollout.response_length=128",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+            "actor_rollout_ref.rollout.trace.backend=mlflow",
+            "actor_rollout_ref.rollout.trace.token2text=True",
+            "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            f"actor_rollout_ref.actor.optim.lr={lr}",
+            f"custom_reward_function.path={REWARD}",
+            "trainer.n_gpus_per_node=2",
+            f"trainer.total_training_steps={steps}",
+            f"trainer.save_freq={steps}",
+            "trainer.logger=[console,jsonl,mlflow]",
+            "trainer.project_name=agentloop_demo",
+            f"trainer.default_local_dir={rl_dir}",
+            *overrides,
+        ]
+    )
+    return (time.perf_counter() - start) / 60
 
 
 def grpo_mode(async_mode: bool) -> tuple[str, list[str]]:
@@ -183,57 +250,45 @@ def main() -> int:
     sft_model = sft_warm_start(model, data, home / "sft", sft_steps)
 
     mode, mode_overrides = grpo_mode(_env("DEMO_ASYNC", "0") != "0")
-    print(f"[demo] 4/5 GRPO with tool_agent: {rl_steps} steps, {mode}", flush=True)
-    rl_dir = home / "grpo"
-    grpo_start = time.perf_counter()
-    _run(
-        [
-            "-m",
-            "trainer.cli.train",
-            f"data.train_files={data / 'train.jsonl'}",
-            "data.train_batch_size=8",
-            f"actor_rollout_ref.model.path={sft_model}",
-            "actor_rollout_ref.rollout.n=4",
-            "actor_rollout_ref.rollout.response_length=128",
-            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS}",
-            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-            "actor_rollout_ref.rollout.trace.backend=mlflow",
-            "actor_rollout_ref.rollout.trace.token2text=True",
-            "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            f"actor_rollout_ref.actor.optim.lr={_env('DEMO_RL_LR', '1e-5')}",
-            f"custom_reward_function.path={REWARD}",
-            "trainer.n_gpus_per_node=2",
-            f"trainer.total_training_steps={rl_steps}",
-            f"trainer.save_freq={rl_steps}",
-            "trainer.logger=[console,jsonl,mlflow]",
-            "trainer.project_name=agentloop_demo",
-            f"trainer.default_local_dir={rl_dir}",
-            *mode_overrides,
-        ]
-    )
-    grpo_min = (time.perf_counter() - grpo_start) / 60
-    rl_model = rl_dir / f"global_step_{rl_steps}" / "actor" / "huggingface"
+    runs = [("RL", False)] + ([("RL (LoRA)", True)] if _env("DEMO_LORA", "0") != "0" else [])
+    minutes: dict[str, float] = {}
+    for index, (name, lora) in enumerate(runs, start=1):
+        kind = f"LoRA rank {LORA_RANK}, all linear layers" if lora else "full fine-tuning"
+        print(
+            f"[demo] 4/5 GRPO ({index}/{len(runs)}): {rl_steps} steps, {mode}, {kind}", flush=True
+        )
+        lr = _env("DEMO_LORA_LR", "1e-4") if lora else _env("DEMO_RL_LR", "1e-5")
+        extra = mode_overrides + (lora_overrides() if lora else [])
+        rl_dir = home / ("grpo_lora" if lora else "grpo")
+        minutes[name] = grpo(sft_model, data, rl_dir, rl_steps, lr, extra)
 
     print("[demo] 5/5 SFT and RL models on the held-out prompts", flush=True)
     results["after SFT"] = evaluate(sft_model, data, home / "eval/sft.jsonl")
-    results["after RL"] = evaluate(str(rl_model), data, home / "eval/rl.jsonl")
+    for name, lora in runs:
+        rl_dir = home / ("grpo_lora" if lora else "grpo")
+        model_dir, serve = trained_model(rl_dir, rl_steps, sft_model, lora)
+        label = f"after {name}"
+        out = home / f"eval/{'rl_lora' if lora else 'rl'}.jsonl"
+        results[label] = evaluate(model_dir, data, out, serve)
     png = home / "reward_curve.png"
-    reward_curve(rl_dir / "metrics.jsonl", png)
-    summary = {**results, "grpo": {"mode": mode, "minutes": round(grpo_min, 2)}}
+    reward_curve(home / "grpo" / "metrics.jsonl", png)
+    summary = {
+        **results,
+        "grpo": {"mode": mode, "minutes": round(minutes["RL"], 2)},
+        **({"grpo_lora": {"minutes": round(minutes["RL (LoRA)"], 2)}} if len(runs) > 1 else {}),
+    }
     (home / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     n = results["base model"]["samples"]
     print(f"\ncalculator task, {n} held-out prompts, greedy decoding; GRPO {mode}:")
-    print(f"| {'model':<11} | accuracy | valid tool-call rate |")
-    print(f"|{'-' * 13}|----------|----------------------|")
+    print(f"| {'model':<18} | accuracy | valid tool-call rate |")
+    print(f"|{'-' * 20}|----------|----------------------|")
     for name, r in results.items():
-        print(f"| {name:<11} | {r['accuracy']:8.1%} | {r['valid_tool_calls']:20.1%} |")
+        print(f"| {name:<18} | {r['accuracy']:8.1%} | {r['valid_tool_calls']:20.1%} |")
     print(f"\nreward curve: {png}")
-    print(f"rollout traces (MLflow): .venv/bin/agentloop-traces --run-dir {rl_dir}")
-    print(f"GRPO ({mode}) took {grpo_min:.1f} min (DEMO_ASYNC=0/1 picks the mode)")
+    print(f"rollout traces (MLflow): .venv/bin/agentloop-traces --run-dir {home / 'grpo'}")
+    for name, took in minutes.items():
+        print(f"GRPO {name} ({mode}) took {took:.1f} min (DEMO_ASYNC=0/1 picks the mode)")
     print(f"demo took {(time.perf_counter() - start) / 60:.1f} min")
     return 0
 

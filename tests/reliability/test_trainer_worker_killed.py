@@ -1,5 +1,7 @@
 """A trainer rank, a rollout server and the driver killed for real in a GRPO run: tiny-qwen3
-on one vLLM CPU server, 2 FSDP2 gloo ranks, Ray local, multi-turn tool_agent rows.
+on one vLLM CPU server, 2 FSDP2 gloo ranks, Ray local, multi-turn tool_agent rows. The actor
+trains a LoRA adapter (verl's keys: rank 8 on every linear layer), so each weight sync sends
+only the adapter, which the server loads as its next LoRA version.
 
 1. Sync run: after the step-2 checkpoint one rank's process gets SIGKILL; the run stops in
    step 3 with a message naming the rank, the step, the last checkpoint and how to resume,
@@ -10,7 +12,8 @@ on one vLLM CPU server, 2 FSDP2 gloo ranks, Ray local, multi-turn tool_agent row
    driver and its whole process tree get SIGKILL.
 3. Run again: it resumes from step 3, rolls out the in-flight prompts again first and trains
    step 4. Across the checkpoint lineage every prompt of the epoch is trained exactly once;
-   after every weight sync the server's log-probs match the trainer's."""
+   after every weight sync (the restarted server's included) the server's log-probs match
+   the trainer's; the checkpoints hold the adapter only and the export is a PEFT folder."""
 
 from __future__ import annotations
 
@@ -113,6 +116,9 @@ def command(task: Path, run_dir: Path, *extra: str, steps: int = 3) -> list[str]
         "+actor_rollout_ref.rollout.chat_template_kwargs.enable_thinking=false",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.model.target_modules=all-linear",
         f"custom_reward_function.path={task / 'reward.py'}",
         "trainer.n_gpus_per_node=2",
         f"trainer.total_training_steps={steps}",
@@ -284,16 +290,21 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     assert state["step"] == 4
     assert state["sampler"] == {"epoch": 1, "position": 2, "offset": 8, "requeued": []}
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "4"
+    # ---- LoRA: adapter-sized syncs, adapter-only checkpoints, a PEFT export that moved
+    full_mb = sum(p.stat().st_size for p in tiny_qwen3_path.glob("*.safetensors")) / 1e6
+    assert all(0 < r["weight_sync/mb"] < full_mb / 10 for r in logged.values()), full_mb
+    dcp_mb = sum(p.stat().st_size for p in (run_dir / "global_step_4/actor/dcp").iterdir()) / 1e6
+    assert dcp_mb < full_mb / 10, (dcp_mb, full_mb)  # adapter and its optimizer state only
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    trained = AutoModelForCausalLM.from_pretrained(
-        run_dir / "global_step_4" / "actor" / "huggingface"
+    export = run_dir / "global_step_4" / "actor" / "huggingface"
+    assert (export / "adapter_config.json").is_file()
+    trained = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_qwen3_path), export
     )
-    initial = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path)
-    change = max(
-        (a - b).abs().max().item()
-        for a, b in zip(trained.state_dict().values(), initial.state_dict().values(), strict=True)
-    )
+    lora_b = [v for k, v in trained.state_dict().items() if "lora_B" in k]
+    change = max(v.abs().max().item() for v in lora_b)  # B starts at zero
     assert change > 1e-4
     assert torch.isfinite(torch.tensor(change))
     check_traces(run_dir)

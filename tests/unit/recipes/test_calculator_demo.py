@@ -13,7 +13,13 @@ from agentloop.parsers import check_calls, get_parser
 from agentloop.tokens import mask_spans
 from agentloop.tools.calculator import CALCULATOR_SCHEMA, evaluate, format_value
 from recipes.calculator.data import make_problem, make_rows, make_sft_rows, write_task
-from recipes.calculator.demo import evaluate_records, grpo_mode, reward_curve
+from recipes.calculator.demo import (
+    evaluate_records,
+    grpo_mode,
+    lora_overrides,
+    reward_curve,
+    trained_model,
+)
 from recipes.calculator.reward import compute_score, final_answer
 from trainer.sft_data import encode_conversation
 
@@ -100,3 +106,24 @@ def test_grpo_mode_names_the_mode_and_turns_async_training_on_only_when_asked():
 
     config, _ = load_config(["actor_rollout_ref.model.path=tiny-qwen3", *overrides])
     assert config.async_training.enable and config.async_training.staleness_threshold == 1
+
+
+def test_demo_lora_trains_an_adapter_and_serves_the_sft_model_with_it(tmp_path):
+    from trainer.config import load_config  # the overrides are real config keys
+
+    config, _ = load_config(["actor_rollout_ref.model.path=tiny-qwen3", *lora_overrides()])
+    model = config.actor_rollout_ref.model
+    assert (model.lora_rank, model.lora_alpha, model.target_modules) == (16, 32, "all-linear")
+    assert trained_model(tmp_path, 5, "sft", lora=False) == (
+        str(tmp_path / "global_step_5/actor/huggingface"),
+        (),
+    )
+    export = tmp_path / "global_step_5/actor/huggingface"
+    export.mkdir(parents=True)
+    (export / "adapter_config.json").write_text(json.dumps({"r": 16, "lora_alpha": 32}))
+    base, serve = trained_model(tmp_path, 5, "sft", lora=True)
+    assert base == "sft"  # the SFT model, with the exported adapter on top
+    config, _ = load_config(["actor_rollout_ref.model.path=sft", *serve])
+    model = config.actor_rollout_ref.model
+    assert model.lora_rank == 16
+    assert model.lora_adapter_path == str(export)
