@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from trainer.config.actor import ModelConfig
-from trainer.workers.gather import gather_tensor
+from trainer.workers.gather import gather_tensor, gather_tensors
 
 __all__ = [
     "ADAPTER",
@@ -118,8 +118,9 @@ def adapter_tensors(
     named = get_peft_model_state_dict(
         model, state_dict=model.state_dict(), adapter_name=ADAPTER, save_embedding_layers=False
     )
-    for name, value in named.items():
-        yield name, gather_tensor(value, dtype=dtype, device=device)
+    # One collective for the whole adapter, not one per tensor (hundreds of small ones).
+    gathered = gather_tensors(list(named.values()), dtype=dtype, device=device)
+    yield from zip(named, gathered, strict=True)
 
 
 def merged_tensors(

@@ -1,6 +1,7 @@
 """Two FSDP2 ranks on gloo (plain processes, no Ray) write their own shards into one
 shared-memory file: the file holds exactly what an all-gather gives, in the serving dtype,
-with uneven shards (an odd vocabulary) included."""
+with uneven shards (an odd vocabulary) included. The coalesced gather (one collective for many
+tensors, what the LoRA adapter sync uses) gives the same tensors as one gather per tensor."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from servers.weights import read_bucket
 from trainer.config.actor import FSDPConfig, ModelConfig
 from trainer.weight_send import stage_shards
 from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
+from trainer.workers.gather import gather_tensors
 
 pytestmark = pytest.mark.integration
 
@@ -51,6 +53,12 @@ def _rank(rank: int, world: int, port: int, path: str) -> None:
                 assert value.dtype == dtype, name  # gathered in the serving dtype
                 assert staged[name].dtype == dtype, name
                 assert torch.equal(staged[name], value), name
+        state = model.state_dict()
+        together = gather_tensors(list(state.values()), dtype=dtype)  # collective: one
+        apart = dict(full_tensors(model, dtype=dtype))
+        assert list(state) == list(apart)
+        for (name, one), value in zip(apart.items(), together, strict=True):
+            assert value.dtype == one.dtype and torch.equal(value, one), name
     shared.close()
     if rank == 0:
         assert not os.path.exists(shared.path)  # the owner removes it
