@@ -60,7 +60,9 @@ def _rank(rank: int, world: int, port: int, path: str, out: dict) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_fsdp2_nccl_bf16_update(tmp_path):
+def _spawn(fn, tmp_path) -> tuple[str, int, dict]:
+    """Run ``fn(rank, world, port, path, out)`` on up to 2 GPUs over a saved tiny model;
+    returns the model folder, the world size and what rank 0 put in ``out``."""
     path = str(tmp_path / "model")
     _tiny_model(path)
     world = min(2, torch.cuda.device_count())
@@ -68,7 +70,12 @@ def test_fsdp2_nccl_bf16_update(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = mp.Manager().dict()
-    mp.spawn(_rank, args=(world, port, path, out), nprocs=world, join=True)
+    mp.spawn(fn, args=(world, port, path, out), nprocs=world, join=True)
+    return path, world, out
+
+
+def test_fsdp2_nccl_bf16_update(tmp_path):
+    path, world, out = _spawn(_rank, tmp_path)
     # bf16 compute vs the fp32 CPU model: close, not equal
     cpu = load_model(path, ModelConfig(path=path), "cpu")
     reference, _ = log_probs_in_micro_batches(cpu, _batch().chunk(world)[0], micro_batch_size=2)
@@ -107,14 +114,7 @@ def test_lora_fsdp2_nccl_bf16_update_moves_only_the_adapter(tmp_path):
     """LoRA under bf16 mixed precision with activation checkpointing on NCCL ranks: the update
     runs, the adapter moves, and both exports gather on the GPU in the serving dtype."""
     pytest.importorskip("peft")
-    path = str(tmp_path / "model")
-    _tiny_model(path)
-    world = min(2, torch.cuda.device_count())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = mp.Manager().dict()
-    mp.spawn(_lora_rank, args=(world, port, path, out), nprocs=world, join=True)
+    path, _, out = _spawn(_lora_rank, tmp_path)
     assert torch.isfinite(torch.tensor(out["metrics"]["actor/grad_norm"]))
     assert out["metrics"]["actor/optimizer_steps"] == 1
     assert out["max_b"] > 0  # B started at zero
