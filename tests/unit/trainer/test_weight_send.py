@@ -185,3 +185,44 @@ def test_a_server_whose_engine_cannot_load_staged_files_says_how_to_send():
         "sglang servers have no load_staged: send weights with begin_weight_update / "
         "update_weights_bucket / finish_weight_update"
     )
+
+
+def test_a_lora_actor_sends_its_adapter_where_every_server_loads_its_rank_else_merged_once(
+    monkeypatch, caplog
+):
+    """Servers started with LoRA at the actor's rank or above get the adapter; one that cannot
+    load it (SGLang, LoRA off, a smaller rank) makes the push send merged weights, said once."""
+    import logging
+
+    import ray
+
+    from trainer.config.actor import ModelConfig
+    from trainer.weight_send import WeightSender
+    from trainer.workers.lora import apply_lora
+
+    model = apply_lora(tiny_model(tied=False), ModelConfig(path="tiny", lora_rank=8))
+    sender = WeightSender(model)
+    sent: list[str] = []
+    monkeypatch.setattr(sender, "_push_adapter", lambda servers, dtype: sent.append("adapter"))
+    monkeypatch.setattr(
+        sender, "_push_buckets", lambda s, d, b, merged=False: sent.append(f"merged={merged}")
+    )
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+
+    def server(lora_rank: int) -> SimpleNamespace:
+        answer = info("float32", lora_rank=lora_rank)
+        return SimpleNamespace(weight_sync_info=SimpleNamespace(remote=lambda: answer))
+
+    with caplog.at_level(logging.WARNING, logger="trainer.weight_send"):
+        sender.push([server(8), server(16)], 1 << 20)
+        sender.push([server(16), server(0)], 1 << 20)
+        sender.push([server(16), server(0)], 1 << 20)
+        sender.push([server(16), server(4)], 1 << 20)
+    assert sent == ["adapter", "merged=True", "merged=True", "merged=True"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "weight sync: the rollout servers cannot load a rank-8 LoRA adapter (they load up to "
+        "rank 0): sending merged full weights instead"
+    ]
+    with pytest.raises(ValueError, match=r"sends its adapter or merged weights .*not 'staged'"):
+        sender.push([server(16)], 1 << 20, "staged")
