@@ -133,7 +133,8 @@ def plan_run(config: Config) -> RunPlan:
     checkpoints.check_writable()
     if run.save_freq > 0:
         contents = config.actor_rollout_ref.actor.checkpoint.save_contents
-        checkpoints.check_free_space(checkpoint_bytes(setup.model_path, contents))
+        lora_rank = config.actor_rollout_ref.model.lora_rank
+        checkpoints.check_free_space(checkpoint_bytes(setup.model_path, contents, lora_rank))
     # before any server starts: reward functions, and a built-in scorer for every row to score
     check_rewards(config, {"train": train_rows, "val": val_rows})
     write_config(config, checkpoints.root)

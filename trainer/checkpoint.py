@@ -40,34 +40,45 @@ class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be written; nothing of it was kept."""
 
 
-def checkpoint_bytes(model_path: str | Path, contents: list[str]) -> int:
+def checkpoint_bytes(model_path: str | Path, contents: list[str], lora_rank: int = 0) -> int:
     """About how many bytes one checkpoint of the model at ``model_path`` takes (parameter
     counts from the safetensors headers, no weights read). A tied ``lm_head`` is written
-    again in the sharded model state; the HF export also copies the tokenizer files."""
+    again in the sharded model state; the HF export also copies the tokenizer files.
+
+    ``lora_rank`` > 0: the model state, optimizer state and ``hf_model`` export hold a LoRA
+    adapter of that rank, counted as if every matrix but the embeddings and the head had one
+    (an upper bound for any ``target_modules``); ``hf_merged`` is still the whole model."""
     from safetensors import safe_open
 
     folder = Path(model_path)
-    numel, embed, keys = 0, 0, set()
+    numel, embed, adapter, keys = 0, 0, 0, set()
     for file in sorted(folder.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
-                count = math.prod(f.get_slice(key).get_shape())
+                shape = f.get_slice(key).get_shape()
+                count = math.prod(shape)
                 numel += count
                 keys.add(key)
                 if key.endswith("embed_tokens.weight"):
                     embed = count
+                elif len(shape) == 2 and not key.startswith("lm_head."):
+                    adapter += lora_rank * (shape[0] + shape[1])  # A: [r, in], B: [out, r]
     config = folder / "config.json"
     tied = config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings", False)
     model_numel = numel + (embed if tied and "lm_head.weight" not in keys else 0)
+    trained = adapter if lora_rank > 0 else numel
     total = 0
     if "model" in contents:
-        total += 4 * model_numel
+        total += 4 * (adapter if lora_rank > 0 else model_numel)
     if "optimizer" in contents:
-        total += 8 * numel
-    for export in ("hf_model", "hf_merged"):  # with LoRA hf_model is far smaller: an upper bound
-        if export in contents:
-            others = (f for f in folder.iterdir() if f.is_file() and f.suffix != ".safetensors")
-            total += 4 * numel + sum(f.stat().st_size for f in others)
+        total += 8 * trained
+    others = sum(
+        f.stat().st_size for f in folder.iterdir() if f.is_file() and f.suffix != ".safetensors"
+    )
+    if "hf_model" in contents:
+        total += 4 * trained + others
+    if "hf_merged" in contents:
+        total += 4 * numel + others
     return total
 
 

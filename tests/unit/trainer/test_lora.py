@@ -292,3 +292,15 @@ def test_hf_merged_needs_lora(tiny_qwen3_path):
     assert "unknown item 'hf_mergd'; use model, optimizer, extra, hf_model, hf_merged" in str(
         err.value
     )
+
+
+def test_the_free_space_check_counts_the_adapter_not_the_model(trained, tiny_qwen3_path):
+    """With every linear layer adapted, the model and optimizer parts of a checkpoint are the
+    adapter's numbers exactly (float32 weights + Adam's two moments); hf_merged stays whole."""
+    from trainer.checkpoint import checkpoint_bytes
+
+    adapter = sum(p.numel() for p in trainable_parameters(trained))
+    full = checkpoint_bytes(tiny_qwen3_path, ["model", "optimizer"])
+    assert checkpoint_bytes(tiny_qwen3_path, ["model", "optimizer"], RANK) == 12 * adapter < full
+    merged = checkpoint_bytes(tiny_qwen3_path, ["hf_merged"], RANK)
+    assert merged == checkpoint_bytes(tiny_qwen3_path, ["hf_model"]) > 40 * adapter
