@@ -254,6 +254,12 @@ class RolloutConfig:
     """How the trainer's weights reach the engines after each update: ``host`` (shards
     written into shared memory on one node, Ray objects across nodes; CPU and GPU), or vLLM's
     GPU weight-transfer API: ``nccl`` (servers on their own GPUs) or ``ipc`` (colocated)."""
+    lora_sync: str = "adapter"
+    """How a LoRA actor's weights (``actor_rollout_ref.model.lora_rank > 0``) reach vLLM
+    servers in training: ``adapter`` (servers run with LoRA and load each new adapter
+    version: megabytes per sync, the engine's LoRA kernels in every forward) or ``merged``
+    (servers run without LoRA and get the full weights with the adapter merged in: the whole
+    model per sync, no LoRA cost in generation; on CPU the faster step, docs/training.md)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra chat-template variables, e.g. ``{enable_thinking: false}`` for Qwen3."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
@@ -295,6 +301,11 @@ class RolloutConfig:
             raise ValueError(
                 f"actor_rollout_ref.rollout.weight_transfer={self.weight_transfer!r}: use host, "
                 "nccl or ipc"
+            )
+        if self.lora_sync not in ("adapter", "merged"):
+            raise ValueError(
+                f"actor_rollout_ref.rollout.lora_sync={self.lora_sync!r}: use adapter (servers "
+                "load each LoRA adapter version) or merged (servers get merged full weights)"
             )
         if self.weight_transfer != "host" and self.name != "vllm":
             raise ValueError(

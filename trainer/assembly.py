@@ -39,7 +39,14 @@ from trainer.config.validate import (
     warn_cpu_noops,
 )
 from trainer.dataloader import PromptSampler
-from trainer.launch import RolloutSetup, load_split, prepare_rollout, start_rollout, stop_rollout
+from trainer.launch import (
+    RolloutSetup,
+    load_split,
+    prepare_rollout,
+    serves_lora,
+    start_rollout,
+    stop_rollout,
+)
 from trainer.rewards.build import build_rewards, check_rewards
 from trainer.rewards.manager import RewardManager
 from trainer.trace_tags import TraceTagger
@@ -195,7 +202,8 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         init_ray(config.trainer.worker_log_level, {RUN_DIR_ENV: str(plan.checkpoints.root)})
         # Before the servers: the agent-loop workers take the trace settings with them.
         count = servers_for(config, plan.device)
-        servers, manager = start_rollout(ref.rollout, model, share, num_servers=count)
+        lora = ref.rollout.lora_sync == "adapter"  # merged: servers without LoRA
+        servers, manager = start_rollout(ref.rollout, model, share, num_servers=count, lora=lora)
         undo.callback(stop_rollout, servers, manager)
         rewards, judge_servers = build_rewards(config, plan.setup.tokenizer, plan.device)
         undo.callback(_stop_rewards, rewards, judge_servers)
@@ -224,8 +232,8 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             servers,
             bucket_mb=config.trainer.weight_sync_bucket_mb,
             colocated=colocated,
-            # a starting LoRA adapter the servers cannot load: they get merged weights first
-            starts_ahead=model.lora_adapter_path is not None and ref.rollout.name != "vllm",
+            # a starting LoRA adapter the servers do not load: they get merged weights first
+            starts_ahead=model.lora_adapter_path is not None and not serves_lora(ref.rollout, lora),
         )
         manager.on_server_restart = sync.push_to  # a restarted server gets the current weights
         undo.pop_all()  # all started: from here ``RunParts.close`` stops them

@@ -26,6 +26,7 @@ __all__ = [
     "warn_toolless_rows",
     "load_split",
     "prepare_rollout",
+    "serves_lora",
     "start_judge",
     "start_rollout",
     "stop_rollout",
@@ -170,12 +171,19 @@ def check_engine_kwargs(rollout: RolloutConfig) -> None:
     engine_args.check_engine_kwargs(rollout.name, kwargs, key=key, owners=_SERVER_FIELD_KEYS)
 
 
+def serves_lora(rollout: RolloutConfig, lora: bool = True) -> bool:
+    """Whether rollout servers load LoRA adapters: vLLM ones, unless ``lora`` is off (training
+    with ``actor_rollout_ref.rollout.lora_sync=merged``)."""
+    return lora and rollout.name == "vllm"
+
+
 def start_rollout(
     rollout: RolloutConfig,
     model: ModelConfig,
     gpu_share: float | None = None,
     *,
     num_servers: int,
+    lora: bool = True,
 ) -> tuple[list[Any], AgentLoopManager]:
     """Ray (local unless already connected), the AsyncServers and the AgentLoopManager (which
     restarts a server that dies; the handles list is updated in place), from
@@ -183,7 +191,8 @@ def start_rollout(
 
     ``gpu_share``: GPUs per tensor-parallel rank a server asks Ray for (None: whole GPUs;
     a fraction lets colocated trainer ranks share them). ``num_servers``: how many
-    (``servers_for``)."""
+    (``servers_for``). ``lora``: vLLM servers run with LoRA at ``model.lora_rank`` (and serve
+    ``model.lora_adapter_path``); False: without (a LoRA actor then sends merged weights)."""
 
     from agentloop import AgentLoopManager
     from servers import ServerConfig, ServerGroup
@@ -207,8 +216,8 @@ def start_rollout(
         engine_kwargs=getattr(rollout.engine_kwargs, rollout.name),
         weight_transfer=rollout.weight_transfer,
         # SGLang loads no adapters here: it serves merged weights (``WeightSync.starts_ahead``)
-        lora_rank=model.lora_rank if rollout.name == "vllm" else 0,
-        lora_adapter_path=model.lora_adapter_path if rollout.name == "vllm" else None,
+        lora_rank=model.lora_rank if serves_lora(rollout, lora) else 0,
+        lora_adapter_path=model.lora_adapter_path if serves_lora(rollout, lora) else None,
     )
     init_ray()  # no-op where agentloop-train started it at trainer.worker_log_level
     num_gpus = None if gpu_share is None else gpu_share * rollout.tensor_model_parallel_size

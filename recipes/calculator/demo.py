@@ -14,7 +14,9 @@ leaves RL room; 12 steps make the model perfect on this task), ``DEMO_RL_STEPS``
 (0, the default: the synchronous GRPO loop; 1: async mode, the next step's rollout overlapping
 the update, staleness 1 with partial rollout; on 2 cores it was not sooner, see docs/demo.md),
 ``DEMO_LORA`` (0; 1: a second GRPO run from the same SFT model training a LoRA adapter, rank
-16 on every linear layer, reported beside full fine-tuning), ``DEMO_LORA_LR`` (1e-4).
+16 on every linear layer, reported beside full fine-tuning), ``DEMO_LORA_LR`` (1e-4),
+``DEMO_LORA_SYNC`` (``adapter``: the server loads each adapter version; ``merged``: it runs
+without LoRA and gets merged weights, sooner on CPU: docs/demo.md).
 """
 
 from __future__ import annotations
@@ -136,12 +138,16 @@ def evaluate(
 LORA_RANK, LORA_ALPHA = 16, 32
 
 
-def lora_overrides(rank: int = LORA_RANK, alpha: int = LORA_ALPHA) -> list[str]:
-    """``agentloop-train`` overrides (verl's keys) for a LoRA adapter on every linear layer."""
+def lora_overrides(
+    rank: int = LORA_RANK, alpha: int = LORA_ALPHA, sync: str = "adapter"
+) -> list[str]:
+    """``agentloop-train`` overrides (verl's keys) for a LoRA adapter on every linear layer,
+    synced to the server as ``sync`` (``actor_rollout_ref.rollout.lora_sync``)."""
     return [
         f"actor_rollout_ref.model.lora_rank={rank}",
         f"actor_rollout_ref.model.lora_alpha={alpha}",
         "actor_rollout_ref.model.target_modules=all-linear",
+        f"actor_rollout_ref.rollout.lora_sync={sync}",
     ]
 
 
@@ -258,7 +264,8 @@ def main() -> int:
             f"[demo] 4/5 GRPO ({index}/{len(runs)}): {rl_steps} steps, {mode}, {kind}", flush=True
         )
         lr = _env("DEMO_LORA_LR", "1e-4") if lora else _env("DEMO_RL_LR", "1e-5")
-        extra = mode_overrides + (lora_overrides() if lora else [])
+        sync = _env("DEMO_LORA_SYNC", "adapter")
+        extra = mode_overrides + (lora_overrides(sync=sync) if lora else [])
         rl_dir = home / ("grpo_lora" if lora else "grpo")
         minutes[name] = grpo(sft_model, data, rl_dir, rl_steps, lr, extra)
 

@@ -114,6 +114,9 @@ def test_demo_lora_trains_an_adapter_and_serves_the_sft_model_with_it(tmp_path):
     config, _ = load_config(["actor_rollout_ref.model.path=tiny-qwen3", *lora_overrides()])
     model = config.actor_rollout_ref.model
     assert (model.lora_rank, model.lora_alpha, model.target_modules) == (16, 32, "all-linear")
+    assert config.actor_rollout_ref.rollout.lora_sync == "adapter"
+    config, _ = load_config(["actor_rollout_ref.model.path=m", *lora_overrides(sync="merged")])
+    assert config.actor_rollout_ref.rollout.lora_sync == "merged"
     assert trained_model(tmp_path, 5, "sft", lora=False) == (
         str(tmp_path / "global_step_5/actor/huggingface"),
         (),

@@ -56,7 +56,9 @@ def started(monkeypatch) -> list[str]:
     """Stand-ins for the rollout, rewards and ranks; returns the events they record."""
     events: list[str] = []
 
-    def start_rollout(rollout: Any, model: ModelConfig, share: float | None, *, num_servers: int):
+    def start_rollout(
+        rollout: Any, model: ModelConfig, share: float | None, *, num_servers: int, lora: bool
+    ):
         events.append(f"start rollout {model.path} share={share} servers={num_servers}")
         return ["server-0"], FakeManager()
 

@@ -245,6 +245,29 @@ def test_start_rollout_hands_servers_and_agent_loops_the_resolved_model(monkeypa
     )
 
 
+def test_servers_run_with_lora_only_for_a_lora_actor_on_vllm_with_adapter_sync(monkeypatch):
+    """vLLM servers start with LoRA at the actor's rank; with ``lora_sync=merged`` (training
+    passes ``lora=False``) or SGLang they start without and are sent merged weights."""
+    seen: list[Any] = []
+
+    class Group:
+        def __init__(self, config, num_servers, **kwargs) -> None:
+            seen.append(config)
+            self.handles = ["server-0"]
+
+    monkeypatch.setattr(servers, "ServerGroup", Group)
+    monkeypatch.setattr(agentloop, "AgentLoopManager", lambda rollout, group, tokenizer: None)
+    monkeypatch.setattr(trainer.launch, "init_ray", lambda: None)
+    model = ModelConfig(path="/snap/model", lora_rank=8)
+    start_rollout(RolloutConfig(), model, num_servers=1)
+    start_rollout(RolloutConfig(), model, num_servers=1, lora=False)
+    start_rollout(RolloutConfig(name="sglang"), model, num_servers=1)
+    start_rollout(RolloutConfig(), ModelConfig(path="/snap/model"), num_servers=1)
+    assert [c.lora_rank for c in seen] == [8, 0, 0, 0]
+    with pytest.raises(ValueError, match=r"lora_sync='both': use adapter .* or merged"):
+        RolloutConfig(lora_sync="both")
+
+
 def test_export_carries_the_run_s_tokenizer_and_template(tiny_qwen3_path, tmp_path):
     tok = copy_model(tiny_qwen3_path, tmp_path / "tok")
     edit_json(tok / "tokenizer_config.json", model_max_length=4321)
