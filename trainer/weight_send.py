@@ -105,8 +105,9 @@ class WeightSender:
         if route != self._last_route and self.rank == 0:
             if route == "merged":
                 logger.warning(
-                    "weight sync: the rollout servers cannot load a rank-%d LoRA adapter "
-                    "(they load up to rank %s): sending merged full weights instead",
+                    "weight sync: sending merged full weights, not the rank-%d LoRA adapter: "
+                    "the rollout servers load adapters up to rank %s (0: none, as with "
+                    "actor_rollout_ref.rollout.lora_sync=merged or SGLang)",
                     self._lora_rank,
                     min(i.lora_rank for i in infos),
                 )

@@ -221,8 +221,9 @@ def test_a_lora_actor_sends_its_adapter_where_every_server_loads_its_rank_else_m
     assert sent == ["adapter", "merged=True", "merged=True", "merged=True"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
-        "weight sync: the rollout servers cannot load a rank-8 LoRA adapter (they load up to "
-        "rank 0): sending merged full weights instead"
+        "weight sync: sending merged full weights, not the rank-8 LoRA adapter: the rollout "
+        "servers load adapters up to rank 0 (0: none, as with "
+        "actor_rollout_ref.rollout.lora_sync=merged or SGLang)"
     ]
     with pytest.raises(ValueError, match=r"sends its adapter or merged weights .*not 'staged'"):
         sender.push([server(16)], 1 << 20, "staged")
