@@ -21,25 +21,16 @@ import statistics
 import time
 from pathlib import Path
 
-import pytest
 import ray
 import torch
 
 from servers import ServerConfig, launch_servers
-from tests.ray_local import init_local_ray
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.models import prepare
 from trainer.workers import TrainBatch, WorkerGroup, WorkerSpec
 
 RANK, ALPHA = 16, 32
 ROUNDS = 3
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    init_local_ray()
-    yield
-    ray.shutdown()
 
 
 def grpo_batch(n: int = 8, prompt: int = 96, response: int = 160) -> TrainBatch:

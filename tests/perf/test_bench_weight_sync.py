@@ -21,25 +21,16 @@ import statistics
 import time
 from pathlib import Path
 
-import pytest
 import ray
 from safetensors.torch import load_file
 
 from servers import ServerConfig, launch_servers
 from servers.weights import new_staging_file, stage_bucket
-from tests.ray_local import init_local_ray
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
 from trainer.models import prepare
 from trainer.workers import WorkerGroup, WorkerSpec
 
 ROUNDS = 7
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    init_local_ray()
-    yield
-    ray.shutdown()
 
 
 def _spread(xs: list[float]) -> dict[str, float]:
