@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Mapping
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "adapter_rank",
     "check_adapter_rank",
     "check_lora",
+    "json_safe",
     "max_lora_rank",
     "write_adapter",
 ]
@@ -123,23 +125,43 @@ def check_adapter_rank(config: Mapping[str, Any], lora_rank: int) -> None:
 
 
 def write_adapter(
-    folder: Path, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]
+    folder: Path,
+    tensors: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    *,
+    exist_ok: bool = False,
 ) -> None:
-    """Write an adapter into the new folder ``folder`` as PEFT does: the tensors (names as in
-    PEFT's saved file, ``base_model.model.<module>.lora_A.weight``) and the config (sets, as in
-    a live ``LoraConfig``'s ``target_modules``, become sorted lists)."""
-    folder.mkdir()
+    """Write an adapter into ``folder`` as PEFT's ``save_pretrained`` does: the tensors (names as
+    in PEFT's saved file, ``base_model.model.<module>.lora_A.weight``) and the config
+    (``json_safe``). ``folder`` must be new unless ``exist_ok`` (then it and its parents are
+    made as needed, and other files in it are left alone). Nothing is left behind on an error.
+    The trainer's ``hf_model`` export and each adapter version a server is sent use it."""
+    made = not folder.exists()
+    folder.mkdir(parents=exist_ok, exist_ok=exist_ok)
+    written = [folder / ADAPTER_WEIGHTS, folder / ADAPTER_CONFIG]
     try:
         flat = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-        save_file(flat, str(folder / ADAPTER_WEIGHTS))
-        text = json.dumps(dict(config), indent=2, default=_json_value)
-        (folder / ADAPTER_CONFIG).write_text(text)
+        save_file(flat, str(written[0]), metadata={"format": "pt"})
+        written[1].write_text(json.dumps(json_safe(config), indent=2) + "\n")
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            for path in written:
+                path.unlink(missing_ok=True)
         raise
 
 
-def _json_value(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """An adapter config as JSON data, as PEFT writes it: enums as their values, sets as sorted
+    lists, tuples as lists, keys as strings. Anything else is left for ``json`` to take or
+    refuse (``TypeError``)."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, set | frozenset):
-        return sorted(value)
-    raise TypeError(f"adapter config value {value!r} is not JSON data")
+        return sorted(json_safe(v) for v in value)
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value

@@ -6,9 +6,15 @@ goes through the same composition and errors (``trainer.config.sft.load_sft_conf
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from trainer.config.schema import ActorRolloutRefConfig, Config, DataConfig, ModelConfig
+if TYPE_CHECKING:
+    from trainer.config.schema import ActorRolloutRefConfig, Config, DataConfig, ModelConfig
+
+# The schema (it pulls in agentloop's config, hence the agent loops and their parsers) loads on
+# first use, so the FSDP workers' ``trainer.config.actor`` comes with torch alone (PEP 562).
+_SCHEMA_NAMES = ("ActorRolloutRefConfig", "Config", "DataConfig", "ModelConfig")
 
 __all__ = [
     "ActorRolloutRefConfig",
@@ -19,6 +25,14 @@ __all__ = [
     "compose_tree",
     "load_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SCHEMA_NAMES:
+        raise AttributeError(f"module 'trainer.config' has no attribute {name!r}")
+    value = getattr(importlib.import_module("trainer.config.schema"), name)
+    globals()[name] = value
+    return value
 
 
 class ConfigError(ValueError):
@@ -79,6 +93,7 @@ def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, A
     ``trainer.config.verl_compat``), optionally ``--config-path``/``--config-name`` of a
     config file extending ``ppo_trainer``; plus the ``+key`` extras at the root."""
     from agentloop.config import from_dict
+    from trainer.config.schema import Config
     from trainer.config.verl_compat import read_config_file, split_config_args, translate_overrides
 
     try:

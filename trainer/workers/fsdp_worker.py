@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from servers.lora import write_adapter
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers.batch import TrainBatch
 from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
@@ -423,17 +424,15 @@ class FSDPWorker:
         if self.rank != 0:
             return
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        weights = "adapter_model.safetensors" if adapter else "model.safetensors"
-        save_file(
-            {k: v.contiguous() for k, v in state.items()},
-            out / weights,
-            metadata={"format": "pt"},
-        )
         if adapter:
-            config = adapter_config(self.model)
-            (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+            write_adapter(out, state, adapter_config(self.model), exist_ok=True)
         else:
+            out.mkdir(parents=True, exist_ok=True)
+            save_file(
+                {k: v.contiguous() for k, v in state.items()},
+                out / "model.safetensors",
+                metadata={"format": "pt"},
+            )
             base = self.model.get_base_model() if is_lora(self.model) else self.model
             base.config.save_pretrained(out)
         write_model_files(self.spec.model_path, self.spec.model, out)

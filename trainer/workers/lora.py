@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from enum import Enum
 from typing import Any
 
 import torch
 
+from servers.lora import json_safe
 from trainer.config.actor import ModelConfig
 from trainer.workers.gather import gather_tensor, gather_tensors
 
@@ -96,7 +96,7 @@ def adapter_config(model: torch.nn.Module) -> dict[str, Any]:
     sorted lists, enums as their values, ``inference_mode`` true), JSON-safe;
     ``base_model_name_or_path`` is the folder the model was loaded from."""
     config = model.peft_config[ADAPTER]
-    out = _json_safe(config.to_dict())
+    out = json_safe(config.to_dict())
     out["inference_mode"] = True
     out["base_model_name_or_path"] = getattr(
         model.get_base_model(), "name_or_path", out.get("base_model_name_or_path")
@@ -170,18 +170,6 @@ def merged_tensors(
 def _plain(value: Any) -> Any:
     """A Hydra/OmegaConf list as a plain list (PEFT checks ``isinstance(..., list)``)."""
     return list(value) if value is not None and not isinstance(value, str) else value
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, set | frozenset):
-        return sorted(_json_safe(v) for v in value)
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _lora_owner(key: str, layers: dict[str, torch.nn.Module]) -> str | None:

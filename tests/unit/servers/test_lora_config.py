@@ -175,6 +175,33 @@ def test_an_adapter_is_written_as_peft_writes_it(tmp_path):
     assert not (tmp_path / "v2").exists()
 
 
+def test_an_export_writes_the_adapter_beside_the_folder_s_other_files(tmp_path):
+    """``exist_ok``: the trainer's ``hf_model`` export folder already holds the tokenizer; an
+    error removes only the adapter's two files."""
+    from enum import Enum
+
+    class Kind(Enum):  # json refuses a plain enum: json_safe must turn it into its value
+        LORA = "LORA"
+
+    export = tmp_path / "huggingface"
+    export.mkdir()
+    (export / "tokenizer.json").write_text("{}")
+    tensors = {"base_model.model.lm.lora_B.weight": torch.zeros(4, 8)}
+    config = {"r": 8, "peft_type": Kind.LORA, "layers": (1, 2), "target_modules": {"k", "q"}}
+    write_adapter(export, tensors, config, exist_ok=True)
+    assert sorted(p.name for p in export.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "tokenizer.json",
+    ]  # fmt: skip
+    saved = json.loads((export / "adapter_config.json").read_text())
+    assert saved == {"r": 8, "peft_type": "LORA", "layers": [1, 2], "target_modules": ["k", "q"]}
+    with pytest.raises(TypeError):
+        write_adapter(export, tensors, {"r": 8, "bad": object()}, exist_ok=True)
+    assert [p.name for p in export.iterdir()] == ["tokenizer.json"]
+    with pytest.raises(FileExistsError):  # a server's version folder must be new
+        write_adapter(export, tensors, config)
+    assert (export / "tokenizer.json").is_file()
+
+
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
