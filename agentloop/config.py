@@ -228,7 +228,7 @@ class RolloutConfig:
     of the trainer's GPUs on CUDA (trainer.nnodes x trainer.n_gpus_per_node //
     tensor_model_parallel_size, at least 1); one on CPU, where an engine is a whole process
     that already uses every core it is given, so a second would only share them."""
-    cpu_cores: str | None = None
+    cpu_cores: str | int | None = None
     """CPU only: cores the rollout engines run on (``"0"``, ``"0-3"``); with the trainer
     ranks on other cores (``actor.cpu_cores``) rollout and training overlap for real."""
     max_model_len: int | None = None

@@ -19,7 +19,7 @@ WEIGHT_TRANSFERS = ("host", "nccl", "ipc")
 """How new weights reach an engine: through host memory, or vLLM's GPU weight-transfer API."""
 
 
-def parse_cores(spec: str, key: str = "cpu_cores") -> list[int]:
+def parse_cores(spec: str | int, key: str = "cpu_cores") -> list[int]:
     """``"0-3,6"`` -> ``[0, 1, 2, 3, 6]``, each checked against this machine's cores; a
     ``ValueError`` names ``key`` and what to write."""
     available = sorted(os.sched_getaffinity(0))
@@ -74,7 +74,7 @@ class ServerConfig:
     """Reuse KV cache across turns of one trajectory."""
     cpu_kvcache_space_gib: int = 1
     """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE); without it vLLM tries to take ~all RAM."""
-    cpu_cores: str | None = None
+    cpu_cores: str | int | None = None
     """CPU only: the cores the engine runs on (``"0"``, ``"0-3"``, ``"0,2"``), so a trainer
     pinned to other cores does not compete with it; None: vLLM's own binding."""
     scheduling_policy: Literal["priority", "fcfs"] = "priority"

@@ -169,7 +169,7 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (times rollout.n samples), as in verl."""
-    cpu_cores: str | None = None
+    cpu_cores: str | int | None = None
     """CPU only: cores the trainer ranks run on (``"1"``, ``"2-7"``), split evenly among the
     ranks (a core may be shared); null: every core, ``cpu_count // ranks`` threads each."""
     ppo_micro_batch_size_per_gpu: int = 2

@@ -34,3 +34,20 @@ def test_a_malformed_core_list_says_what_to_write():
     assert (
         str(info.value) == 'cpu_cores=\'first\' is not a core list: write e.g. "0", "0-3" or "0,2"'
     )
+
+
+def test_a_single_core_given_as_a_number_on_the_command_line_is_taken():
+    """``cpu_cores=0`` reaches the config as the int 0 (Hydra parses it): one core, as "0"."""
+    from trainer.config import load_config
+
+    first = min(os.sched_getaffinity(0))
+    config, _ = load_config(
+        [
+            "actor_rollout_ref.model.path=m",
+            f"actor_rollout_ref.rollout.cpu_cores={first}",
+            f"actor_rollout_ref.actor.cpu_cores={first}",
+        ]
+    )
+    ref = config.actor_rollout_ref
+    assert parse_cores(ref.rollout.cpu_cores) == parse_cores(ref.actor.cpu_cores) == [first]
+    assert ServerConfig(model="m", cpu_cores=first).cpu_cores == first

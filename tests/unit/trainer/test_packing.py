@@ -1,9 +1,14 @@
 """Packed micro-batches (``trainer.workers.packing``, ``varlen_attention``): the packed row
 holds exactly the real tokens, positions restart per sample, each sampled token is predicted
 by the position before it; attention never sees a mask or a query longer than one sample;
-packed log-probs equal padded ones on a tiny random Qwen3; token budgets count real tokens."""
+packed log-probs equal padded ones on a tiny random Qwen3; a 16,384-token packed row never
+holds a [tokens, tokens] score matrix; token budgets count real tokens."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,3 +117,24 @@ def test_packed_budget_counts_real_tokens():
     assert [g.tolist() for g in groups] == [[0, 1, 2, 3]]
     groups = balanced_micro_batches(tokens, 115, packed=True)
     assert all(int(tokens[g].sum()) <= 115 for g in groups) and len(groups) == 2
+
+
+def _peak_growth_mib(mode: str) -> float:
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.unit.trainer.long_packed_row", mode],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return float(proc.stdout.split()[-1])
+
+
+def test_a_16k_packed_row_never_holds_a_tokens_by_tokens_score_matrix():
+    """Forward and backward over one 16,384-token row (samples of 12,000 and 4,384 tokens) with
+    SDPA held to its fused kernels (a math fall back raises), in a fresh process: its peak RSS
+    grows by less than ONE head's fp32 score matrix of the longest sample (the math path would
+    hold four). The control: one math-path SDPA over 4,096 tokens shows up in the same
+    measurement (its four heads' scores: 256 MiB)."""
+    one_head_scores = 12_000**2 * 4 / 2**20  # 549 MiB
+    assert _peak_growth_mib("packed") < one_head_scores
+    assert _peak_growth_mib("math") > 4 * 4096**2 * 4 / 2**20

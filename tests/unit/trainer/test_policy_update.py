@@ -1,6 +1,7 @@
 """The PPO update on one rank (``trainer.workers.policy_math``) with a tiny random Qwen3: masked
-(tool/padding) tokens contribute no gradient, micro-batching does not change the update, the
-reported loss is the policy loss of the batch, and padded log-probs equal unpadded ones."""
+(tool/padding) tokens contribute no gradient, neither micro-batching nor packing
+(``use_remove_padding`` on or off) changes the update, the reported loss is the policy loss of
+the batch, and padded log-probs equal unpadded ones."""
 
 from __future__ import annotations
 
@@ -118,11 +119,17 @@ def test_masked_tokens_contribute_nothing_to_the_gradient(model, batch, mode):
     assert not all(torch.equal(grad, moved[name]) for name, grad in reference.items())
 
 
-def updated(model, batch, cfg, samples_per_mini_batch):
+def updated(model, batch, cfg, samples_per_mini_batch, remove_padding=True):
     model = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # weight change = the gradient
     metrics = update_policy(
-        model, optimizer, None, batch, cfg, samples_per_mini_batch=samples_per_mini_batch
+        model,
+        optimizer,
+        None,
+        batch,
+        cfg,
+        samples_per_mini_batch=samples_per_mini_batch,
+        remove_padding=remove_padding,
     )
     return metrics, model.state_dict()
 
@@ -143,6 +150,11 @@ def test_micro_batching_does_not_change_the_update(model, batch, mode):
     results = {
         name: updated(model, batch, cfg, samples_per_mini_batch=3) for name, cfg in runs.items()
     }
+    # use_remove_padding=false: padded rows, budgets in rows x the longest row
+    results["padded micro 2"] = updated(
+        model, batch, actor_config(loss_agg_mode=mode, ppo_micro_batch_size_per_gpu=2), 3, False
+    )
+    results["padded dynamic"] = updated(model, batch, runs["dynamic"], 3, remove_padding=False)
     before = model.state_dict()
     _, reference = results["micro all"]
     assert max(float((reference[k] - before[k]).abs().max()) for k in before) > 1e-3
