@@ -6,8 +6,8 @@ measurement sees a [tokens, tokens] score matrix. Prints the growth of the peak 
 
 from __future__ import annotations
 
-import resource
 import sys
+from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -21,7 +21,12 @@ PROMPT = 100
 
 
 def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS (VmHWM). Not ``getrusage``: its maxrss survives ``exec`` and
+    starts at the forking parent's size, which hides growth below that."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _long_batch(vocab: int) -> TrainBatch:
