@@ -55,18 +55,20 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def test_gpu_tests_and_the_trainer_import_with_torch_and_transformers_alone():
-    program = PROGRAM.format(absent=set(NOT_ON_DEVICE), modules=DEVICE_MODULES)
-    proc = subprocess.run(
+def _import_without(absent: set[str], modules: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """Import ``modules`` in a fresh interpreter where the packages ``absent`` cannot be found."""
+    program = PROGRAM.format(absent=absent, modules=modules)
+    return subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
+
+
+def test_gpu_tests_and_the_trainer_import_with_torch_and_transformers_alone():
+    proc = _import_without(set(NOT_ON_DEVICE), DEVICE_MODULES)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_the_check_finds_a_module_that_needs_one_of_them():
-    program = PROGRAM.format(absent={"fastapi"}, modules=("servers.http",))
-    proc = subprocess.run(
-        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    proc = _import_without({"fastapi"}, ("servers.http",))
     assert proc.returncode == 1
     assert "servers.http: No module named 'fastapi' (not on the GPU machine)" in proc.stderr
