@@ -2,7 +2,7 @@
 turns a plain dict (e.g. from Hydra/YAML) into nested dataclasses with clear errors.
 
 Key names follow verl; verl's other spellings and keys with no effect here are handled by
-``trainer.config.verl_compat`` (docs/verl-migration.md).
+``trainer.config.verl.compat`` (docs/verl-migration.md).
 """
 
 from __future__ import annotations

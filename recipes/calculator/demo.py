@@ -71,9 +71,9 @@ def _run(args: list[str], *, capture: bool = False) -> str:
 def evaluate_records(records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, float]:
     """Accuracy (the task reward) and valid-tool-call rate (the sample made at least one call
     and every call parsed and ran) of rollout records against their rows, as
-    ``agentloop-rollout`` reports them (``trainer.rollout_score``)."""
+    ``agentloop-rollout`` reports them (``trainer.metrics.rollout_score``)."""
     from recipes.calculator.reward import compute_score
-    from trainer.rollout_score import summarize
+    from trainer.metrics.rollout_score import summarize
 
     truth = {r["extra_info"]["index"]: r["reward_model"]["ground_truth"] for r in rows}
     scored = [

@@ -186,8 +186,8 @@ def test_cpu_example_script_passes_every_start_up_check(tmp_path, monkeypatch):
         RUN=str(tmp_path / "run"),
     )
     from agentloop.tools.mcp_errors import RUN_DIR_ENV
-    from trainer.assembly import plan_run
     from trainer.config import load_config
+    from trainer.loop.assembly import plan_run
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv(RUN_DIR_ENV, "")  # plan_run sets it; restored after the test

@@ -25,7 +25,7 @@ from servers import stop_servers
 from tests.ray_local import init_local_ray
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.config.reward import JudgeConfig, RewardFunctionConfig, RewardModelConfig
-from trainer.launch import start_judge
+from trainer.launch.rollout import start_judge
 from trainer.rewards import JudgeReward, RewardManager
 
 REPO = Path(__file__).resolve().parents[2]

@@ -37,8 +37,8 @@ def _model(path: str) -> None:
 
 def test_bench_weights_out_of_the_shards_on_gpu(tmp_path):
     from trainer.config.actor import FSDPConfig, ModelConfig
-    from trainer.weight_send import stage_shards
     from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
+    from trainer.workers.weight_send import stage_shards
 
     path = str(tmp_path / "model")
     _model(path)

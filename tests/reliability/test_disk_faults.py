@@ -21,8 +21,8 @@ import ray
 
 from tests.ray_local import init_ray_retrying
 from tests.unit.trainer.test_train_startup import USER, run
-from trainer.checkpoint import CheckpointManager, CheckpointSaveError, checkpoint_bytes
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
+from trainer.loop.checkpoint import CheckpointManager, CheckpointSaveError, checkpoint_bytes
 from trainer.workers import WorkerGroup, WorkerSpec
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ DEVICE_MODULES = (
     "trainer.workers.fsdp_worker",
     "trainer.workers.lora",
     "trainer.workers.policy_math",
-    "trainer.weight_send",
+    "trainer.workers.weight_send",
     "servers.weights",
     "servers.lora",
     "tests.perf.actor_workload",

@@ -167,3 +167,61 @@ def test_servers_name_no_trainer_config_key():
         if key.search(line)
     ]
     assert hits == []
+
+
+# The trainer's own parts, lowest first: each may import only parts listed before it (and
+# itself). The tree shows the architecture: the loop sits on the workers, rewards and metrics;
+# the console scripts sit on everything.
+TRAINER_ORDER = (
+    "algos",
+    "config",
+    "models",
+    "data",
+    "metrics",
+    "workers",
+    "launch",
+    "rewards",
+    "loop",
+    "sft",
+    "cli",
+)
+
+
+def _trainer_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "trainer" and len(parts) > 1 else None
+
+
+def test_the_trainer_tree_has_only_the_listed_parts():
+    top = {p.stem if p.is_file() else p.name for p in (ROOT / "trainer").iterdir()}
+    top -= {"__init__", "__pycache__"}
+    assert top == set(TRAINER_ORDER), (
+        f"trainer/ holds {sorted(top - set(TRAINER_ORDER))} not in TRAINER_ORDER "
+        f"(and lacks {sorted(set(TRAINER_ORDER) - top)}): file a new module under the part "
+        "that owns it, or add a part to TRAINER_ORDER at its layer"
+    )
+
+
+def upward_trainer_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a trainer part to a part above it in ``TRAINER_ORDER``."""
+    rank = {part: i for i, part in enumerate(TRAINER_ORDER)}
+    return sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in graph.items()
+        for dep in deps
+        if (a := _trainer_part(mod)) and (b := _trainer_part(dep)) and rank[b] > rank[a]
+    )
+
+
+def test_trainer_parts_import_only_downward(graph):
+    assert upward_trainer_imports(graph) == []
+
+
+def test_an_upward_trainer_import_is_found():
+    graph = {
+        "trainer.workers.fsdp_worker": {"trainer.loop.weight_sync", "trainer.config.actor"},
+        "trainer.loop.ray_trainer": {"trainer.workers"},
+    }
+    assert upward_trainer_imports(graph) == [
+        "trainer.workers.fsdp_worker -> trainer.loop.weight_sync"
+    ]

@@ -2,7 +2,7 @@
 score each trajectory with the configured reward (``custom_reward_function``,
 ``reward_model.*``: the same rewards as training) and write one JSON line per trajectory
 (with its ``score``). Ends with a table of accuracy, valid-tool-call rate and mean reward
-(``trainer.rollout_score``). Same Hydra config as training, plus extras:
+(``trainer.metrics.rollout_score``). Same Hydra config as training, plus extras:
 
   +output=PATH     where the JSONL goes (required)
   +split=val       read data.val_files instead of data.train_files
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from trainer.rollout_score import format_summary, summarize
+from trainer.metrics.rollout_score import format_summary, summarize
 
 if TYPE_CHECKING:
     from agentloop import RolloutBatch
     from trainer.config.schema import Config
-    from trainer.launch import RolloutSetup
+    from trainer.launch.rollout import RolloutSetup
     from trainer.rewards.manager import RewardManager
 
 __all__ = ["main", "scored_records", "trajectory_records"]
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.cli.common import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
     from trainer.config.validate import resolve_device, servers_for
-    from trainer.launch import load_split, prepare_rollout
+    from trainer.launch.rollout import load_split, prepare_rollout
     from trainer.rewards.build import check_rewards
 
     argv = hydra_argv(argv, __doc__)
@@ -140,7 +140,7 @@ def _run(
 ) -> int:
     from servers import stop_servers
     from trainer.config.validate import servers_for
-    from trainer.launch import start_rollout, stop_rollout
+    from trainer.launch.rollout import start_rollout, stop_rollout
     from trainer.rewards.build import build_rewards
 
     rollout = config.actor_rollout_ref.rollout

@@ -5,7 +5,7 @@ the warm start of small models before RL::
         data.train_batch_size=16 optim.lr=1e-5 trainer.total_epochs=2
 
 Each row's conversation becomes the token trajectory RL would produce for it
-(``trainer.sft_data``); the loss is the token-mean NLL of the assistant tokens
+(``trainer.sft.data``); the loss is the token-mean NLL of the assistant tokens
 (``trainer.workers.sft_step``), one optimizer step per ``data.train_batch_size`` conversations,
 on the same FSDP2 workers as RL. Checkpoints use the RL layout
 (``global_step_N/actor/{dcp,huggingface}``); the last step is always saved and its
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         return 0
     from trainer.config.sft import load_sft_config
-    from trainer.sft import prepare, train
+    from trainer.sft.loop import prepare, train
 
     try:
         cfg = load_sft_config(argv)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from trainer.trace_list import experiment_ids, format_trace_table, step_traces, traced_steps
+from trainer.metrics.trace_list import experiment_ids, format_trace_table, step_traces, traced_steps
 
 __all__ = ["find_store", "main", "serve_ui", "stop_group", "traces_summary", "ui_command"]
 

@@ -16,11 +16,11 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.assembly import build_run, plan_run
-    from trainer.async_trainer import AsyncPPOTrainer
     from trainer.cli.common import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
-    from trainer.ray_trainer import RayPPOTrainer, RunStoppedError
+    from trainer.loop.assembly import build_run, plan_run
+    from trainer.loop.async_trainer import AsyncPPOTrainer
+    from trainer.loop.ray_trainer import RayPPOTrainer, RunStoppedError
     from trainer.rewards import JudgeUnavailableError, RewardFunctionError
 
     argv = hydra_argv(argv, __doc__)

@@ -90,11 +90,11 @@ def compose_tree(
 
 def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, Any]]:
     """The typed config of ``overrides``: ``key=value`` items (verl's keys translated by
-    ``trainer.config.verl_compat``), optionally ``--config-path``/``--config-name`` of a
+    ``trainer.config.verl.compat``), optionally ``--config-path``/``--config-name`` of a
     config file extending ``ppo_trainer``; plus the ``+key`` extras at the root."""
     from agentloop.config import from_dict
     from trainer.config.schema import Config
-    from trainer.config.verl_compat import read_config_file, split_config_args, translate_overrides
+    from trainer.config.verl.compat import read_config_file, split_config_args, translate_overrides
 
     try:
         args, source = split_config_args(list(overrides or []))

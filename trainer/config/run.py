@@ -7,8 +7,11 @@ from typing import Literal
 
 from trainer.algos import ADV_ESTIMATORS, KL_TYPES
 from trainer.config.async_training import FilterGroupsConfig, RolloutCorrectionConfig
-from trainer.tracking import BACKENDS as LOGGERS
-from trainer.worker_logs import LOG_LEVELS
+
+# Metric logger backends (trainer.metrics.tracking) and worker log levels
+# (trainer.launch.worker_logs): the config is where they are named, the lower layer.
+LOGGERS = ("console", "jsonl", "mlflow", "tensorboard", "wandb")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 __all__ = [
     "AlgorithmConfig",

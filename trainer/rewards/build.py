@@ -10,7 +10,7 @@ from typing import Any
 
 from servers import stop_servers
 from trainer.config.schema import Config
-from trainer.launch import start_judge
+from trainer.launch.rollout import start_judge
 from trainer.rewards.judge import JudgeReward
 from trainer.rewards.manager import RewardManager
 from trainer.rewards.rule_reward import load_rule

@@ -37,7 +37,7 @@ from trainer.workers.lora import (
 from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
 
 if TYPE_CHECKING:
-    from trainer.weight_send import WeightSender
+    from trainer.workers.weight_send import WeightSender
 
 __all__ = ["FSDPWorker", "WorkerSpec", "adamw", "write_model_files"]
 
@@ -278,9 +278,9 @@ class FSDPWorker:
     ) -> dict[str, float]:
         """Send the current weights to every server in the dtype they serve in (collective:
         every rank takes part, rank 0 talks to the servers). The route (shards written into
-        shared memory, Ray buckets, or vLLM's NCCL/IPC transfer) is ``trainer.weight_send``'s
+        shared memory, Ray buckets, or vLLM's NCCL/IPC transfer) is ``weight_send``'s
         choice unless ``route`` names one. Returns tensors and bytes sent."""
-        from trainer.weight_send import WeightSender  # Ray, servers, vLLM: only where used
+        from trainer.workers.weight_send import WeightSender  # Ray, servers, vLLM: only where used
 
         assert self.model is not None
         if self._sender is None:

@@ -19,7 +19,7 @@ from servers import ServerConfig, launch_servers
 from tests.integration.agentloop.helpers import ECHO_SCHEMA, max_logprob_gap
 from tests.ray_local import init_local_ray
 from trainer.config import DataConfig
-from trainer.data import load_rows
+from trainer.data.rows import load_rows
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from tests.ray_local import init_local_ray
 from tests.shm import remove_new_segments, shm_segments
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.config.reward import JudgeConfig, RewardFunctionConfig, RewardModelConfig
-from trainer.launch import start_judge
+from trainer.launch.rollout import start_judge
 from trainer.rewards import JudgeReward, JudgeUnavailableError, RewardManager, parse_judge_score
 
 pytestmark = pytest.mark.integration

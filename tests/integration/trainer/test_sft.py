@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.unit.agentloop.scripted import CALC_SCHEMA
 from trainer.cli.sft import main
 from trainer.config.actor import ModelConfig
-from trainer.data import read_rows
-from trainer.sft_data import collate_sft, encode_rows, epoch_order
+from trainer.data.rows import read_rows
+from trainer.sft.data import collate_sft, encode_rows, epoch_order
 from trainer.workers import forward_log_probs
 from trainer.workers.fsdp import load_model
 from trainer.workers.sft_step import sft_update

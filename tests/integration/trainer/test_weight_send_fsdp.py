@@ -14,9 +14,9 @@ import torch.multiprocessing as mp
 
 from servers.weights import read_bucket
 from trainer.config.actor import FSDPConfig, ModelConfig
-from trainer.weight_send import stage_shards
 from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
 from trainer.workers.gather import gather_tensors
+from trainer.workers.weight_send import stage_shards
 
 pytestmark = pytest.mark.integration
 

@@ -36,7 +36,7 @@ def _save_tiny_model(path: str) -> None:
 
 def _rank(rank: int, world: int, port: int, path: str) -> None:
     from servers.weights import read_bucket
-    from trainer.weight_send import stage_shards
+    from trainer.workers.weight_send import stage_shards
 
     os.environ["LOCAL_RANK"] = str(rank)
     init_distributed(rank, world, f"127.0.0.1:{port}", "cuda")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 DRIVER = """
 import logging, sys, time
 import ray
-from trainer.worker_logs import init_ray
+from trainer.launch.worker_logs import init_ray
 
 init_ray(sys.argv[1])
 

@@ -71,7 +71,7 @@ def test_rows_load_through_the_trainer_data_path(script, tmp_path, tiny_qwen3_pa
     from transformers import AutoTokenizer
 
     from trainer.config import DataConfig
-    from trainer.data import load_rows
+    from trainer.data.rows import load_rows
 
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "train.parquet")
     assert (

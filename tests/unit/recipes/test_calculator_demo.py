@@ -21,7 +21,7 @@ from recipes.calculator.demo import (
     trained_model,
 )
 from recipes.calculator.reward import compute_score, final_answer
-from trainer.sft_data import encode_conversation
+from trainer.sft.data import encode_conversation
 
 
 def test_problems_are_multi_digit_and_rows_carry_the_exact_answer():

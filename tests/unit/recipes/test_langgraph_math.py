@@ -80,7 +80,7 @@ def test_sft_conversations_train_the_calls_the_rollout_parses(tiny_qwen3_path):
     from agentloop.parsers import get_parser
     from agentloop.tokens import mask_spans
     from recipes.langgraph_agent.tools import custom_op
-    from trainer.sft_data import encode_conversation
+    from trainer.sft.data import encode_conversation
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_path)
     parser = get_parser("hermes")

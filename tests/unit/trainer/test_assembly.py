@@ -1,4 +1,4 @@
-"""``trainer.assembly.build_run`` without Ray: the parts are started in order and wired to each
+"""``trainer.loop.assembly.build_run`` without Ray: the parts are started in order and wired to each
 other (weight sync over the rollout servers, restarted servers get the weights, the ranks'
 spec from the config), and a part that fails to start stops those already started."""
 
@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-import trainer.assembly
-from trainer.assembly import RunPlan, build_run
-from trainer.checkpoint import CheckpointManager
+import trainer.loop.assembly
 from trainer.config.actor import ActorConfig, ModelConfig
 from trainer.config.schema import ActorRolloutRefConfig, Config
-from trainer.dataloader import PromptSampler
-from trainer.launch import RolloutSetup
-from trainer.tracking import Tracking
+from trainer.data.sampler import PromptSampler
+from trainer.launch.rollout import RolloutSetup
+from trainer.loop.assembly import RunPlan, build_run
+from trainer.loop.checkpoint import CheckpointManager
+from trainer.metrics.tracking import Tracking
 
 
 class FakeManager:
@@ -71,14 +71,14 @@ def started(monkeypatch) -> list[str]:
         return FakeRewards(events), []
 
     monkeypatch.setattr(
-        trainer.assembly,
+        trainer.loop.assembly,
         "init_ray",
         lambda level, env: events.append(f"ray logs at {level}, env {sorted(env)}"),
     )
-    monkeypatch.setattr(trainer.assembly, "start_rollout", start_rollout)
-    monkeypatch.setattr(trainer.assembly, "stop_rollout", stop_rollout)
-    monkeypatch.setattr(trainer.assembly, "build_rewards", build_rewards)
-    monkeypatch.setattr(trainer.assembly, "WorkerGroup", FakeWorkers)
+    monkeypatch.setattr(trainer.loop.assembly, "start_rollout", start_rollout)
+    monkeypatch.setattr(trainer.loop.assembly, "stop_rollout", stop_rollout)
+    monkeypatch.setattr(trainer.loop.assembly, "build_rewards", build_rewards)
+    monkeypatch.setattr(trainer.loop.assembly, "WorkerGroup", FakeWorkers)
     FakeWorkers.specs = []
     return events
 
@@ -135,7 +135,7 @@ def test_a_part_that_fails_to_start_stops_those_before_it(tmp_path, started, mon
     def no_ranks(spec: Any, world_size: int) -> None:
         raise RuntimeError("no room for the trainer ranks")
 
-    monkeypatch.setattr(trainer.assembly, "WorkerGroup", no_ranks)
+    monkeypatch.setattr(trainer.loop.assembly, "WorkerGroup", no_ranks)
     with pytest.raises(RuntimeError, match="no room for the trainer ranks"):
         build_run(config_with(), plan_of(tmp_path, started))
     assert started[3:] == ["close rewards", "stop rollout ['server-0']", "finish tracking"]

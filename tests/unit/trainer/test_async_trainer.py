@@ -22,16 +22,16 @@ from tests.unit.trainer.test_train_step import (
     make_config,
 )
 from tests.unit.trainer.tiny_model import tiny_qwen3
-from trainer.assembly import RunParts
-from trainer.async_trainer import AsyncPPOTrainer, staleness_metrics
-from trainer.checkpoint import CheckpointManager
 from trainer.config.async_training import AsyncTrainingConfig
 from trainer.config.schema import Config
 from trainer.config.validate import check_train_config
-from trainer.dataloader import PromptSampler
-from trainer.ray_trainer import RayPPOTrainer
+from trainer.data.sampler import PromptSampler
+from trainer.loop.assembly import RunParts
+from trainer.loop.async_trainer import AsyncPPOTrainer, staleness_metrics
+from trainer.loop.checkpoint import CheckpointManager
+from trainer.loop.ray_trainer import RayPPOTrainer
+from trainer.metrics.tracking import Tracking
 from trainer.rewards import RewardManager
-from trainer.tracking import Tracking
 
 PROMPTS, N, STEPS = 4, 2, 3
 
@@ -344,7 +344,7 @@ def test_impossible_async_combinations_fail_at_start_up(tmp_path, tokenizer, cha
 def test_async_training_on_colocated_gpus_fails_at_start_up(tmp_path, tokenizer, monkeypatch):
     """On GPU the servers must own their GPUs to generate while the trainer updates; the
     check runs before any data, checkpoint folder or logger is touched."""
-    from trainer.assembly import plan_run
+    from trainer.loop.assembly import plan_run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     config = _config(tmp_path, tokenizer, async_training__enable=True, trainer__device="cuda")
@@ -368,7 +368,7 @@ def test_rollout_correction_mode_must_be_known():
 
 
 def test_correction_metrics_describe_the_weights_on_sampled_tokens():
-    from trainer.ray_trainer import correction_metrics
+    from trainer.loop.ray_trainer import correction_metrics
 
     old = torch.zeros(2, 3)
     rollout = torch.log(torch.tensor([[0.25, 1.0, 9.0], [0.5, 1.0, 1.0]]))  # w = 4, 1, 1/9, 2

@@ -9,7 +9,7 @@ import pytest
 from agentloop.config import MultiTurnConfig
 from trainer.config.actor import ModelConfig
 from trainer.config.schema import ActorRolloutRefConfig, Config
-from trainer.launch import prepare_rollout
+from trainer.launch.rollout import prepare_rollout
 
 
 def config_with(format: str | None) -> Config:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import LATEST_FILE, CheckpointManager
+from trainer.loop.checkpoint import LATEST_FILE, CheckpointManager
 
 
 class FakeWorkers:

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trainer.config import ConfigError, DataConfig, load_config
-from trainer.data import load_rows, read_rows, to_agent_rows
+from trainer.data.rows import load_rows, read_rows, to_agent_rows
 
 MSG = [{"role": "user", "content": "What is 2+2?"}]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.dataloader import PromptSampler
+from trainer.data.sampler import PromptSampler
 
 ROWS = [{"id": i} for i in range(10)]
 

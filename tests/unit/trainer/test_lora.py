@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from trainer.config import ConfigError, load_config
 from trainer.config.actor import ModelConfig
 from trainer.config.sft import SFTModelConfig
-from trainer.config.verl_compat import translate_overrides
+from trainer.config.verl.compat import translate_overrides
 from trainer.workers.fsdp import decoder_layers, load_model
 from trainer.workers.log_prob_head import install_log_prob_head
 from trainer.workers.lora import (
@@ -265,7 +265,7 @@ def test_verls_megatron_lora_block_is_refused_with_our_keys():
 
 
 def test_layered_summon_is_a_no_op(caplog, monkeypatch):
-    monkeypatch.setattr("trainer.config.verl_compat._warned", set())
+    monkeypatch.setattr("trainer.config.verl.compat._warned", set())
     assert translate_overrides(["actor_rollout_ref.rollout.layered_summon=True"]) == []
     assert "only the adapter is gathered" in caplog.text
 
@@ -297,7 +297,7 @@ def test_hf_merged_needs_lora(tiny_qwen3_path):
 def test_the_free_space_check_counts_the_adapter_not_the_model(trained, tiny_qwen3_path):
     """With every linear layer adapted, the model and optimizer parts of a checkpoint are the
     adapter's numbers exactly (float32 weights + Adam's two moments); hf_merged stays whole."""
-    from trainer.checkpoint import checkpoint_bytes
+    from trainer.loop.checkpoint import checkpoint_bytes
 
     adapter = sum(p.numel() for p in trainable_parameters(trained))
     full = checkpoint_bytes(tiny_qwen3_path, ["model", "optimizer"])

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 import agentloop
 import servers
-import trainer.launch
+import trainer.launch.rollout
 from agentloop import AgentLoopWorker, RolloutConfig, TokenizerSource
 from tests.hf_cache import add_to_hf_cache, use_hf_cache
 from tests.unit.agentloop.scripted import ScriptedServer
@@ -25,9 +25,9 @@ from trainer.config import load_config
 from trainer.config.actor import ModelConfig
 from trainer.config.schema import ActorRolloutRefConfig, Config
 from trainer.config.sft import load_sft_config
-from trainer.launch import prepare_rollout, start_rollout
+from trainer.launch.rollout import prepare_rollout, start_rollout
 from trainer.models import resolve_model_config, tokenizer_source
-from trainer.sft import prepare as prepare_sft
+from trainer.sft.loop import prepare as prepare_sft
 from trainer.workers.fsdp import load_model
 from trainer.workers.fsdp_worker import write_model_files
 
@@ -225,7 +225,7 @@ def test_start_rollout_hands_servers_and_agent_loops_the_resolved_model(monkeypa
 
     monkeypatch.setattr(servers, "ServerGroup", Group)
     monkeypatch.setattr(agentloop, "AgentLoopManager", manager)
-    monkeypatch.setattr(trainer.launch, "init_ray", lambda: None)
+    monkeypatch.setattr(trainer.launch.rollout, "init_ray", lambda: None)
     model = ModelConfig(
         path="/snap/model",
         tokenizer_path="/snap/tok",
@@ -257,7 +257,7 @@ def test_servers_run_with_lora_only_for_a_lora_actor_on_vllm_with_adapter_sync(m
 
     monkeypatch.setattr(servers, "ServerGroup", Group)
     monkeypatch.setattr(agentloop, "AgentLoopManager", lambda rollout, group, tokenizer: None)
-    monkeypatch.setattr(trainer.launch, "init_ray", lambda: None)
+    monkeypatch.setattr(trainer.launch.rollout, "init_ray", lambda: None)
     model = ModelConfig(path="/snap/model", lora_rank=8)
     start_rollout(RolloutConfig(), model, num_servers=1)
     start_rollout(RolloutConfig(), model, num_servers=1, lora=False)

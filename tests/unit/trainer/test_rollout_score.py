@@ -11,8 +11,8 @@ from agentloop.records import SampleRecord
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.cli.rollout import scored_records
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
+from trainer.metrics.rollout_score import RolloutSummary, format_summary, summarize
 from trainer.rewards.manager import RewardManager
-from trainer.rollout_score import RolloutSummary, format_summary, summarize
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig, collate
 from agentloop.tokens import mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
-from trainer.sft_data import collate_sft, conversation_of, encode_conversation, encode_rows
+from trainer.sft.data import collate_sft, conversation_of, encode_conversation, encode_rows
 
 EOT = "<|im_end|>"
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"a": 2, "b": 3}}\n</tool_call>'

@@ -17,8 +17,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from trainer import tracking
-from trainer.tracking import BACKENDS, Tracking
+from trainer.metrics import tracking
+from trainer.metrics.tracking import BACKENDS, Tracking
 
 CONFIG = {
     "trainer": {"project_name": "proj", "logger": ["console", "mlflow"]},
@@ -145,7 +145,7 @@ def test_mlflow_resumed_run_dir_continues_the_same_run(
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     first = _run(tmp_path, ["mlflow"], range(1, 4), config=CONFIG)
     changed = CONFIG | {"actor": {"optim": {"lr": 2e-6}}, "extra": {"new": 1}}
-    with caplog.at_level(logging.WARNING, logger="trainer.tracking"):
+    with caplog.at_level(logging.WARNING, logger="trainer.metrics.tracking"):
         second = _run(tmp_path, ["mlflow"], range(4, 6), config=changed)
     assert second.mlflow_run_id == first.mlflow_run_id
     assert "actor.optim.lr" in caplog.text  # params are immutable: kept, with a warning
@@ -209,7 +209,7 @@ def test_non_numeric_metric_is_dropped_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     t = Tracking(["jsonl"], project="p", experiment="e", run_dir=tmp_path)
-    with caplog.at_level(logging.WARNING, logger="trainer.tracking"):
+    with caplog.at_level(logging.WARNING, logger="trainer.metrics.tracking"):
         t.log({"a/x": 1, "a/name": "qwen"}, step=1)  # type: ignore[dict-item]
         t.log({"a/x": 2, "a/name": "qwen"}, step=2)  # type: ignore[dict-item]
     t.finish()

@@ -373,7 +373,7 @@ KW = "+actor_rollout_ref.rollout.engine_kwargs"
     ],
 )
 def test_bad_engine_kwargs_name_the_key_to_change(override, message):
-    from trainer.launch import check_engine_kwargs
+    from trainer.launch.rollout import check_engine_kwargs
 
     with pytest.raises(ValueError) as info:
         check_engine_kwargs(_config(override).actor_rollout_ref.rollout)
@@ -381,7 +381,7 @@ def test_bad_engine_kwargs_name_the_key_to_change(override, message):
 
 
 def test_engine_kwargs_of_the_other_backend_and_known_names_pass():
-    from trainer.launch import check_engine_kwargs
+    from trainer.launch.rollout import check_engine_kwargs
 
     rollout = _config(
         f"{KW}.vllm.max_logprobs=5", f"{KW}.sglang.tp_size=2"

@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 
-import trainer.ray_trainer
+import trainer.loop.ray_trainer
 from agentloop import AgentLoopOutput, RolloutBatch, RolloutConfig, TraceContext, collate
 from agentloop.batch import rollout_metrics
 from agentloop.config import ValKwargsConfig
@@ -23,17 +23,17 @@ from agentloop.manager import expand_rows
 from servers import ServerRestartError
 from tests.unit.trainer.tiny_model import tiny_qwen3
 from trainer.algos import compute_advantages
-from trainer.assembly import RunParts
-from trainer.checkpoint import CheckpointManager
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig
 from trainer.config.reward import RewardFunctionConfig
 from trainer.config.run import TrainerConfig
 from trainer.config.schema import ActorRolloutRefConfig, Config, DataConfig
-from trainer.dataloader import PromptSampler
-from trainer.ray_trainer import RayPPOTrainer, stopped_message
+from trainer.data.sampler import PromptSampler
+from trainer.loop.assembly import RunParts
+from trainer.loop.checkpoint import CheckpointManager
+from trainer.loop.ray_trainer import RayPPOTrainer, stopped_message
+from trainer.metrics.tracking import Tracking
+from trainer.metrics.validation import validation_metrics
 from trainer.rewards import RewardManager
-from trainer.tracking import Tracking
-from trainer.val_metrics import validation_metrics
 from trainer.workers import TrainBatch
 from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
 
@@ -232,7 +232,7 @@ class Run:
             self.events.append("advantages")
             return compute_advantages(*args, **kwargs)
 
-        monkeypatch.setattr(trainer.ray_trainer, "compute_advantages", recorded_advantages)
+        monkeypatch.setattr(trainer.loop.ray_trainer, "compute_advantages", recorded_advantages)
         run = config.trainer
         checkpoints = CheckpointManager(run.default_local_dir)
         parts = RunParts(
@@ -334,7 +334,7 @@ VERL_STEP_KEYS = {
     "timing_per_token_ms/adv",
     "timing_per_token_ms/update_actor",
 }
-"""verl's names a step adds beside ours (``trainer.verl_metrics``)."""
+"""verl's names a step adds beside ours (``trainer.metrics.verl_names``)."""
 
 
 @pytest.mark.parametrize("use_kl_loss", [False, True], ids=["no_kl", "kl_loss"])

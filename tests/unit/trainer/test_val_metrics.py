@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainer.val_metrics import (
+from trainer.metrics.validation import (
     bootstrap_extremes,
     bootstrap_majority,
     group_metrics,

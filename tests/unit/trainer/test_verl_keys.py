@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer.config import ConfigError, load_config, verl_compat
-from trainer.config.verl_keys import RULES, markdown_table, rule_for
+from trainer.config import ConfigError, load_config
+from trainer.config.verl import compat as verl_compat
+from trainer.config.verl.keys import RULES, markdown_table, rule_for
 
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "fixtures" / "verl"
@@ -74,7 +75,7 @@ def doc_honored() -> set[str]:
 # ---- the docs table is the code's table ---------------------------------------------------------
 def test_docs_table_is_the_rules_table():
     block = DOC.split("<!-- verl-keys:start -->\n")[1].split("<!-- verl-keys:end -->")[0]
-    assert block == markdown_table(), "regenerate with: python -m trainer.config.verl_keys"
+    assert block == markdown_table(), "regenerate with: python -m trainer.config.verl.keys"
 
 
 def test_each_multiturn_script_key_has_the_status_the_docs_give():
@@ -207,7 +208,7 @@ def test_both_spellings_with_one_value_is_fine():
 def test_a_warned_key_warns_once_and_its_verl_default_is_silent(caplog, monkeypatch):
     monkeypatch.setattr(verl_compat, "_warned", set())
     key = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
-    with caplog.at_level(logging.WARNING, logger="trainer.config.verl_compat"):
+    with caplog.at_level(logging.WARNING, logger="trainer.config.verl.compat"):
         load_config([MODEL, f"{key}=False", "trainer.critic_warmup=0"])
         assert caplog.records == []
         load_config([MODEL, f"{key}=True"])
@@ -364,7 +365,7 @@ def test_a_config_file_may_write_verls_defaults_as_whole_mappings(tmp_path, capl
         "  rollout:\n    engine_kwargs:\n      vllm: {}\n      trtllm: {}\n",
     )
     folder = write(tmp_path, "mine", text)
-    with caplog.at_level(logging.WARNING, logger="trainer.config.verl_compat"):
+    with caplog.at_level(logging.WARNING, logger="trainer.config.verl.compat"):
         config, _ = load_config([f"--config-path={folder}", "--config-name=mine"])
     assert config.actor_rollout_ref.rollout.chat_template_kwargs == {}
     assert caplog.records == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.verl_metrics import VERL_NAMES, data_metrics, step_metrics
+from trainer.metrics.verl_names import VERL_NAMES, data_metrics, step_metrics
 
 # 3 samples, prompt width 3, response width 4: prompts of 2, 3, 1 tokens; responses of 4
 # (clipped), 2 and 0 (aborted) tokens

@@ -15,14 +15,14 @@ import torch
 import transformers
 
 from servers.weights import ALIGN, WeightSyncInfo, read_bucket
-from trainer.weight_send import (
+from trainer.workers.fsdp import full_tensors, shard_pieces
+from trainer.workers.weight_send import (
     FullTensorSource,
     ServerTransferClient,
     serving_dtype,
     stage_shards,
     transfer_init_info,
 )
-from trainer.workers.fsdp import full_tensors, shard_pieces
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -197,8 +197,8 @@ def test_a_lora_actor_sends_its_adapter_where_every_server_loads_its_rank_else_m
     import ray
 
     from trainer.config.actor import ModelConfig
-    from trainer.weight_send import WeightSender
     from trainer.workers.lora import apply_lora
+    from trainer.workers.weight_send import WeightSender
 
     model = apply_lora(tiny_model(tied=False), ModelConfig(path="tiny", lora_rank=8))
     sender = WeightSender(model)
@@ -213,7 +213,7 @@ def test_a_lora_actor_sends_its_adapter_where_every_server_loads_its_rank_else_m
         answer = info("float32", lora_rank=lora_rank)
         return SimpleNamespace(weight_sync_info=SimpleNamespace(remote=lambda: answer))
 
-    with caplog.at_level(logging.WARNING, logger="trainer.weight_send"):
+    with caplog.at_level(logging.WARNING, logger="trainer.workers.weight_send"):
         sender.push([server(8), server(16)], 1 << 20)
         sender.push([server(16), server(0)], 1 << 20)
         sender.push([server(16), server(0)], 1 << 20)

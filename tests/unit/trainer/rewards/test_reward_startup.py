@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from trainer.assembly import plan_run
 from trainer.cli.rollout import main as rollout_main
 from trainer.cli.train import main as train_main
 from trainer.config import load_config
+from trainer.loop.assembly import plan_run
 from trainer.rewards import BUILTIN_SOURCES, check_rewards
 
 USER = [{"role": "user", "content": "Add 2 and 3."}]

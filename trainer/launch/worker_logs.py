@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import os
 
+from trainer.config.run import LOG_LEVELS
+
 __all__ = ["LOG_LEVELS", "init_ray", "setup_worker_logging"]
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _ENV = "AGENTLOOP_WORKER_LOG_LEVEL"
 
 
@@ -37,7 +38,7 @@ def init_ray(worker_log_level: str = "WARNING", env: dict[str, str] | None = Non
         include_dashboard=False,
         log_to_driver=True,
         runtime_env={
-            "worker_process_setup_hook": "trainer.worker_logs.setup_worker_logging",
+            "worker_process_setup_hook": "trainer.launch.worker_logs.setup_worker_logging",
             "env_vars": {
                 _ENV: worker_log_level,
                 "VLLM_LOGGING_LEVEL": worker_log_level,

@@ -350,7 +350,7 @@ def rule_for(key: str) -> KeyRule | None:
 
 
 def markdown_table() -> str:
-    """The rules as docs/verl-migration.md shows them (``python -m trainer.config.verl_keys``
+    """The rules as docs/verl-migration.md shows them (``python -m trainer.config.verl.keys``
     prints it)."""
     lines = ["| verl key | here | why, or what to use instead |", "| --- | --- | --- |"]
     for rule in RULES:

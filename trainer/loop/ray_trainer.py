@@ -9,14 +9,14 @@
          ─> metrics; validation every ``test_freq``; checkpoint every ``save_freq``
 
 Metrics are logged under our names and, where verl has one, under verl's too
-(``trainer.verl_metrics``), so a verl dashboard carries over. Validation samples
+(``trainer.metrics.verl_names``), so a verl dashboard carries over. Validation samples
 ``rollout.val_kwargs.n`` responses per prompt with ``val_kwargs`` (greedy by default) and logs
-verl's ``val-core``/``val-aux`` metrics (``trainer.val_metrics``) beside ours (``val/*``).
+verl's ``val-core``/``val-aux`` metrics (``trainer.metrics.validation``) beside ours (``val/*``).
 
 Old log-probs are recomputed by the trainer (not taken from the engine), so the PPO ratio
 is exact; the gap between the two is logged (``rollout/logprob_gap_*``) as a health check.
 
-The trainer builds nothing: ``trainer.assembly.build_run`` starts the servers, ranks, rewards
+The trainer builds nothing: ``trainer.loop.assembly.build_run`` starts the servers, ranks, rewards
 and weight sync once and hands them over as ``RunParts``; the trainer drives them and stops
 them in ``close``.
 """
@@ -35,13 +35,13 @@ from tqdm import tqdm
 from agentloop import RolloutBatch, TraceContext
 from servers import ServerRestartError
 from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
-from trainer.assembly import RunParts, needs_ref_policy
-from trainer.checkpoint import CheckpointManager, CheckpointSaveError
 from trainer.config.schema import Config
-from trainer.dataloader import PromptSampler
+from trainer.data.sampler import PromptSampler
+from trainer.loop.assembly import RunParts, needs_ref_policy
+from trainer.loop.checkpoint import CheckpointManager, CheckpointSaveError
+from trainer.metrics.validation import validation_metrics
+from trainer.metrics.verl_names import data_metrics, step_metrics
 from trainer.rewards.manager import RewardOutput
-from trainer.val_metrics import validation_metrics
-from trainer.verl_metrics import data_metrics, step_metrics
 from trainer.workers import TrainBatch, TrainerWorkerDiedError
 from trainer.workers.policy_math import correction_weights
 
@@ -115,7 +115,7 @@ def stopped_message(exc: BaseException, step: int, checkpoints: CheckpointManage
 
 class RayPPOTrainer:
     """Owns the loop (``fit``, ``train_step``, validation, checkpoints) over parts built by
-    ``trainer.assembly.build_run``; ``close`` (also at the end of ``fit``) stops them."""
+    ``trainer.loop.assembly.build_run``; ``close`` (also at the end of ``fit``) stops them."""
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ from servers import engine_args, stop_servers
 from trainer.config.actor import ModelConfig
 from trainer.config.reward import JudgeConfig
 from trainer.config.schema import Config
-from trainer.worker_logs import init_ray
+from trainer.launch.worker_logs import init_ray
 
 if TYPE_CHECKING:
     from agentloop import AgentLoopManager
@@ -98,7 +98,7 @@ def check_chat_format(rollout: RolloutConfig, tokenizer: Any) -> None:
 def load_split(config: Config, setup: RolloutSetup, split: str) -> list[dict[str, Any]]:
     """Rows of ``data.train_files`` or ``data.val_files``, length-filtered and checked."""
     from agentloop import validate_rows
-    from trainer.data import load_rows
+    from trainer.data.rows import load_rows
 
     files = config.data.files(config.data.val_files if split == "val" else config.data.train_files)
     if not files:

@@ -33,9 +33,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainer.config.run import LOGGERS
+
 __all__ = ["BACKENDS", "Tracking"]
 
-BACKENDS = ("console", "jsonl", "mlflow", "tensorboard", "wandb")
+BACKENDS = LOGGERS
 
 logger = logging.getLogger(__name__)
 _train_logger = logging.getLogger("agentloop.train")

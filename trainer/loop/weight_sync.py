@@ -1,9 +1,9 @@
 """``WeightSync``: after each update, the actor's weights go to every rollout server.
 
-This is the driver's side: it calls ``push_weights`` on every trainer rank, and the ranks
-(``trainer/weight_send.py``) send the weights in the dtype the servers serve in, by the route
-the placement allows: on one node each rank writes its shard into one shared-memory file that
-every ``AsyncServer`` loads in place; across nodes rank 0 sends all-gathered buckets of
+This is the driver's side: it calls ``push_weights`` on every trainer rank, and the
+ranks (``trainer/workers/weight_send.py``) send the weights in the dtype the servers serve in,
+by the route the placement allows: on one node each rank writes its shard into one shared-memory
+file that every ``AsyncServer`` loads in place; across nodes rank 0 sends all-gathered buckets of
 ``bucket_bytes`` (Ray objects) that each server stages and loads; with servers started for
 vLLM's NCCL or CUDA IPC weight transfer, vLLM's trainer-side engine sends them GPU to GPU.
 

@@ -28,7 +28,6 @@ from agentloop.config import TraceConfig
 from agentloop.tools.mcp_errors import RUN_DIR_ENV
 from servers import stop_servers
 from servers.config import parse_cores
-from trainer.checkpoint import CheckpointManager, checkpoint_bytes
 from trainer.config.run import TrainerConfig
 from trainer.config.schema import Config
 from trainer.config.validate import (
@@ -38,8 +37,8 @@ from trainer.config.validate import (
     servers_for,
     warn_cpu_noops,
 )
-from trainer.dataloader import PromptSampler
-from trainer.launch import (
+from trainer.data.sampler import PromptSampler
+from trainer.launch.rollout import (
     RolloutSetup,
     load_split,
     prepare_rollout,
@@ -47,12 +46,13 @@ from trainer.launch import (
     start_rollout,
     stop_rollout,
 )
+from trainer.launch.worker_logs import init_ray
+from trainer.loop.checkpoint import CheckpointManager, checkpoint_bytes
+from trainer.loop.weight_sync import WeightSync
+from trainer.metrics.trace_tags import TraceTagger
+from trainer.metrics.tracking import Tracking
 from trainer.rewards.build import build_rewards, check_rewards
 from trainer.rewards.manager import RewardManager
-from trainer.trace_tags import TraceTagger
-from trainer.tracking import Tracking
-from trainer.weight_sync import WeightSync
-from trainer.worker_logs import init_ray
 from trainer.workers import WorkerGroup, WorkerSpec
 
 __all__ = ["RunParts", "RunPlan", "build_run", "needs_ref_policy", "plan_run"]

@@ -37,11 +37,11 @@ from typing import Any
 import torch
 
 from agentloop import FinishedGroup, RolloutBatch, RolloutStream, TraceContext, rollout_metrics
-from trainer.assembly import RunParts
 from trainer.config.schema import Config
 from trainer.config.validate import async_groups_per_step
-from trainer.dataloader import PromptSampler, RowKey
-from trainer.ray_trainer import RayPPOTrainer
+from trainer.data.sampler import PromptSampler, RowKey
+from trainer.loop.assembly import RunParts
+from trainer.loop.ray_trainer import RayPPOTrainer
 from trainer.rewards.manager import RewardOutput
 
 __all__ = ["AsyncPPOTrainer", "FilterGroupsError"]

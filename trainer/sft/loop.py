@@ -2,7 +2,7 @@
 (``train``) behind ``agentloop-sft`` (``trainer/cli/sft.py``).
 
 Each row's conversation becomes the token trajectory RL would produce for it
-(``trainer.sft_data``); the loss is the token-mean NLL of the assistant tokens
+(``trainer.sft.data``); the loss is the token-mean NLL of the assistant tokens
 (``trainer.workers.sft_step``), one optimizer step per ``data.train_batch_size`` conversations,
 on the same FSDP2 workers as RL. Checkpoints use the RL layout
 (``global_step_N/actor/{dcp,huggingface}``). With LoRA (``model.lora_rank``) only an adapter
@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from trainer.checkpoint import CheckpointManager
 from trainer.config.sft import SFTConfig, SFTModelConfig
-from trainer.sft_data import SFTSample, collate_sft, encode_rows, epoch_order
-from trainer.worker_logs import init_ray
+from trainer.launch.worker_logs import init_ray
+from trainer.loop.checkpoint import CheckpointManager
+from trainer.sft.data import SFTSample, collate_sft, encode_rows, epoch_order
 
 __all__ = ["SFTSetup", "prepare", "train"]
 
 if TYPE_CHECKING:
-    from trainer.tracking import Tracking
+    from trainer.metrics.tracking import Tracking
     from trainer.workers import WorkerSpec
 
 logger = logging.getLogger("agentloop.sft")
@@ -69,7 +69,7 @@ def _device(name: str, world_size: int, nnodes: int) -> str:
 
 
 def _samples(cfg: SFTConfig, tokenizer: Any, key: str) -> list[SFTSample]:
-    from trainer.data import read_rows
+    from trainer.data.rows import read_rows
 
     files = cfg.data.files(getattr(cfg.data, key))
     if not files:
@@ -180,7 +180,7 @@ def train(cfg: SFTConfig, setup: SFTSetup) -> Path:
     merged one)."""
     import ray
 
-    from trainer.tracking import Tracking
+    from trainer.metrics.tracking import Tracking
     from trainer.workers import WorkerGroup
 
     trainer = cfg.trainer

@@ -1,5 +1,5 @@
 """verl run scripts as they are: ``--config-path``/``--config-name`` config files and
-``key=value`` overrides whose keys are verl's (``trainer.config.verl_keys``).
+``key=value`` overrides whose keys are verl's (``trainer.config.verl.keys``).
 
 Aliases are rewritten to our key before Hydra sees them (one field, two spellings: both set
 to different values is an error), warned keys are dropped with a one-time warning saying
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer.config.verl_keys import NO_MEGATRON, KeyRule, rule_for
+from trainer.config.verl.keys import NO_MEGATRON, KeyRule, rule_for
 
 __all__ = ["ConfigFile", "split_config_args", "translate_overrides", "translate_tree"]
 

@@ -1,5 +1,5 @@
 """The trainer ranks' side of weight sync: what every rank runs in ``FSDPWorker.push_weights``
-(``trainer/weight_sync.py`` is the driver's side).
+(``trainer/loop/weight_sync.py`` is the driver's side).
 
 The servers say what they serve in and how weights can reach them
 (``AsyncServer.weight_sync_info``); the ranks agree on one route per push:

@@ -1,0 +1,1 @@
+"""Dataset rows and the resumable prompt sampler."""

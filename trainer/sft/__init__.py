@@ -1,0 +1,1 @@
+"""Multi-turn SFT on the RL workers: the loop and conversations as token trajectories."""
