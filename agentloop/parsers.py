@@ -12,7 +12,7 @@ import inspect
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -35,6 +35,7 @@ __all__ = [
     "object_call",
     "register_parser",
     "registered_parsers",
+    "split_top",
 ]
 
 ErrorKind = Literal[
@@ -299,10 +300,10 @@ def object_call(
     return ToolCall(name=name, arguments=args, raw=raw, repaired=repaired)
 
 
-def bracket_end(text: str, start: int, stop: str = "") -> tuple[int, bool]:
-    """(index just past the JSON object/array opening at ``text[start]``, whether it closed).
-    Quote-aware, single quotes too (repair reads them). An unclosed value ends at a character
-    of ``stop`` outside strings, or at the end of ``text``."""
+def _scan_json(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """``(index, character, depth)`` for each character of ``text`` from ``start`` that is
+    outside strings, ``depth`` the objects/arrays open after it (a closing bracket lowers it
+    first). Quote-aware, single quotes too (repair reads them); backslash escapes skipped."""
     depth = 0
     quote: str | None = None
     i = start
@@ -315,16 +316,33 @@ def bracket_end(text: str, start: int, stop: str = "") -> tuple[int, bool]:
                 quote = None
         elif ch in "\"'":
             quote = ch
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth <= 0:
-                return i + 1, True
-        elif ch in stop:
-            return i, False
+        else:
+            depth += (ch in "{[") - (ch in "}]")
+            yield i, ch, depth
         i += 1
+
+
+def bracket_end(text: str, start: int, stop: str = "") -> tuple[int, bool]:
+    """(index just past the JSON object/array opening at ``text[start]``, whether it closed).
+    An unclosed value ends at a character of ``stop`` (no brackets) outside strings, or at the
+    end of ``text``."""
+    for i, ch, depth in _scan_json(text, start):
+        if ch in "}]" and depth <= 0:
+            return i + 1, True
+        if ch in stop:
+            return i, False
     return len(text), False
+
+
+def split_top(text: str) -> list[str]:
+    """``text`` split at the commas outside strings, objects and arrays."""
+    parts, begin = [], 0
+    for i, ch, depth in _scan_json(text):
+        if ch == "," and depth == 0:
+            parts.append(text[begin:i])
+            begin = i + 1
+    parts.append(text[begin:])
+    return parts
 
 
 def json_kind(value: Any) -> str:

@@ -31,6 +31,7 @@ from agentloop.parsers import (
     loads_tolerant,
     object_call,
     read_json_call,
+    split_top,
 )
 
 __all__ = ["MISTRAL", "MistralToolParser", "mistral_tool_content"]
@@ -52,37 +53,13 @@ _LAST_INST = re.compile(r"\[INST\](?!.*\[INST\]).*?\[/INST\]", re.DOTALL)
 
 
 # ---- scanning JSON values -------------------------------------------------------------------
-def _split_top(body: str) -> list[str]:
-    """``body`` split at the commas outside strings, objects and lists."""
-    parts, depth, quote, begin, i = [], 0, None, 0, 0
-    while i < len(body):
-        ch = body[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(body[begin:i])
-            begin = i + 1
-        i += 1
-    parts.append(body[begin:])
-    return parts
-
-
 def _list_items(text: str) -> tuple[list[str], str]:
     """The items of the JSON list ``text`` starts with (or of the comma-separated objects
     it starts with), as text, and the text after them. An unclosed list runs to the end."""
     start = len(text) - len(text.lstrip())
     if text[start] == "[":
         end, closed = bracket_end(text, start)
-        items = _split_top(text[start + 1 : end - 1 if closed else end])
+        items = split_top(text[start + 1 : end - 1 if closed else end])
         if len(items) == 1 and not items[0].strip():
             items = []  # "[]": no calls
         return items, text[end:]

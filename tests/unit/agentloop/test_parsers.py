@@ -14,9 +14,11 @@ from agentloop.parsers import (
     ParsedTurn,
     ToolCall,
     ToolCallError,
+    bracket_end,
     check_calls,
     get_parser,
     register_parser,
+    split_top,
 )
 from tests.unit.agentloop.scripted import CALC_SCHEMA
 
@@ -301,6 +303,25 @@ def test_an_integer_over_the_digit_limit_is_a_bad_json_error():
         f"Error: tool call 1 is not valid JSON (a number has too many digits at char 0); "
         f"{CALL_HINT}"
     )
+
+
+# ---- scanning JSON text ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "start", "stop", "expected"),
+    [
+        ('x {"a": "}", \'b\': [1, {"c": "\\"}"}]} tail', 2, "", (36, True)),
+        ('{"a": [1, 2', 0, "", (11, False)),
+        ('{"a": "x;y", "b": 1; {"c": 2}', 0, ";", (19, False)),
+    ],
+)
+def test_bracket_end_skips_brackets_in_strings_and_stops_where_told(text, start, stop, expected):
+    assert bracket_end(text, start, stop) == expected
+
+
+def test_split_top_splits_only_at_commas_outside_strings_and_brackets():
+    text = '{"a": 1, "b": [2, 3]}, \'x,y\', "q\\",", [4, {"c": 5}]'
+    assert split_top(text) == ['{"a": 1, "b": [2, 3]}', " 'x,y'", ' "q\\","', ' [4, {"c": 5}]']
+    assert split_top("") == [""]
 
 
 # ---- checks against the tool set -------------------------------------------------------------
