@@ -13,6 +13,7 @@ import asyncio
 import difflib
 import importlib
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from agentloop.tokens import Trajectory, encode_delta, encode_prompt
 from agentloop.tools.base import BaseTool
 from agentloop.tools.config import import_target
 from agentloop.tools.runner import ToolRunner
+from agentloop.tools.session import ToolSession
 from agentloop.trace import SampleTrace
 from servers.types import TokenOutput
 
@@ -134,6 +136,20 @@ class AgentLoopBase(abc.ABC):
     @abc.abstractmethod
     async def run(self, sampling_params: dict[str, Any], **row_fields: Any) -> AgentLoopOutput:
         """Roll out one sample; ``row_fields`` are the dataset row (``raw_prompt``, ...)."""
+
+    def tool_session(self, tools_kwargs: Mapping[str, Any] | None = None) -> ToolSession:
+        """The start of a sample that offers tools: its tools under a new request id (the
+        session's ``request_id``, also what keeps its turns on one server), the configured
+        tools on the worker's runner, created with the row's ``tools_kwargs``, every call
+        recorded in the sample's trace."""
+        return ToolSession(
+            self.context.tools,
+            self.context.tool_runner,
+            self.config.multi_turn,
+            request_id=uuid.uuid4().hex,
+            tools_kwargs=tools_kwargs,
+            trace=self.trace,
+        )
 
     async def encode_prompt(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None

@@ -10,7 +10,6 @@ tools, schema failures, tool exceptions and timeouts all come back as tool messa
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 from agentloop.base import AgentLoopBase, AgentLoopContext, AgentLoopOutput, register
@@ -28,7 +27,6 @@ class ToolAgentLoop(AgentLoopBase):
     def __init__(self, context: AgentLoopContext, **kwargs: Any) -> None:
         super().__init__(context, **kwargs)
         self.multi_turn = self.config.multi_turn
-        self.runner = context.tool_runner
         self.schemas = {name: tool.tool_schema for name, tool in context.tools.items()}
         self.parser = get_parser(
             self.chat_format.name, repair=self.multi_turn.repair_tool_calls, schemas=self.schemas
@@ -42,26 +40,18 @@ class ToolAgentLoop(AgentLoopBase):
         tools_kwargs: dict[str, Any] | None = None,
         **row: Any,
     ) -> AgentLoopOutput:
-        request_id = uuid.uuid4().hex
+        session = self.tool_session(tools_kwargs)
         schemas = list(self.schemas.values())
         messages = list(raw_prompt)
         head = len(messages)
         traj = Trajectory(await self.encode_prompt(messages, schemas), self.config.response_length)
         sampling_params = self.with_end_tokens(sampling_params)
-        session = ToolSession(
-            self.context.tools,
-            self.runner,
-            self.multi_turn,
-            request_id=request_id,
-            tools_kwargs=tools_kwargs,
-            trace=self.trace,
-        )
         assistant_turns = user_turns = 0
         finish_reasons: list[str] = []
         turn_ends: list[int] = []  # each model turn's last response index (per-turn rewards)
         try:
             while True:
-                out = await self.generate(request_id, traj, sampling_params)
+                out = await self.generate(session.request_id, traj, sampling_params)
                 assistant_turns += 1
                 finish_reasons.append(out.finish_reason)
                 turn_ends.append(len(traj) - 1)

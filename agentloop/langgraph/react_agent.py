@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -110,16 +109,8 @@ class ReactAgentLoop(AgentLoopBase):
         tools_kwargs: dict[str, Any] | None = None,
         **row: Any,
     ) -> AgentLoopOutput:
-        request_id = uuid.uuid4().hex
+        self.session = self.tool_session(tools_kwargs)
         self.row = row
-        self.session = ToolSession(
-            self.context.tools,
-            self.context.tool_runner,
-            self.multi_turn,
-            request_id=request_id,
-            tools_kwargs=tools_kwargs,
-            trace=self.trace,
-        )
         own = self.langchain_tools()
         clash = sorted({t.name for t in own} & set(self.context.tools))
         if clash:
@@ -131,7 +122,7 @@ class ReactAgentLoop(AgentLoopBase):
         schemas += [convert_to_openai_tool(t) for t in own]
         tools = [self._configured_tool(n) for n in self.context.tools] + own
         self.chat_model = AgentLoopChatModel.for_loop(
-            self, sampling_params, request_id=request_id, parser=self.parser
+            self, sampling_params, request_id=self.session.request_id, parser=self.parser
         )
         model = self.chat_model.bind_tools(schemas) if schemas else self.chat_model
         graph = self.build_graph(model, self.tools_node(tools))

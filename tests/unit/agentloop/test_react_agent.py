@@ -86,6 +86,26 @@ def test_two_tool_call_episode_matches_tool_agent_ids_mask_and_extra(tokenizer):
     assert react_out.metrics["tool_s"] > 0 and react_out.metrics["generate_s"] > 0
 
 
+@pytest.mark.parametrize("loop_cls", [ToolAgentLoop, ReactAgentLoop])
+def test_each_sample_opens_its_tools_under_the_one_new_request_id_of_its_turns(tokenizer, loop_cls):
+    """Both loops start a sample with ``tool_session``: a new request id, used by every turn
+    and by the tool instances, which get the row's ``create_kwargs``."""
+    calc = CalcTool()
+    config = RolloutConfig(prompt_length=1024, response_length=512)
+    tools_kwargs = {"calc": {"create_kwargs": {"offset": 10}}}
+    request_ids = []
+    for _ in range(2):
+        server = ScriptedServer(tokenizer, [call("calc", a=2, b=3), "It is 15."])
+        loop = loop_cls(AgentLoopContext(server, tokenizer, config, {"calc": calc}))
+        out = asyncio.run(loop.run(dict(SAMPLING), raw_prompt=PROMPT, tools_kwargs=tools_kwargs))
+        assert out.record.tool_calls == 1
+        (request_id,) = {r["request_id"] for r in server.requests}
+        request_ids.append(request_id)
+    assert request_ids[0] != request_ids[1]
+    assert calc.created == {f"{rid}-calc": {"offset": 10} for rid in request_ids}
+    assert calc.released == [f"{rid}-calc" for rid in request_ids]
+
+
 def test_malformed_unknown_and_schema_failing_calls_answer_in_order_like_tool_agent(tokenizer):
     turns = [
         "\n".join(
