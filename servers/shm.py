@@ -19,7 +19,7 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["SHM", "engine_shm", "remove_shm"]
+__all__ = ["SHM", "engine_shm", "mapped", "remove_shm", "semaphore_pid", "shm_entries"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +48,22 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _mapped(pid: int) -> set[str]:
-    """Names of the ``/dev/shm`` segments and semaphores ``pid`` maps (and has not unlinked)."""
+def shm_entries() -> set[str]:
+    """Names of the ``psm_*`` segments and ``sem.*`` semaphores in ``/dev/shm`` now."""
+    if not SHM.is_dir():
+        return set()
+    return {p.name for p in SHM.iterdir() if p.name.startswith(_KINDS)}
+
+
+def semaphore_pid(name: str) -> int | None:
+    """The pid a ``sem.loky-<pid>-*`` semaphore is named after (its creator), else None."""
+    match = _SEM_PID.match(name)
+    return int(match.group(1)) if match else None
+
+
+def mapped(pid: int) -> set[str]:
+    """Names of the ``/dev/shm`` segments and semaphores ``pid`` maps (and has not unlinked);
+    empty where its maps are gone or not ours to read."""
     try:
         lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
     except OSError:
@@ -72,13 +86,9 @@ def engine_shm(pid: int | None = None) -> list[str]:
     children = _descendants(root)
     names: set[str] = set()
     for child in children:
-        names |= _mapped(child)
-    if children and SHM.is_dir():
-        pids = {str(c) for c in children}
-        for entry in SHM.iterdir():
-            match = _SEM_PID.match(entry.name)
-            if match and match.group(1) in pids:
-                names.add(entry.name)
+        names |= mapped(child)
+    if children:
+        names |= {entry for entry in shm_entries() if semaphore_pid(entry) in children}
     return sorted(names)
 
 

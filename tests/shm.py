@@ -3,59 +3,43 @@
 A process killed with SIGKILL cannot unlink its ``psm_*`` segments or ``sem.*`` semaphores.
 ``ServerGroup`` removes those of engines it kills; tests that kill other processes (trainer
 ranks) remove the segments that appeared meanwhile (``remove_new_segments``). The session
-fixture in ``tests/conftest.py`` checks with ``leaked`` that nothing was left.
+fixture in ``tests/conftest.py`` checks with ``leaked`` that nothing was left. What a name is
+and who maps it is read with ``servers.shm``'s functions.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
-SHM = Path("/dev/shm")
-_KINDS = ("psm_", "sem.")
-_SEM_PID = re.compile(r"sem\.[A-Za-z]+-(\d+)-")
+from servers.shm import SHM, mapped, remove_shm, semaphore_pid, shm_entries
+
+__all__ = ["in_use", "leaked", "remove_new_segments", "shm_entries", "shm_segments"]
+
+
+def _alive(pid: int | None) -> bool:
+    return pid is not None and Path(f"/proc/{pid}").exists()
 
 
 def shm_segments() -> set[Path]:
-    return set(SHM.glob("psm_*")) if SHM.is_dir() else set()
+    return {SHM / name for name in shm_entries() if name.startswith("psm_")}
 
 
 def remove_new_segments(before: set[Path]) -> None:
     """Unlink the ``psm_*`` segments that appeared since ``before``, and every semaphore named
     after a process that is gone (``sem.loky-<pid>-*``)."""
-    for segment in shm_segments() - before:
-        segment.unlink(missing_ok=True)
-    for name in shm_entries():
-        match = _SEM_PID.match(name)
-        if match and not Path(f"/proc/{match.group(1)}").exists():
-            (SHM / name).unlink(missing_ok=True)
-
-
-def shm_entries() -> set[str]:
-    """Names of the ``psm_*`` segments and ``sem.*`` semaphores in ``/dev/shm`` now."""
-    if not SHM.is_dir():
-        return set()
-    return {p.name for p in SHM.iterdir() if p.name.startswith(_KINDS)}
+    new = [segment.name for segment in shm_segments() - before]
+    creators = {name: semaphore_pid(name) for name in shm_entries()}
+    orphans = [name for name, pid in creators.items() if pid is not None and not _alive(pid)]
+    remove_shm(sorted({*new, *orphans}))
 
 
 def in_use() -> set[str]:
     """``/dev/shm`` names a running process maps, or a semaphore named after a running
     process (``sem.loky-<pid>-*``: a semaphore's mapping does not show its name)."""
-    names: set[str] = set()
-    for entry in shm_entries():
-        match = _SEM_PID.match(entry)
-        if match and Path(f"/proc/{match.group(1)}").exists():
-            names.add(entry)
+    names = {name for name in shm_entries() if _alive(semaphore_pid(name))}
     for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            text = maps.read_text()
-        except OSError:  # gone, or not ours to read
-            continue
-        for line in text.splitlines():
-            _, sep, name = line.partition(f" {SHM}/")
-            if sep and not name.endswith(" (deleted)"):
-                names.add(name)
+        names |= mapped(int(maps.parent.name))
     return names
 
 
