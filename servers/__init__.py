@@ -19,20 +19,18 @@ if TYPE_CHECKING:
     from servers.manager import AsyncLLMServerManager, NoHealthyServerError
     from servers.types import EngineDeadError, GenerateInputError, TokenOutput
 
-_HOMES = {
-    "AsyncLLMServerManager": "servers.manager",
-    "AsyncServer": "servers.actor",
-    "EngineDeadError": "servers.types",
-    "GenerateInputError": "servers.types",
-    "NoHealthyServerError": "servers.manager",
-    "ServerConfig": "servers.config",
-    "ServerCore": "servers.core",
-    "ServerGroup": "servers.group",
-    "ServerRestartError": "servers.group",
-    "TokenOutput": "servers.types",
-    "launch_servers": "servers.group",
-    "stop_servers": "servers.group",
+# Each module and the names it gives ``servers``, as imported above for type checkers; the
+# three lists (these imports, this table, ``__all__``) are held equal by
+# tests/unit/test_init_name_lists.py.
+_EXPORTS = {
+    "servers.actor": ("AsyncServer",),
+    "servers.config": ("ServerConfig",),
+    "servers.core": ("ServerCore",),
+    "servers.group": ("ServerGroup", "ServerRestartError", "launch_servers", "stop_servers"),
+    "servers.manager": ("AsyncLLMServerManager", "NoHealthyServerError"),
+    "servers.types": ("EngineDeadError", "GenerateInputError", "TokenOutput"),
 }
+_HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "AsyncLLMServerManager",
