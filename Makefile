@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0+cpu
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: install bubblewrap test lint format demo bench traces clean-venv
+.PHONY: install bubblewrap test lint format config demo bench traces clean-venv
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ lint: install
 format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# trainer/config/ppo_trainer.yaml and sft_trainer.yaml, written from the config dataclasses
+# (their one source of defaults); run after changing a config field or its docstring.
+config:
+	$(PY) -m trainer.config.generate
 
 bench: install
 	$(PY) -m pytest tests/perf -m "not gpu" -s $(PYTEST_ARGS)

@@ -331,7 +331,15 @@ class RolloutConfig:
 
 
 # ---- strict dict -> dataclass ---------------------------------------------------------------
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check(path: str, hint: Any, value: Any) -> Any:
+    """``value`` checked against ``hint`` (``path`` names it in errors), as OmegaConf's typed
+    configs do: an int becomes a float for a ``float`` field, and a number becomes its text
+    for a ``str`` field (or a union whose only member that takes a number is ``str``);
+    a bool is never a number."""
     origin = typing.get_origin(hint)
     if hint is Any:
         return value
@@ -339,10 +347,13 @@ def _check(path: str, hint: Any, value: Any) -> Any:
         args = typing.get_args(hint)
         if value is None and type(None) in args:
             return None
+        members = [arg for arg in args if arg is not type(None)]
+        if _is_number(value) and str in members:
+            if not {int, float} & set(members):
+                return str(value)  # the union's only home for a number is its text
+            members.remove(str)  # a number goes to the numeric member, as it is
         errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        for arg in members:
             try:
                 return _check(path, arg, value)
             except (TypeError, ValueError) as exc:
@@ -375,6 +386,8 @@ def _check(path: str, hint: Any, value: Any) -> Any:
         return dict(value)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is str and _is_number(value):
+        return str(value)  # Hydra reads ``name=2024`` as an int; the field wants its text
     if hint in (int, float, str, bool):
         if isinstance(value, bool) and hint is not bool or not isinstance(value, hint):
             raise ValueError(

@@ -77,7 +77,6 @@ def trajectory_records(batch: RolloutBatch, tokenizer: Any) -> list[dict[str, An
 def main(argv: list[str] | None = None) -> int:
     from trainer.cli.common import cli_error, hydra_argv
     from trainer.config import ConfigError, load_config
-    from trainer.config.validate import resolve_device, servers_for
     from trainer.launch.rollout import load_split, prepare_rollout
     from trainer.rewards.build import check_rewards
 
@@ -100,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"+split must be train or val, got {split!r}")
         correct_at = _number(extras.get("correct_at", 1.0), "+correct_at")
         setup = prepare_rollout(config)
-        device = resolve_device(config.trainer.device)  # where the servers (and a judge) run
-        servers_for(config, device)  # raises when the GPUs do not split into servers
+        device = config.trainer.resolve_device()  # where the servers (and a judge) run
+        config.servers_for(device)  # raises when the GPUs do not split into servers
         rows = load_split(config, setup, split)
         if extras.get("max_samples"):
             rows = rows[: int(extras["max_samples"])]
@@ -139,7 +138,6 @@ def _run(
     device: str,
 ) -> int:
     from servers import stop_servers
-    from trainer.config.validate import servers_for
     from trainer.launch.rollout import start_rollout, stop_rollout
     from trainer.rewards.build import build_rewards
 
@@ -150,7 +148,7 @@ def _run(
     output.parent.mkdir(parents=True, exist_ok=True)
     written: list[dict[str, Any]] = []  # what the summary needs of each written line
     try:
-        count = servers_for(config, device)
+        count = config.servers_for(device)
         servers, manager = start_rollout(rollout, setup.model, num_servers=count)
         try:
             with (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ __all__ = [
     "ModelConfig",
     "compose_tree",
     "load_config",
+    "warn_no_effect",
 ]
 
 
@@ -37,6 +39,19 @@ def __getattr__(name: str) -> Any:
 
 class ConfigError(ValueError):
     """A bad config key or value; the message says what to set."""
+
+
+_warned: set[str] = set()
+"""Keys already warned about in this process."""
+
+
+def warn_no_effect(log: logging.Logger, key: str, value: object, why: str) -> None:
+    """``key=value`` is accepted but does nothing (``why``: ``here: <reason>``, ``on CPU:
+    <reason>``): one warning per key and process, however often the config is loaded."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    log.warning("%s=%s has no effect %s", key, value, why)
 
 
 def compose_tree(

@@ -1,5 +1,6 @@
 """``async_training`` (verl's key names) and the off-policy keys of ``algorithm``:
-``rollout_correction`` and ``filter_groups``. ``check_async`` holds the cross-key checks."""
+``rollout_correction`` and ``filter_groups``. ``Config.check_async`` holds the cross-key
+checks."""
 
 from __future__ import annotations
 

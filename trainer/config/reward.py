@@ -105,6 +105,7 @@ class JudgeConfig:
     chat_template_kwargs: dict[str, bool | str | int] = field(
         default_factory=lambda: {"enable_thinking": False}
     )
+    """The judge's chat template variables."""
     temperature: float = 0.0
     max_tokens: int = 128
     score_pattern: str = r"<score>\s*([-+]?\d+(?:\.\d+)?)\s*</score>"
@@ -195,8 +196,12 @@ class RewardModelConfig:
     """Weight of each named reward that is on, in the sum; 0 turns one off. A reward not
     named here (an extra rule) weighs 1.0."""
     rules: list[RuleRewardConfig] = field(default_factory=list)
+    """Extra rule rewards, each logged as ``reward/<name>``:
+    ``[{name, path, function, timeout_s, reward_kwargs}]``."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """A judge model on its own group of AsyncServers."""
     verify: VerifyConfig = field(default_factory=VerifyConfig)
+    """A hook that may call the registered tools."""
     process_reward_coef: float = 0.0
     """> 0: each tool call's own reward x coef is added at the last token of the model turn
     that made the call (per-turn process rewards); 0: tool rewards only reach the outcome

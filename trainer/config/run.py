@@ -16,24 +16,80 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 __all__ = [
     "AlgorithmConfig",
     "KLControlConfig",
+    "RunConfig",
     "TrainerConfig",
-    "check_run_keys",
 ]
 
 
-def check_run_keys(
-    logger: list[str], nnodes: int, n_gpus_per_node: int, resume_mode: str, resume_from: str | None
-) -> None:
-    """The ``trainer.*`` checks shared by RL and SFT runs."""
-    bad = sorted(set(logger) - set(LOGGERS))
-    if bad:
-        raise ValueError(f"trainer.logger has unknown backend {bad[0]!r}; use {', '.join(LOGGERS)}")
-    if nnodes < 1 or n_gpus_per_node < 1:
-        raise ValueError("trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
-    if resume_mode == "resume_path" and not resume_from:
-        raise ValueError(
-            "trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>"
-        )
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """The ``trainer.*`` keys of every training run, RL (``TrainerConfig``) and SFT
+    (``trainer.config.sft.SFTTrainerConfig``) alike."""
+
+    project_name: str = "agentloop"
+    """MLflow experiment / W&B project of the run."""
+    experiment_name: str = "run"
+    """MLflow / W&B run name."""
+    total_epochs: int = 1
+    total_training_steps: int | None = None
+    """None: total_epochs x (rows // data.train_batch_size). Set, it wins over total_epochs."""
+    logger: list[str] | str = field(default_factory=lambda: ["console"])
+    """Metric backends: console, jsonl, mlflow, tensorboard, wandb; one name alone
+    (``trainer.logger=console``) is a list of one."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: cuda when a GPU is visible, else cpu."""
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    """Trainer ranks per node (FSDP2 processes; on CPU each is a gloo process)."""
+    save_freq: int = -1
+    """Checkpoint every N steps (and at the last step); -1: never (SFT always saves the last
+    step: its HF export is the result)."""
+    test_freq: int = -1
+    """Validate every N steps (and at the last step); -1: never. SFT: the validation loss,
+    when data.val_files is set."""
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """Checkpoints (``global_step_N/``) and the run's metric files."""
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    """auto: from the newest checkpoint in default_local_dir, if any; resume_path: from
+    resume_from_path; disable: from scratch."""
+    resume_from_path: str | None = None
+    """The ``global_step_N`` folder to resume from with resume_mode=resume_path."""
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.logger, str):
+            self.logger = [self.logger]
+        bad = sorted(set(self.logger) - set(LOGGERS))
+        if bad:
+            raise ValueError(
+                f"trainer.logger has unknown backend {bad[0]!r}; use {', '.join(LOGGERS)}"
+            )
+        if self.nnodes < 1 or self.n_gpus_per_node < 1:
+            raise ValueError("trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            raise ValueError(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.n_gpus_per_node
+
+    def total_steps(self, batches_per_epoch: int) -> int:
+        """Training steps of the run: ``total_training_steps``, else every epoch's batches."""
+        return self.total_training_steps or self.total_epochs * batches_per_epoch
+
+    def resolve_device(self) -> str:
+        """``device`` with ``auto`` resolved; raises when CUDA is asked for and absent."""
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                "trainer.device=cuda but no CUDA device is visible: set trainer.device=cpu"
+            )
+        return self.device
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,6 +111,7 @@ class AlgorithmConfig:
     """Off-policy correction from the engine's log-probs (async training, or engine/trainer
     mismatch in sync training)."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling (needs async_training.enable=True)."""
 
     def __post_init__(self) -> None:
         if self.adv_estimator == "gae":
@@ -75,53 +132,23 @@ class AlgorithmConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class TrainerConfig:
-    project_name: str = "agentloop"
-    experiment_name: str = "run"
-    total_epochs: int = 1
-    total_training_steps: int | None = None
-    """None: total_epochs x (rows // data.train_batch_size)."""
-    logger: list[str] | str = field(default_factory=lambda: ["console"])
-    """Backends; one name alone (``trainer.logger=console``) is a list of one."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    nnodes: int = 1
-    n_gpus_per_node: int = 1
-    """Trainer ranks per node (FSDP2 processes; on CPU each is a gloo process)."""
-    save_freq: int = -1
-    """Checkpoint every N steps (and at the last step); -1: never."""
-    test_freq: int = -1
-    """Validate every N steps (and at the last step); -1: never."""
+class TrainerConfig(RunConfig):
+    """``trainer``: the run keys, plus those of the RL loop alone."""
+
     val_before_train: bool = False
-    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
-    resume_from_path: str | None = None
+    """Validate once before the first step (needs data.val_files)."""
     max_actor_ckpt_to_keep: int | None = None
+    """Checkpoints kept in default_local_dir (older ones are deleted); None: all."""
     weight_sync_bucket_mb: int = 256
-    seed: int = 1
+    """MiB of weights per bucket when the actor's weights are sent to the servers."""
     worker_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     """Level at which Ray workers (servers, agent-loop workers, trainer ranks) log to this
     console, vLLM's engine logs included; INFO shows the engines' start-up."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.logger, str):
-            self.logger = [self.logger]
+        RunConfig.__post_init__(self)  # slots dataclasses cannot call super() bare
         if self.worker_log_level not in LOG_LEVELS:
             raise ValueError(
                 f"trainer.worker_log_level={self.worker_log_level!r}: use one of "
                 f"{', '.join(LOG_LEVELS)}"
             )
-        check_run_keys(
-            self.logger,
-            self.nnodes,
-            self.n_gpus_per_node,
-            self.resume_mode,
-            self.resume_from_path,
-        )
-
-    def total_steps(self, batches_per_epoch: int) -> int:
-        """Training steps of the run: ``total_training_steps``, else every epoch's batches."""
-        return self.total_training_steps or self.total_epochs * batches_per_epoch
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.n_gpus_per_node

@@ -1,12 +1,21 @@
 """Typed config tree (verl key names). Each component gets only its own subtree; the
-rollout subtree is ``agentloop.RolloutConfig``. ``ppo_trainer.yaml`` holds every field of this
-tree with the same default (a test walks both), so a new field goes into both."""
+rollout subtree is ``agentloop.RolloutConfig``. These dataclasses are the one source of the
+defaults: ``ppo_trainer.yaml`` is written from them, each field's docstring as its comment
+(``make config``, i.e. ``python -m trainer.config.generate``; a test fails while the file
+is stale), so a new field is added here only.
+
+Each field is checked where it is built (``__post_init__``); the checks across keys, and
+those that need the device, run at start-up: ``Config.check``,
+``ActorRolloutRefConfig.check_weight_transfer``, ``Config.servers_for``. Each message says
+which key to change."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from agentloop.config import RolloutConfig
+from trainer.config import warn_no_effect
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
 from trainer.config.async_training import AsyncTrainingConfig
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
@@ -14,22 +23,29 @@ from trainer.config.run import AlgorithmConfig, TrainerConfig
 
 __all__ = ["ActorRolloutRefConfig", "Config", "DataConfig", "ModelConfig"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     train_files: list[str] | str | None = None
     """Parquet or jsonl file(s) in the verl row layout."""
     val_files: list[str] | str | None = None
+    """Validation rows, rolled out every trainer.test_freq steps."""
     prompt_key: str = "prompt"
     """Column holding the chat messages (a plain string becomes one user message)."""
     max_prompt_length: int = 1024
     """Prompt tokens, tool schemas included, above which a row is dropped (and counted)."""
     filter_overlong_prompts: bool = True
+    """Drop rows whose prompt is longer than max_prompt_length (else they stop the start)."""
     return_raw_chat: bool = True
     """Hand agent loops the chat messages; required unless rows carry ``raw_prompt``."""
     train_batch_size: int = 8
+    """Prompts per training step (each rolled out rollout.n times)."""
     shuffle: bool = True
+    """Reshuffle the rows every epoch."""
     seed: int = 0
+    """Seed of the shuffle."""
 
     def __post_init__(self) -> None:
         if self.max_prompt_length < 1:
@@ -47,12 +63,55 @@ class DataConfig:
 @dataclass(kw_only=True, slots=True)
 class ActorRolloutRefConfig:
     model: ModelConfig
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The rollout servers, their sampling and the agent loops (``agentloop.RolloutConfig``)."""
     hybrid_engine: bool = True
     """GPU: servers sleep during the update and wake for the next rollout (colocated); False:
     servers keep their own GPUs (standalone). No effect on CPU."""
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+    def check_cpu_cores(self) -> None:
+        """The core lists name cores this machine has (``parse_cores`` says what to write)."""
+        from servers.config import parse_cores
+
+        if self.rollout.cpu_cores is not None:
+            parse_cores(self.rollout.cpu_cores, "actor_rollout_ref.rollout.cpu_cores")
+        if self.actor.cpu_cores is not None:
+            parse_cores(self.actor.cpu_cores, "actor_rollout_ref.actor.cpu_cores")
+
+    def check_weight_transfer(self, device: str) -> None:
+        """vLLM's GPU weight transfer fits the placement: NCCL cannot put trainer rank 0 and an
+        engine on one GPU, and CUDA IPC reaches only engines on the trainer ranks' own GPUs."""
+        transfer = self.rollout.weight_transfer
+        key = "actor_rollout_ref.rollout.weight_transfer"
+        if transfer == "host":
+            return
+        if device != "cuda":
+            raise ValueError(f"{key}={transfer} needs CUDA GPUs: set {key}=host on CPU")
+        if transfer == "nccl" and self.hybrid_engine:
+            raise ValueError(
+                f"{key}=nccl needs rollout servers on their own GPUs: set "
+                f"actor_rollout_ref.hybrid_engine=False, or {key}=ipc for colocated servers"
+            )
+        if transfer == "ipc" and not self.hybrid_engine:
+            raise ValueError(
+                f"{key}=ipc reaches only engines on the trainer's own GPUs: set "
+                f"actor_rollout_ref.hybrid_engine=True, or {key}=nccl for servers on other GPUs"
+            )
+
+    def warn_cpu_noops(self, device: str) -> None:
+        """Keys accepted on every device that only act on GPU say so on CPU (once each)."""
+        if device != "cpu":
+            return
+        prefix = "actor_rollout_ref"
+        keys = {
+            f"{prefix}.actor.fsdp_config.param_offload": self.actor.fsdp_config.param_offload,
+            f"{prefix}.ref.param_offload": self.ref.param_offload,
+        }
+        for key, on in keys.items():
+            if on:
+                warn_no_effect(logger, key, True, "on CPU: parameters are in CPU memory")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,6 +120,127 @@ class Config:
     actor_rollout_ref: ActorRolloutRefConfig
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     custom_reward_function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
+    """The "rule" reward: a Python function called per sample (verl's signature)."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """The rewards besides the rule and how they are summed: extra rules, a judge model, a
+    verify hook that may call the tools."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """Rollout as a stream that never waits for the trainer (docs/async-training.md)."""
+
+    @property
+    def async_groups_per_step(self) -> int:
+        """Prompts (GRPO groups) one async step trains on."""
+        required = self.async_training.require_batches
+        if required is None:
+            return self.data.train_batch_size
+        return required * self.actor_rollout_ref.actor.ppo_mini_batch_size
+
+    def servers_for(self, device: str) -> int:
+        """Rollout servers to start on ``device``: ``actor_rollout_ref.rollout.num_servers``
+        when set, else verl's count on CUDA: one server per tensor-parallel group of the
+        trainer's GPUs (``trainer.nnodes x trainer.n_gpus_per_node //
+        tensor_model_parallel_size``, at least 1), and one on CPU: a CPU engine is a whole
+        process whose threads take every core it is given (``rollout.cpu_cores``), so a second
+        engine on the node would only share those cores and hold a second KV cache in RAM.
+        Raises when the GPUs do not split into whole groups."""
+        rollout = self.actor_rollout_ref.rollout
+        if rollout.num_servers is not None:
+            return rollout.num_servers
+        if device != "cuda":
+            return 1
+        world, tp = self.trainer.world_size, rollout.tensor_model_parallel_size
+        if world > tp and world % tp:
+            raise ValueError(
+                f"{world} trainer GPUs (trainer.nnodes x trainer.n_gpus_per_node) do not split "
+                "into rollout servers of actor_rollout_ref.rollout.tensor_model_parallel_size="
+                f"{tp} GPUs: make the GPUs a multiple of it, or set "
+                "actor_rollout_ref.rollout.num_servers"
+            )
+        return max(1, world // tp)
+
+    def check(self) -> None:
+        """The checks across keys of a training run, before anything starts."""
+        actor = self.actor_rollout_ref.actor
+        rollout = self.actor_rollout_ref.rollout
+        algo = self.algorithm
+        world = self.trainer.world_size
+        batch = self.data.train_batch_size
+        if algo.adv_estimator in ("grpo", "rloo") and rollout.n < 2:
+            raise ValueError(
+                f"algorithm.adv_estimator={algo.adv_estimator} with actor_rollout_ref.rollout.n="
+                f"{rollout.n}: every group has one sample, so every advantage is 0; set "
+                "actor_rollout_ref.rollout.n=2 or more (or "
+                "algorithm.adv_estimator=reinforce_plus_plus)"
+            )
+        if batch % actor.ppo_mini_batch_size:
+            raise ValueError(
+                f"data.train_batch_size={batch} is not divisible by actor_rollout_ref.actor."
+                f"ppo_mini_batch_size={actor.ppo_mini_batch_size}: make it a multiple"
+            )
+        mini_samples = actor.ppo_mini_batch_size * rollout.n
+        if mini_samples % world:
+            raise ValueError(
+                f"a mini-batch of {mini_samples} samples (ppo_mini_batch_size="
+                f"{actor.ppo_mini_batch_size} x rollout.n={rollout.n}) does not split over "
+                f"{world} trainer ranks (trainer.nnodes x trainer.n_gpus_per_node): make it a "
+                "multiple"
+            )
+        per_rank = mini_samples // world
+        if not actor.use_dynamic_bsz and per_rank % actor.ppo_micro_batch_size_per_gpu:
+            raise ValueError(
+                f"{per_rank} samples per rank per mini-batch is not divisible by "
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="
+                f"{actor.ppo_micro_batch_size_per_gpu}: make it a divisor (or set "
+                "actor_rollout_ref.actor.use_dynamic_bsz=True)"
+            )
+        context = rollout.prompt_length + rollout.response_length
+        if actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu < context:
+            raise ValueError(
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu="
+                f"{actor.ppo_max_token_len_per_gpu} is below one full sample ({context} = "
+                "prompt_length + response_length): raise it"
+            )
+        steps = self.trainer.total_training_steps
+        if steps is not None and steps < 1:
+            raise ValueError("trainer.total_training_steps must be >= 1 (or null)")
+        if (
+            "hf_merged" in actor.checkpoint.save_contents
+            and not self.actor_rollout_ref.model.use_lora
+        ):
+            raise ValueError(
+                "actor_rollout_ref.actor.checkpoint.save_contents has hf_merged, which merges a "
+                "LoRA adapter, but actor_rollout_ref.model.lora_rank=0: hf_model is the full "
+                "model already; drop hf_merged (or set actor_rollout_ref.model.lora_rank)"
+            )
+        self.check_async()
+        self.actor_rollout_ref.check_cpu_cores()
+        if self.data.val_files:
+            for message in rollout.val_kwargs.warnings():
+                logger.warning(message)
+
+    def check_async(self) -> None:
+        """The combinations of ``async_training`` and ``algorithm.rollout_correction`` /
+        ``filter_groups`` that cannot work."""
+        run = self.async_training
+        algo = self.algorithm
+        if run.use_rollout_log_probs and algo.rollout_correction.mode != "none":
+            raise ValueError(
+                "async_training.use_rollout_log_probs=True makes the old policy the engine's, so "
+                f"algorithm.rollout_correction.mode={algo.rollout_correction.mode} has nothing "
+                "to correct (every weight is 1): set one of them off"
+            )
+        if not run.enable:
+            if algo.filter_groups.enable:
+                raise ValueError(
+                    "algorithm.filter_groups.enable=True refills dropped groups from the rollout "
+                    "stream: set async_training.enable=True (staleness_threshold=0 keeps it "
+                    "on-policy)"
+                )
+            return
+        if algo.filter_groups.enable and algo.adv_estimator not in ("grpo", "rloo"):
+            raise ValueError(
+                "algorithm.filter_groups.enable=True drops groups whose samples scored alike, "
+                "which only means 'no signal' for group baselines: use "
+                f"algorithm.adv_estimator=grpo or rloo, not {algo.adv_estimator}"
+            )

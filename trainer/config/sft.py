@@ -5,11 +5,11 @@ subtrees reuse the actor's dataclasses, so a warm start and the RL run read the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from trainer.config import ConfigError, compose_tree
 from trainer.config.actor import FSDPConfig, ModelConfig, OptimConfig
-from trainer.config.run import check_run_keys
+from trainer.config.run import RunConfig
 from trainer.config.schema import DataConfig
 
 __all__ = [
@@ -83,44 +83,19 @@ class SFTOptimConfig(OptimConfig):
 
 
 @dataclass(kw_only=True, slots=True)
-class SFTTrainerConfig:
+class SFTTrainerConfig(RunConfig):
+    """``trainer``: the run keys, plus those of SFT alone."""
+
     project_name: str = "agentloop-sft"
-    experiment_name: str = "run"
-    total_epochs: int = 1
-    total_training_steps: int | None = None
-    """None: total_epochs x (rows // data.train_batch_size). Set, it wins over total_epochs."""
-    logger: list[str] = field(default_factory=lambda: ["console"])
-    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    """Checkpoints (``global_step_N/``) and the run's metric files."""
-    save_freq: int = -1
-    """Checkpoint every N steps; the last step is always saved (its HF export is the result)."""
-    test_freq: int = -1
-    """Validation loss every N steps (and at the last step) when data.val_files is set."""
     max_ckpt_to_keep: int | None = None
-    nnodes: int = 1
-    n_gpus_per_node: int = 1
-    """Ranks per node (FSDP2 processes; on CPU each is a gloo process)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
-    resume_from_path: str | None = None
-    seed: int = 1
+    """Checkpoints kept in default_local_dir (older ones are deleted); None: all."""
 
     def __post_init__(self) -> None:
-        check_run_keys(
-            self.logger,
-            self.nnodes,
-            self.n_gpus_per_node,
-            self.resume_mode,
-            self.resume_from_path,
-        )
+        RunConfig.__post_init__(self)  # slots dataclasses cannot call super() bare
         if self.total_epochs < 1:
             raise ValueError(f"trainer.total_epochs must be >= 1, got {self.total_epochs}")
         if self.total_training_steps is not None and self.total_training_steps < 1:
             raise ValueError("trainer.total_training_steps must be >= 1 or null")
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.n_gpus_per_node
 
 
 @dataclass(kw_only=True, slots=True)

@@ -191,8 +191,8 @@ def start_rollout(
 
     ``gpu_share``: GPUs per tensor-parallel rank a server asks Ray for (None: whole GPUs;
     a fraction lets colocated trainer ranks share them). ``num_servers``: how many
-    (``servers_for``). ``lora``: vLLM servers run with LoRA at ``model.lora_rank`` (and serve
-    ``model.lora_adapter_path``); False: without (a LoRA actor then sends merged weights)."""
+    (``Config.servers_for``). ``lora``: vLLM servers run with LoRA at ``model.lora_rank`` (and
+    serve ``model.lora_adapter_path``); False: without (a LoRA actor then sends merged weights)."""
 
     from agentloop import AgentLoopManager
     from servers import ServerConfig, ServerGroup

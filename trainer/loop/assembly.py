@@ -30,13 +30,6 @@ from servers import stop_servers
 from servers.config import parse_cores
 from trainer.config.run import TrainerConfig
 from trainer.config.schema import Config
-from trainer.config.validate import (
-    check_train_config,
-    check_weight_transfer,
-    resolve_device,
-    servers_for,
-    warn_cpu_noops,
-)
 from trainer.data.sampler import PromptSampler
 from trainer.launch.rollout import (
     RolloutSetup,
@@ -118,19 +111,19 @@ class RunParts:
 def plan_run(config: Config) -> RunPlan:
     """Every start-up check of ``agentloop-train``, in order; raises ValueError saying what to
     set. The loggers open last, once everything else has passed."""
-    check_train_config(config)
+    config.check()
     warn_unscheduled_validation(config)
     # Tool servers (MCP) started from here on write their logs under the run folder.
     os.environ[RUN_DIR_ENV] = str(Path(config.trainer.default_local_dir).expanduser().resolve())
-    device = resolve_device(config.trainer.device)
+    device = config.trainer.resolve_device()
     if config.async_training.enable and device == "cuda" and config.actor_rollout_ref.hybrid_engine:
         raise ValueError(
             "async_training.enable=True needs rollout servers on their own GPUs (they generate "
             "while the trainer updates): set actor_rollout_ref.hybrid_engine=False"
         )
-    check_weight_transfer(config, device)
-    servers_for(config, device)  # raises when the GPUs do not split into rollout servers
-    warn_cpu_noops(config, device)
+    config.actor_rollout_ref.check_weight_transfer(device)
+    config.servers_for(device)  # raises when the GPUs do not split into rollout servers
+    config.actor_rollout_ref.warn_cpu_noops(device)
     setup = prepare_rollout(config)
     train_rows = load_split(config, setup, "train")
     val_rows = load_split(config, setup, "val") if config.data.val_files else []
@@ -201,7 +194,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             undo.callback(tagger.close)
         init_ray(config.trainer.worker_log_level, {RUN_DIR_ENV: str(plan.checkpoints.root)})
         # Before the servers: the agent-loop workers take the trace settings with them.
-        count = servers_for(config, plan.device)
+        count = config.servers_for(plan.device)
         lora = ref.rollout.lora_sync == "adapter"  # merged: servers without LoRA
         servers, manager = start_rollout(ref.rollout, model, share, num_servers=count, lora=lora)
         undo.callback(stop_rollout, servers, manager)

@@ -38,7 +38,6 @@ import torch
 
 from agentloop import FinishedGroup, RolloutBatch, RolloutStream, TraceContext, rollout_metrics
 from trainer.config.schema import Config
-from trainer.config.validate import async_groups_per_step
 from trainer.data.sampler import PromptSampler, RowKey
 from trainer.loop.assembly import RunParts
 from trainer.loop.ray_trainer import RayPPOTrainer
@@ -89,7 +88,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         super().__init__(config, parts, sampler, val_rows)
         run = config.async_training
         self.stream = stream if stream is not None else RolloutStream(parts.manager)
-        self.groups_per_step = async_groups_per_step(config)
+        self.groups_per_step = config.async_groups_per_step
         self.staleness = run.staleness_threshold
         self.partial = run.partial_rollout
         self.sync_every = run.trigger_parameter_sync_step

@@ -14,6 +14,7 @@ from agentloop import (
     from_dict,
 )
 from agentloop.batch import rollout_metrics
+from agentloop.config import _check
 from agentloop.manager import expand_rows
 from agentloop.records import ToolCallRecord
 
@@ -107,6 +108,39 @@ def test_expand_rows_repeats_each_row_n_times_with_one_uid():
     assert len({r["uid"] for r in rows[3:]}) == 1 and rows[3]["uid"] != "q1"
     assert [r["rollout_n"] for r in rows] == [0, 1, 2, 0, 1, 2]
     assert {r["agent_name"] for r in rows} == {"single_turn_agent"}
+
+
+@pytest.mark.parametrize(
+    ("hint", "value", "expected"),
+    [
+        (str, 2024, "2024"),  # Hydra reads name=2024 as an int; a str field takes its text
+        (str, 1.5, "1.5"),
+        (str | None, 7, "7"),
+        (list[str] | str | None, 8, "8"),  # the union's only member for a number is str
+        (list[str], [1, "a"], ["1", "a"]),
+        (str | int | None, 4, 4),  # a numeric member takes the number as it is
+        (str | int | None, "0-3", "0-3"),
+        (float, 2, 2.0),
+    ],
+)
+def test_check_gives_a_str_field_the_text_of_a_number(hint, value, expected):
+    checked = _check("k", hint, value)
+    assert checked == expected and type(checked) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("hint", "value", "message"),
+    [
+        (str, True, "k must be str, got bool True"),
+        (str | None, False, "k must be str, got bool False"),
+        (str, [1], "k must be str, got list [1]"),
+        (str | int | None, 1.5, "k must be int, got float 1.5"),
+    ],
+)
+def test_check_never_takes_a_bool_or_a_container_as_text(hint, value, message):
+    with pytest.raises(ValueError) as info:
+        _check("k", hint, value)
+    assert str(info.value) == message
 
 
 def test_from_dict_builds_nested_configs():

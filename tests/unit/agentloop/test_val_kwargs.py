@@ -104,7 +104,6 @@ def test_val_kwargs_follow_the_temperature_as_verls_agent_loops_and_warn(values,
 
 def test_the_trainer_logs_val_kwargs_warnings_once_at_start_up(caplog):
     from trainer.config import load_config
-    from trainer.config.validate import check_train_config
 
     config, _ = load_config(
         [
@@ -114,8 +113,8 @@ def test_the_trainer_logs_val_kwargs_warnings_once_at_start_up(caplog):
             "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
         ]
     )
-    with caplog.at_level("WARNING", logger="trainer.config.validate"):
-        check_train_config(config)
+    with caplog.at_level("WARNING", logger="trainer.config.schema"):
+        config.check()
     assert [r.getMessage() for r in caplog.records] == [
         "rollout.val_kwargs.do_sample=false has no effect: validation follows "
         "rollout.val_kwargs.temperature=0.7 (sampled), as verl's agent loops do"

@@ -24,7 +24,6 @@ from tests.unit.trainer.test_train_step import (
 from tests.unit.trainer.tiny_model import tiny_qwen3
 from trainer.config.async_training import AsyncTrainingConfig
 from trainer.config.schema import Config
-from trainer.config.validate import check_train_config
 from trainer.data.sampler import PromptSampler
 from trainer.loop.assembly import RunParts
 from trainer.loop.async_trainer import AsyncPPOTrainer, staleness_metrics
@@ -145,7 +144,7 @@ class Built:
         config.actor_rollout_ref.actor.checkpoint.save_contents = ["extra"]  # no ranks here
         if async_cfg is not None:
             config.async_training = async_cfg
-        check_train_config(config)
+        config.check()
         torch.manual_seed(0)
         self.model = tiny_qwen3()
         events: list[str] = []
@@ -337,7 +336,7 @@ def _config(tmp_path: Path, tokenizer: Any, **changes: Any) -> Config:
 def test_impossible_async_combinations_fail_at_start_up(tmp_path, tokenizer, changes, message):
     config = _config(tmp_path, tokenizer, **changes)
     with pytest.raises(ValueError) as info:
-        check_train_config(config)
+        config.check()
     assert str(info.value) == message
 
 

@@ -1,6 +1,7 @@
-"""One source of config defaults: ``ppo_trainer.yaml`` / ``sft_trainer.yaml`` and the typed
-dataclasses they are validated into cannot disagree, and every dataclass field is a key of the
-YAML, so a plain ``key=value`` override (no ``+``) sets it and it lands in the dataclass."""
+"""One source of config defaults: the typed dataclasses. ``ppo_trainer.yaml`` /
+``sft_trainer.yaml`` are written from them (``make config``); the committed files are what the
+generator writes, they hold every field with its default (the walk below reads them back), so
+a plain ``key=value`` override (no ``+``) sets any field and it lands in the dataclass."""
 
 from __future__ import annotations
 
@@ -15,20 +16,71 @@ from omegaconf import OmegaConf
 
 import trainer.config as config_pkg
 from agentloop.config import _check
-from trainer.config import Config, ConfigError, compose_tree, load_config
+from trainer.config import Config, ConfigError, compose_tree, generate, load_config
 from trainer.config.reward import DEFAULT_JUDGE_TEMPLATE, RuleRewardConfig
-from trainer.config.sft import SFTConfig, load_sft_config
+from trainer.config.run import RunConfig, TrainerConfig
+from trainer.config.sft import SFTConfig, SFTTrainerConfig, load_sft_config
 
 CONFIG_DIR = Path(config_pkg.__file__).parent
 MISSING = object()
 """A field with no default: its YAML value must be ``???`` (Hydra's mandatory value)."""
 
 # YAML values that follow another key; the dataclass holds what they resolve to by default.
-INTERPOLATED = {
-    "ppo_trainer": {"actor_rollout_ref.rollout.prompt_length": "${data.max_prompt_length}"},
-    "sft_trainer": {},
-}
+INTERPOLATED = {spec.name: spec.interpolated for spec in generate.FILES}
 CASES = [("ppo_trainer", Config), ("sft_trainer", SFTConfig)]
+
+
+@pytest.mark.parametrize("spec", generate.FILES, ids=lambda spec: spec.name)
+def test_the_committed_yaml_is_what_the_generator_writes(spec):
+    assert spec.path.read_text() == generate.render(spec), (
+        f"{spec.path} is out of date with the config dataclasses: run `make config` "
+        "(python -m trainer.config.generate) and commit the file"
+    )
+
+
+def test_a_field_docstring_is_its_comment_beside_or_above_the_key():
+    ppo = generate.render(generate.FILES[0]).splitlines()
+    assert "  device: auto                 # auto: cuda when a GPU is visible, else cpu." in ppo
+    level = ppo.index("  worker_log_level: WARNING")  # too long to sit beside: above, wrapped
+    assert ppo[level - 2 : level] == [
+        "  # Level at which Ray workers (servers, agent-loop workers, trainer ranks) log to this "
+        "console,",
+        "  # vLLM's engine logs included; INFO shows the engines' start-up.",
+    ]
+    assert "    prompt_length: ${data.max_prompt_length}  # Prompt tokens kept per sample " in (
+        "\n".join(ppo)
+    )
+    # A field written again by a subclass (another default) keeps its base's docstring.
+    assert "project_name" in SFTTrainerConfig.__dataclass_fields__
+    base, sft = generate.field_docs(RunConfig), generate.field_docs(SFTTrainerConfig)
+    assert (
+        sft["project_name"] == base["project_name"] == "MLflow experiment / W&B project of the run."
+    )
+    assert generate.field_docs(TrainerConfig)["logger"] == base["logger"]
+
+
+def test_the_generator_rewrites_a_stale_file_and_check_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(generate, "CONFIG_DIR", tmp_path)
+    for spec in generate.FILES:
+        (tmp_path / f"{spec.name}.yaml").write_text((CONFIG_DIR / f"{spec.name}.yaml").read_text())
+    stale = tmp_path / "sft_trainer.yaml"
+    stale.write_text(stale.read_text().replace("seed: 1", "seed: 2"))
+    assert generate.main(["--check"]) == 1
+    assert f"{stale} out of date with the dataclasses: run `make config`" in caplog.text
+    assert generate.main([]) == 0
+    assert stale.read_text() == (CONFIG_DIR / "sft_trainer.yaml").read_text()
+    assert generate.main(["--check"]) == 0
+
+
+def test_a_str_field_takes_a_bare_number_from_the_command_line():
+    cfg, _ = load_config(["actor_rollout_ref.model.path=m", "trainer.experiment_name=2024"])
+    assert cfg.trainer.experiment_name == "2024"
+    assert cfg.trainer.default_local_dir == "checkpoints/agentloop/2024"
+    cfg, _ = load_config(["actor_rollout_ref.model.path=m", "actor_rollout_ref.actor.cpu_cores=3"])
+    assert cfg.actor_rollout_ref.actor.cpu_cores == 3  # str | int keeps the int
+    with pytest.raises(ConfigError) as info:
+        load_config(["actor_rollout_ref.model.path=m", "trainer.experiment_name=true"])
+    assert str(info.value) == "trainer.experiment_name must be str, got bool True"
 
 
 def _dataclass_of(hint: Any) -> type | None:
@@ -129,7 +181,7 @@ def test_the_walk_finds_every_kind_of_difference(tmp_path, monkeypatch):
     text = (CONFIG_DIR / "ppo_trainer.yaml").read_text()
     edits = [
         ("    run_id: null", ""),
-        ("  seed: 0\n", "  seed: 0\n  stray: 1\n"),
+        ("  seed: 0  ", "  stray: 1\n  seed: 0  "),
         ("    response_length: 512", "    response_length: 513"),
         ("  val_files: null", "  val_files: []"),
         ("  rules: []", "  rules: [{name: fmt, path: f.py, nope: 1}]"),

@@ -265,14 +265,12 @@ def test_verls_megatron_lora_block_is_refused_with_our_keys():
 
 
 def test_layered_summon_is_a_no_op(caplog, monkeypatch):
-    monkeypatch.setattr("trainer.config.verl.compat._warned", set())
+    monkeypatch.setattr("trainer.config._warned", set())
     assert translate_overrides(["actor_rollout_ref.rollout.layered_summon=True"]) == []
     assert "only the adapter is gathered" in caplog.text
 
 
 def test_hf_merged_needs_lora(tiny_qwen3_path):
-    from trainer.config.validate import check_train_config
-
     args = [
         f"{M}.path={tiny_qwen3_path}",
         "data.train_files=x.jsonl",
@@ -280,13 +278,13 @@ def test_hf_merged_needs_lora(tiny_qwen3_path):
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model,hf_merged]",
     ]
     with pytest.raises(ValueError) as err:
-        check_train_config(load_config(args)[0])
+        load_config(args)[0].check()
     assert str(err.value) == (
         "actor_rollout_ref.actor.checkpoint.save_contents has hf_merged, which merges a LoRA "
         f"adapter, but {M}.lora_rank=0: hf_model is the full model already; drop hf_merged "
         f"(or set {M}.lora_rank)"
     )
-    check_train_config(load_config([*args, f"{M}.lora_rank=4"])[0])
+    load_config([*args, f"{M}.lora_rank=4"])[0].check()
     with pytest.raises(ConfigError) as err:
         load_config([*args[:2], "actor_rollout_ref.actor.checkpoint.save_contents=[hf_mergd]"])
     assert "unknown item 'hf_mergd'; use model, optimizer, extra, hf_model, hf_merged" in str(

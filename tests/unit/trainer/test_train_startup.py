@@ -275,7 +275,6 @@ def test_rows_on_a_tool_loop_and_scheduled_validation_are_not_warned(
 )
 def test_gpu_weight_transfer_must_fit_the_placement(transfer, hybrid, message):
     from trainer.config import load_config
-    from trainer.config.validate import check_weight_transfer
 
     config, _ = load_config(
         [
@@ -286,10 +285,33 @@ def test_gpu_weight_transfer_must_fit_the_placement(transfer, hybrid, message):
         ]
     )
     with pytest.raises(ValueError) as info:
-        check_weight_transfer(config, "cuda")
+        config.actor_rollout_ref.check_weight_transfer("cuda")
     assert str(info.value) == message
     default, _ = load_config(["actor_rollout_ref.model.path=x", "data.train_files=/x"])
-    check_weight_transfer(default, "cpu")  # host: any placement
+    default.actor_rollout_ref.check_weight_transfer("cpu")  # host: any placement
+
+
+def test_gpu_only_offload_keys_warn_on_cpu_once_each(caplog, monkeypatch):
+    import trainer.config as config_pkg
+    from trainer.config import load_config
+
+    monkeypatch.setattr(config_pkg, "_warned", set())
+    config, _ = load_config(
+        [
+            "actor_rollout_ref.model.path=m",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+            "actor_rollout_ref.ref.param_offload=true",
+        ]
+    )
+    with caplog.at_level("WARNING", logger="trainer.config.schema"):
+        config.actor_rollout_ref.warn_cpu_noops("cuda")
+        assert caplog.records == []
+        config.actor_rollout_ref.warn_cpu_noops("cpu")
+        config.actor_rollout_ref.warn_cpu_noops("cpu")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"actor_rollout_ref.{key}=True has no effect on CPU: parameters are in CPU memory"
+        for key in ("actor.fsdp_config.param_offload", "ref.param_offload")
+    ]
 
 
 # ---- rollout servers and their engine arguments ---------------------------------------------
@@ -314,24 +336,20 @@ TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     ],
 )
 def test_num_servers_null_is_one_on_cpu_and_one_per_tp_group_of_gpus_on_cuda(overrides, cpu, cuda):
-    from trainer.config.validate import servers_for
-
     config = _config(*overrides)
-    assert (servers_for(config, "cpu"), servers_for(config, "cuda")) == (cpu, cuda)
+    assert (config.servers_for("cpu"), config.servers_for("cuda")) == (cpu, cuda)
 
 
 def test_gpus_that_do_not_split_into_tensor_parallel_servers_are_refused():
-    from trainer.config.validate import servers_for
-
     config = _config("trainer.n_gpus_per_node=6", f"{TP}=4")
     with pytest.raises(ValueError) as info:
-        servers_for(config, "cuda")
+        config.servers_for("cuda")
     assert str(info.value) == (
         "6 trainer GPUs (trainer.nnodes x trainer.n_gpus_per_node) do not split into rollout "
         "servers of actor_rollout_ref.rollout.tensor_model_parallel_size=4 GPUs: make the GPUs "
         "a multiple of it, or set actor_rollout_ref.rollout.num_servers"
     )
-    assert servers_for(config, "cpu") == 1
+    assert config.servers_for("cpu") == 1
 
 
 def test_an_engine_argument_a_rollout_key_sets_fails_at_start_up(capsys, tmp_path, data):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import trainer.config as config_pkg
 from trainer.config import ConfigError, load_config
-from trainer.config.verl import compat as verl_compat
 from trainer.config.verl.keys import RULES, markdown_table, rule_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -206,7 +206,7 @@ def test_both_spellings_with_one_value_is_fine():
 
 # ---- warned and refused ----
 def test_a_warned_key_warns_once_and_its_verl_default_is_silent(caplog, monkeypatch):
-    monkeypatch.setattr(verl_compat, "_warned", set())
+    monkeypatch.setattr(config_pkg, "_warned", set())
     key = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
     with caplog.at_level(logging.WARNING, logger="trainer.config.verl.compat"):
         load_config([MODEL, f"{key}=False", "trainer.critic_warmup=0"])

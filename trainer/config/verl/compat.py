@@ -13,13 +13,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trainer.config import warn_no_effect
 from trainer.config.verl.keys import NO_MEGATRON, KeyRule, rule_for
 
 __all__ = ["ConfigFile", "split_config_args", "translate_overrides", "translate_tree"]
 
 logger = logging.getLogger(__name__)
-
-_warned: set[str] = set()
 
 DEFAULTS_OK = ("ppo_trainer", "_self_")
 
@@ -96,9 +95,7 @@ def _apply(rule: KeyRule, key: str, value: str) -> str | None:
         return None
     if rule.status == "refuse":
         raise ValueError(f"{key}={_unquote(value)} is not supported here: {rule.why}")
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning("%s=%s has no effect here: %s", key, _unquote(value), rule.why)
+    warn_no_effect(logger, key, _unquote(value), f"here: {rule.why}")
     return None
 
 
