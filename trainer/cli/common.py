@@ -1,12 +1,27 @@
-"""What the console scripts share: reading Hydra ``key=value`` overrides and the one-line
-error a command exits with."""
+"""What the console scripts share: reading Hydra ``key=value`` overrides, the start-up checks
+that end in one line saying what to change, and the logging they set up.
+
+``agentloop-train``, ``agentloop-rollout`` and ``agentloop-sft`` each start the same way
+(``run_command``): ``-h`` prints the module docstring; otherwise the command's ``start`` runs
+every check on the overrides before anything starts, a ``ValueError`` there is the one-line
+error (exit 2), and ``run`` gets what ``start`` returned.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["cli_error", "hydra_argv", "setup_logging"]
+from trainer.config import ConfigError, load_config
+
+if TYPE_CHECKING:
+    from trainer.config.schema import Config
+
+__all__ = ["cli_error", "hydra_argv", "load_command_config", "run_command", "setup_logging"]
+
+Started = TypeVar("Started")
 
 
 def setup_logging() -> None:
@@ -28,3 +43,39 @@ def cli_error(prog: str, message: str) -> int:
     """One line on stderr saying what to change; exit code 2."""
     sys.stderr.write(f"{prog}: error: {message}\n")
     return 2
+
+
+def run_command(
+    prog: str,
+    doc: str | None,
+    argv: list[str] | None,
+    start: Callable[[list[str]], Started],
+    run: Callable[[Started], int],
+) -> int:
+    """Command ``prog``'s exit code: 0 after ``-h`` printed ``doc``; 2 with one line on stderr
+    when ``start(overrides)`` (every start-up check, nothing running yet) raises a
+    ``ValueError``; else ``run`` of what ``start`` returned."""
+    overrides = hydra_argv(argv, doc)
+    if overrides is None:
+        return 0
+    try:
+        started = start(overrides)
+    except ValueError as exc:
+        return cli_error(prog, str(exc))
+    return run(started)
+
+
+def load_command_config(
+    prog: str, overrides: list[str], extras: Iterable[str] = ()
+) -> tuple[Config, dict[str, Any]]:
+    """``load_config(overrides)``, refusing any ``+key`` extra not among ``extras`` (those
+    ``prog`` takes) with a ``ConfigError`` naming the first."""
+    config, given = load_config(overrides)
+    takes = list(extras)
+    unknown = sorted(set(given) - set(takes))
+    if unknown and not takes:
+        raise ConfigError(f"unknown extra +{unknown[0]}: {prog} takes none")
+    if unknown:
+        listed = ", ".join(f"+{k}" for k in takes)
+        raise ConfigError(f"unknown extra +{unknown[0]}; {prog} takes {listed}")
+    return config, given

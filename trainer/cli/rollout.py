@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from trainer.cli.common import load_command_config, run_command
+from trainer.config import ConfigError
 from trainer.metrics.rollout_score import format_summary, summarize
 
 if TYPE_CHECKING:
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["main", "scored_records", "trajectory_records"]
 
 logger = logging.getLogger("agentloop.rollout")
+
+PROG = "agentloop-rollout"
 
 SUMMARY_KEYS = ("score", "tool_calls", "tool_errors")
 
@@ -75,40 +79,32 @@ def trajectory_records(batch: RolloutBatch, tokenizer: Any) -> list[dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.cli.common import cli_error, hydra_argv
-    from trainer.config import ConfigError, load_config
+    return run_command(PROG, __doc__, argv, _start, lambda started: _run(*started))
+
+
+def _start(
+    overrides: list[str],
+) -> tuple[Config, RolloutSetup, list[dict[str, Any]], Path, float, str]:
+    """Every start-up check: everything that can be wrong fails here, before any server
+    starts. Returns ``_run``'s arguments."""
     from trainer.launch.rollout import load_split, prepare_rollout
     from trainer.rewards.build import check_rewards
 
-    argv = hydra_argv(argv, __doc__)
-    if argv is None:
-        return 0
-    # ---- start-up checks: everything that can be wrong fails here, before any server starts
-    try:
-        config, extras = load_config(argv)
-        unknown = sorted(set(extras) - set(EXTRAS))
-        if unknown:
-            raise ConfigError(
-                f"unknown extra +{unknown[0]}; agentloop-rollout takes "
-                "+output, +split, +max_samples, +correct_at"
-            )
-        if not extras.get("output"):
-            raise ConfigError("set +output=PATH for the trajectories JSONL")
-        split = extras.get("split", "train")
-        if split not in ("train", "val"):
-            raise ConfigError(f"+split must be train or val, got {split!r}")
-        correct_at = _number(extras.get("correct_at", 1.0), "+correct_at")
-        setup = prepare_rollout(config)
-        device = config.trainer.resolve_device()  # where the servers (and a judge) run
-        config.servers_for(device)  # raises when the GPUs do not split into servers
-        rows = load_split(config, setup, split)
-        if extras.get("max_samples"):
-            rows = rows[: int(extras["max_samples"])]
-        check_rewards(config, {split: rows})
-    except ValueError as exc:
-        return cli_error("agentloop-rollout", str(exc))
-    output = Path(extras["output"])
-    return _run(config, setup, rows, output, correct_at, device)
+    config, extras = load_command_config(PROG, overrides, EXTRAS)
+    if not extras.get("output"):
+        raise ConfigError("set +output=PATH for the trajectories JSONL")
+    split = extras.get("split", "train")
+    if split not in ("train", "val"):
+        raise ConfigError(f"+split must be train or val, got {split!r}")
+    correct_at = _number(extras.get("correct_at", 1.0), "+correct_at")
+    setup = prepare_rollout(config)
+    device = config.trainer.resolve_device()  # where the servers (and a judge) run
+    config.servers_for(device)  # raises when the GPUs do not split into servers
+    rows = load_split(config, setup, split)
+    if extras.get("max_samples"):
+        rows = rows[: int(extras["max_samples"])]
+    check_rewards(config, {split: rows})
+    return config, setup, rows, Path(extras["output"]), correct_at, device
 
 
 def _number(value: Any, key: str) -> float:

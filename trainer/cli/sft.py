@@ -19,25 +19,34 @@ checkpoint (optimizer step and data position).
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from trainer.cli.common import cli_error, hydra_argv
+from trainer.cli.common import run_command
+
+if TYPE_CHECKING:
+    from trainer.config.sft import SFTConfig
+    from trainer.sft.loop import SFTSetup
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = hydra_argv(argv, __doc__)
-    if argv is None:
-        return 0
-    from trainer.config.sft import load_sft_config
-    from trainer.sft.loop import prepare, train
+    return run_command("agentloop-sft", __doc__, argv, _start, _train)
 
-    try:
-        cfg = load_sft_config(argv)
-        setup = prepare(cfg)
-    except ValueError as exc:
-        return cli_error("agentloop-sft", str(exc))
-    hf_dir = train(cfg, setup)
+
+def _start(overrides: list[str]) -> tuple[SFTConfig, SFTSetup]:
+    """Every start-up check; no worker is running yet."""
+    from trainer.config.sft import load_sft_config
+    from trainer.sft.loop import prepare
+
+    cfg = load_sft_config(overrides)
+    return cfg, prepare(cfg)
+
+
+def _train(started: tuple[SFTConfig, SFTSetup]) -> int:
+    from trainer.sft.loop import train
+
+    hf_dir = train(*started)
     sys.stdout.write(f"{hf_dir}\n")
     return 0
 

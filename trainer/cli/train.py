@@ -11,28 +11,38 @@ run before any server or trainer rank starts; a failure prints one line saying w
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+from trainer.cli.common import load_command_config, run_command
+
+if TYPE_CHECKING:
+    from trainer.config.schema import Config
+    from trainer.loop.assembly import RunPlan
 
 __all__ = ["main"]
 
+PROG = "agentloop-train"
+
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.cli.common import cli_error, hydra_argv
-    from trainer.config import ConfigError, load_config
-    from trainer.loop.assembly import build_run, plan_run
+    return run_command(PROG, __doc__, argv, _start, _train)
+
+
+def _start(overrides: list[str]) -> tuple[Config, RunPlan]:
+    """Every start-up check; nothing is running yet."""
+    from trainer.loop.assembly import plan_run
+
+    config, _ = load_command_config(PROG, overrides)
+    return config, plan_run(config)
+
+
+def _train(started: tuple[Config, RunPlan]) -> int:
+    from trainer.loop.assembly import build_run
     from trainer.loop.async_trainer import AsyncPPOTrainer
     from trainer.loop.ray_trainer import RayPPOTrainer, RunStoppedError
     from trainer.rewards import JudgeUnavailableError, RewardFunctionError
 
-    argv = hydra_argv(argv, __doc__)
-    if argv is None:
-        return 0
-    try:
-        config, extras = load_config(argv)
-        if extras:
-            raise ConfigError(f"unknown extra +{sorted(extras)[0]}: agentloop-train takes none")
-        plan = plan_run(config)  # every start-up check; nothing is running yet
-    except ValueError as exc:
-        return cli_error("agentloop-train", str(exc))
+    config, plan = started
     try:
         cls = AsyncPPOTrainer if config.async_training.enable else RayPPOTrainer
         trainer = cls(config, build_run(config, plan), plan.sampler, plan.val_rows)
