@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The custom-operator task with the LangGraph ReAct loop on CPU (vLLM CPU engine, 2 FSDP2 gloo
 # ranks, Ray local): generate data, multi-turn SFT warm start on solved conversations, then
-# GRPO with `math_expression` rows. Run from the repository root. Environment:
+# GRPO with `math_expression` rows. Runs in the repository root from any directory. Environment:
 #   MODEL (smollm2-135m-instruct)  DATA (data/langgraph_math)  RUN (checkpoints/langgraph_math)
 #   SFT_STEPS (16; 0 skips the warm start and trains MODEL directly)  SFT_LR (1e-4)
 # Extra key=value arguments go to agentloop-train, e.g. trainer.total_training_steps=2.
 set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the repository root: MODEL, DATA, RUN are from there
+source recipes/overrides.sh  # CPU_OVERRIDES: the small-CPU-run keys every CPU script sets
 MODEL=${MODEL:-smollm2-135m-instruct}
 DATA=${DATA:-data/langgraph_math}
 RUN=${RUN:-checkpoints/langgraph_math}
@@ -30,28 +32,19 @@ if [ "$SFT_STEPS" -gt 0 ]; then
 fi
 
 $PY -m trainer.cli.train \
+  "${CPU_OVERRIDES[@]}" \
   data.train_files="$DATA/train.jsonl" \
   data.val_files="$DATA/val.jsonl" \
-  data.return_raw_chat=True \
-  data.train_batch_size=4 \
-  data.max_prompt_length=512 \
   actor_rollout_ref.model.path="$MODEL" \
-  actor_rollout_ref.rollout.mode=async \
-  actor_rollout_ref.rollout.n=4 \
   actor_rollout_ref.rollout.prompt_length=512 \
   actor_rollout_ref.rollout.response_length=256 \
   actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5 \
   actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=64 \
   actor_rollout_ref.rollout.agent.agent_loop_config_path=recipes/langgraph_agent/agent.yaml \
   actor_rollout_ref.rollout.agent.default_agent_loop=math_expression \
-  actor_rollout_ref.actor.ppo_mini_batch_size=4 \
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
   actor_rollout_ref.actor.optim.lr=1e-6 \
   custom_reward_function.path=recipes/langgraph_agent/reward.py \
   custom_reward_function.name=compute_score \
-  trainer.n_gpus_per_node=2 \
-  trainer.total_training_steps=4 \
-  trainer.test_freq=2 \
   trainer.val_before_train=True \
   trainer.logger='[console,jsonl]' \
   trainer.default_local_dir="$RUN/grpo" \

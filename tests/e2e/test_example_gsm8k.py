@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import yaml
 
 from tests.e2e.run_script import REPO
 from tests.hf_cache import add_to_hf_cache, hf_env
+from tests.script_calls import script_calls, train_overrides
 
 pytestmark = [pytest.mark.e2e]
 
@@ -152,17 +152,6 @@ def test_verls_tool_agent_script_trains_two_steps(tmp_path, tiny_qwen3_path):
     assert all(t.info.trace_metadata.get("mlflow.sourceRun") == run_id for t in traces)
 
 
-def script_overrides(script: str, **env: str) -> list[str]:
-    """The ``key=value`` arguments of a run script's command, its ``${VAR:-default}``s
-    filled (``env`` first) and quotes removed as the shell would."""
-    text = (REPO / script).read_text().replace("\\\n", " ")
-    values = {**dict(re.findall(r"^(\w+)=\$\{\w+:-([^}]*)\}", text, re.M)), **env}
-    start = text.index("-m trainer.cli.train") + len("-m trainer.cli.train")
-    command = text[start : text.index('"$@"')]
-    command = re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], command)
-    return shlex.split(command)
-
-
 def test_cpu_example_script_passes_every_start_up_check(tmp_path, monkeypatch):
     """examples/gsm8k/run_gsm8k_tool_agent_cpu.sh's config, tool and preprocessed rows pass
     every start-up check (the engines and training path are the verl script's above)."""
@@ -179,12 +168,14 @@ def test_cpu_example_script_passes_every_start_up_check(tmp_path, monkeypatch):
         *("--out_dir", str(data)),
     ]
     subprocess.run(prep, cwd=REPO, check=True)
-    overrides = script_overrides(
+    calls = script_calls(
         "examples/gsm8k/run_gsm8k_tool_agent_cpu.sh",
+        tmp_path / "script",
         MODEL="tiny-qwen3",
         DATA=str(data),
         RUN=str(tmp_path / "run"),
     )
+    overrides = train_overrides(calls)
     from agentloop.tools.mcp_errors import RUN_DIR_ENV
     from trainer.config import load_config
     from trainer.loop.assembly import plan_run
