@@ -1,4 +1,6 @@
 # agentloop-rl: one-command install, tests, lint.
+# `make test` runs every test but the GPU ones and the benchmarks (tests/perf); `make test-fast`
+# is the quick answer for a change: lint plus the unit tests not marked slow, on two workers.
 # `make install` is idempotent: it re-runs only when pyproject.toml changes.
 
 PYTHON ?= python3
@@ -12,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0+cpu
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: install bubblewrap test lint format config demo bench traces clean-venv
+.PHONY: install bubblewrap test test-fast lint format config demo bench traces clean-venv
 
 install: $(STAMP)
 
@@ -44,6 +46,13 @@ bubblewrap:
 
 test: install
 	$(PY) -m pytest -m "not gpu" --ignore=tests/perf $(PYTEST_ARGS)
+
+# Lint, then tests/unit less `slow` (subprocesses, 16k-token rows) on two xdist workers; whole
+# files go to one worker (--dist loadfile) so each module fixture is built once (docs/testing.md).
+test-fast: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest tests/unit -m "not slow and not gpu" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,5 +1,5 @@
-"""Shared test fixtures: model assets from the project cache, GPU-marker skipping, and the check
-that the session leaves ``/dev/shm`` as it found it."""
+"""Shared test fixtures: model assets from the project cache, tier markers that follow the
+folders, GPU-marker skipping, and the check that the session leaves ``/dev/shm`` as it found it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,28 @@ from tests.shm import leaked, shm_entries
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+TESTS = Path(__file__).resolve().parent
+# A folder under tests/ is a tier: every test in it carries the marker of the same name, so
+# `-m "not integration"` and the like select by folder without a pytestmark line per module.
+FOLDER_MARKERS = ("integration", "e2e", "reliability", "perf")
+
+
+def folder_marker(path: Path) -> str | None:
+    """The tier marker of the test file at ``path``: its first folder under tests/, if a tier."""
+    try:
+        folder = path.resolve().relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return folder if folder in FOLDER_MARKERS else None
+
+
+# tryfirst: the marks must be on the items before pytest's own hook deselects by `-m`.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = folder_marker(item.path)
+        if marker is not None:
+            item.add_marker(marker)
     try:
         import torch
 

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Our dependencies (pyproject.toml) that the device image does not hold.
@@ -63,6 +65,7 @@ def _import_without(absent: set[str], modules: tuple[str, ...]) -> subprocess.Co
     )
 
 
+@pytest.mark.slow
 def test_gpu_tests_and_the_trainer_import_with_torch_and_transformers_alone():
     proc = _import_without(set(NOT_ON_DEVICE), DEVICE_MODULES)
     assert proc.returncode == 0, proc.stderr[-2000:]

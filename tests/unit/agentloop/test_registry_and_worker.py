@@ -8,7 +8,6 @@ import time
 
 import pytest
 import yaml
-from transformers import AutoTokenizer
 
 from agentloop import (
     AgentConfig,
@@ -23,11 +22,6 @@ from tests.unit.agentloop.scripted import ScriptedServer, SleepTool
 from tests.unit.agentloop.user_loops import EchoPromptLoop
 
 USER = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 def write_loops(tmp_path, entries) -> str:

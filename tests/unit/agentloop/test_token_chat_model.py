@@ -8,7 +8,6 @@ import json
 
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
-from transformers import AutoTokenizer
 
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig, encode_delta
 from agentloop.langgraph import (
@@ -22,11 +21,6 @@ from tests.unit.agentloop.scripted import CALC_SCHEMA, ScriptedServer
 
 PROMPT = [{"role": "user", "content": "What is 1 + 2?"}]
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 def make_model(tokenizer, turns, *, response_length=512, **multi_turn):

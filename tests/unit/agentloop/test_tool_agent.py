@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig, encode_delta
 from agentloop.tokens import mask_spans
@@ -15,11 +14,6 @@ from tests.unit.agentloop.scripted import BrokenTool, CalcTool, LongTool, Script
 
 PROMPT = [{"role": "user", "content": "What is 2 + 3?"}]
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": -1}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 def call(name: str, **arguments) -> str:

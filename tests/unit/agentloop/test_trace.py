@@ -9,7 +9,6 @@ import json
 
 import mlflow
 import pytest
-from transformers import AutoTokenizer
 
 from agentloop import MultiTurnConfig, RolloutConfig, TraceContext
 from agentloop.config import AgentConfig, TraceConfig
@@ -17,11 +16,6 @@ from agentloop.worker import AgentLoopWorker
 from tests.unit.agentloop.scripted import BrokenTool, CalcTool, ScriptedServer
 
 PROMPT = [{"role": "user", "content": "What is 2 + 3?"}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 @pytest.fixture()

@@ -20,7 +20,6 @@ import pydantic
 import pytest
 import torch
 import yaml
-from transformers import AutoTokenizer
 
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig
 from agentloop.parsers import ToolCall
@@ -457,11 +456,6 @@ def test_with_verl_installed_a_schema_it_rejects_says_so(fake_verl):
     assert str(info.value) == (
         f"w: tool_schema does not fit verl's OpenAIFunctionToolSchema: {expected.value}"
     )
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 async def test_tool_agent_runs_the_gsm8k_verl_tool_and_its_reward_is_a_process_reward(tokenizer):

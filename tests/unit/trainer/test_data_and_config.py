@@ -8,17 +8,11 @@ import logging
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from transformers import AutoTokenizer
 
 from trainer.config import ConfigError, DataConfig, load_config
 from trainer.data.rows import load_rows, read_rows, to_agent_rows
 
 MSG = [{"role": "user", "content": "What is 2+2?"}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 def test_parquet_and_jsonl_rows_read_the_same(tmp_path):

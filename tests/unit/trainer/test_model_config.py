@@ -168,6 +168,7 @@ def test_a_bad_key_stops_agentloop_train_before_anything_starts(capsys, tmp_path
 # ---- custom_chat_template is what renders every chat -------------------------------------------
 
 
+@pytest.mark.slow
 async def test_custom_chat_template_changes_the_agent_loop_prompt_ids(tiny_qwen3_path):
     setup = prepare_rollout(config_with(path="tiny-qwen3", custom_chat_template=CUSTOM))
     plain = AutoTokenizer.from_pretrained(tiny_qwen3_path)
@@ -184,6 +185,7 @@ async def test_custom_chat_template_changes_the_agent_loop_prompt_ids(tiny_qwen3
     assert setup.tokenizer.chat_template == CUSTOM  # data filtering and rewards use this one
 
 
+@pytest.mark.slow
 def test_custom_chat_template_renders_sft_conversations(tiny_qwen3_path, tmp_path):
     data = tmp_path / "sft.jsonl"
     conversation = [*USER, {"role": "assistant", "content": "5."}]

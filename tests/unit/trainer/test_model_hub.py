@@ -68,6 +68,7 @@ def test_a_hub_id_resolves_offline_to_its_cached_snapshot_without_network(
     assert no_network == []
 
 
+@pytest.mark.slow
 def test_tokenizer_and_model_load_from_a_hub_id(hf_home, monkeypatch, tiny_qwen3_path):
     use_hf_cache(monkeypatch, hf_home)
     model = resolve_model_config(ModelConfig(path=REPO), "actor_rollout_ref.model")
@@ -213,6 +214,7 @@ def folder_hub(tmp_path, tiny_qwen3_path, monkeypatch) -> type[FolderHub]:
     server.server_close()
 
 
+@pytest.mark.slow
 def test_a_tokenizer_hub_id_downloads_no_weights(folder_hub, tmp_path):
     key = "actor_rollout_ref.model.tokenizer_path"
     snapshot = Path(resolve_model("Org/Big", key, need_config=False))
@@ -298,6 +300,7 @@ def test_servers_answer_to_the_hub_id_of_a_snapshot(hf_home):
     assert ServerConfig(model="/models/tiny-qwen3").model_name == "tiny-qwen3"
 
 
+@pytest.mark.slow
 def test_hf_env_makes_a_hub_id_resolve_in_a_subprocess(hf_home, tmp_path):
     """What an e2e run script naming ``Qwen/Qwen3-0.6B`` relies on."""
     code = "from trainer.models import resolve_model; print(resolve_model('Qwen/Qwen3-0.6B'))"

@@ -129,6 +129,7 @@ def _peak_growth_mib(mode: str) -> float:
     return float(proc.stdout.split()[-1])
 
 
+@pytest.mark.slow
 def test_a_16k_packed_row_never_holds_a_tokens_by_tokens_score_matrix():
     """Forward and backward over one 16,384-token row (samples of 12,000 and 4,384 tokens) with
     SDPA held to its fused kernels (a math fall back raises), in a fresh process: its peak RSS

@@ -134,6 +134,7 @@ def updated(model, batch, cfg, samples_per_mini_batch, remove_padding=True):
     return metrics, model.state_dict()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_micro_batching_does_not_change_the_update(model, batch, mode):
     tokens = batch.attention_mask.sum(-1)

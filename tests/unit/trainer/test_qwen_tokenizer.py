@@ -11,7 +11,6 @@ import unicodedata
 
 import pytest
 import tiktoken
-from transformers import AutoTokenizer
 
 from trainer.models.qwen_tokenizer import (
     QWEN_PATTERN,
@@ -55,11 +54,6 @@ def reference() -> tiktoken.Encoding:
 
 def _reference_ids(reference: tiktoken.Encoding, text: str) -> list[int]:
     return reference.encode(unicodedata.normalize("NFC", text), allowed_special="all")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 def _random_texts(n: int, seed: int = 0) -> list[str]:

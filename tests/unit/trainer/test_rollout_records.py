@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from transformers import AutoTokenizer
-
 from agentloop.records import SampleRecord
 from tests.unit.trainer.rewards.batch import make_batch, tool_call
 from trainer.cli.rollout import trajectory_records
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 def test_a_trajectory_line_has_exactly_the_rollout_keys_and_the_record_values(tokenizer):

@@ -4,20 +4,12 @@ valid-tool-call rate and mean reward, exactly."""
 
 from __future__ import annotations
 
-import pytest
-from transformers import AutoTokenizer
-
 from agentloop.records import SampleRecord
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.cli.rollout import scored_records
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
 from trainer.metrics.rollout_score import RolloutSummary, format_summary, summarize
 from trainer.rewards.manager import RewardManager
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 def test_each_line_carries_its_score_and_each_named_reward(tokenizer):

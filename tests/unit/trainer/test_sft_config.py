@@ -100,6 +100,7 @@ def run_main(capsys, *overrides: str) -> tuple[int, str]:
     return code, capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_cli_start_up_errors_name_the_setting(tmp_path, data_file, capsys):
     ckpt = f"trainer.default_local_dir={tmp_path / 'ckpt'}"
     code, err = run_main(capsys, f"model.path={tmp_path}/nope", f"data.train_files={data_file}")

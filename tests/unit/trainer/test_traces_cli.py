@@ -45,6 +45,7 @@ def test_the_newest_store_under_the_root_is_picked(tmp_path):
     assert find_store(None, str(tmp_path)) == (f"sqlite:///{new.resolve()}", new.parent)
 
 
+@pytest.mark.slow
 def test_step_lists_that_steps_traces_as_a_table_without_a_ui(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
@@ -60,6 +61,7 @@ def test_step_lists_that_steps_traces_as_a_table_without_a_ui(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 def test_a_step_without_traces_names_the_traced_steps(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
@@ -72,6 +74,7 @@ def test_a_step_without_traces_names_the_traced_steps(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 def test_a_ui_group_that_ignores_sigterm_is_killed_after_the_grace_period(caplog):
     ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + (
         "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "

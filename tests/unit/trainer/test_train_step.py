@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
 
 import trainer.loop.ray_trainer
 from agentloop import AgentLoopOutput, RolloutBatch, RolloutConfig, TraceContext, collate
@@ -261,11 +260,6 @@ class Run:
         ]
         sampler = PromptSampler(rows, PROMPTS, shuffle=False)
         self.trainer = RayPPOTrainer(config, parts, sampler, val_rows=rows[:3])
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return transformers.AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 @pytest.fixture()

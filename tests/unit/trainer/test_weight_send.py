@@ -165,6 +165,7 @@ def test_transfer_init_info_is_vllms_for_nccl_and_ipc():
         transfer_init_info("gloo", 0, servers, "", 0)
 
 
+@pytest.mark.slow
 def test_fsdp_module_imports_without_ray_or_vllm():
     code = "import sys\nsys.modules.update(ray=None, vllm=None)\nimport trainer.workers.fsdp\n"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -10,7 +10,6 @@ import re
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
 from servers.manager import NoHealthyServerError
 from servers.types import TokenOutput
@@ -19,11 +18,6 @@ from trainer.config.reward import JudgeConfig, RewardFunctionConfig, RewardModel
 from trainer.rewards import JudgeReward, JudgeUnavailableError, RewardManager, parse_judge_score
 
 PATTERN = re.compile(JudgeConfig().score_pattern, re.S)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,7 @@ the ``RewardOutput`` (validation votes on ``pred``), kept in order by ``RewardOu
 
 from __future__ import annotations
 
-import pytest
 import torch
-from transformers import AutoTokenizer
 
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
@@ -19,11 +17,6 @@ def compute_score(data_source, solution_str, ground_truth, extra_info):
         return 0.0
     return {"score": float(answer == ground_truth), "acc": answer == ground_truth, "pred": answer}
 """
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 def test_dict_keys_other_than_score_are_kept_per_sample(tmp_path, tokenizer):

@@ -13,17 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from transformers import AutoTokenizer
 
 from agentloop.records import SampleRecord
 from tests.unit.trainer.rewards.batch import make_batch, tool_call
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig, RuleRewardConfig
 from trainer.rewards import RewardFunctionError, RewardManager, default_compute_score
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_qwen3_path):
-    return AutoTokenizer.from_pretrained(tiny_qwen3_path)
 
 
 def manager_with(fn, tokenizer: Any, **rule: Any) -> RewardManager:
