@@ -1,7 +1,7 @@
 """argparse flags generated from a typed dataclass, so a command's flags are written once, as
 the config's fields: ``max_num_seqs: int | None = None`` plus the docstring under it becomes
 ``--max-num-seqs MAX_NUM_SEQS`` with that docstring as its help (read by
-``trainer.config.generate.field_docs``, which also writes the YAML comments).
+``trainer.config.field_docs``, which also gives the YAML comments).
 
 Types: ``bool`` is ``--x/--no-x``; a ``Literal`` is its choices; ``int``, ``float`` and ``str``
 convert; ``dict`` reads a JSON object; ``X | None`` is ``X`` (None stays the default); any
@@ -19,7 +19,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainer.config.generate import field_docs
+from trainer.config.field_docs import field_docs
 
 __all__ = ["add_dataclass_flags", "flag_name", "flag_values", "json_object"]
 

@@ -12,10 +12,7 @@ Hydra composes the written files as before (``trainer.config.compose_tree``)."""
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import functools
-import inspect
 import logging
 import textwrap
 import types
@@ -26,10 +23,11 @@ from typing import Any
 
 import yaml
 
+from trainer.config.field_docs import field_docs
 from trainer.config.schema import Config
 from trainer.config.sft import SFTConfig
 
-__all__ = ["FILES", "YamlFile", "field_docs", "main", "render"]
+__all__ = ["FILES", "YamlFile", "main", "render"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,42 +92,6 @@ FILES = (
         ),
     ),
 )
-
-
-@functools.cache
-def _module_tree(path: str) -> ast.Module:
-    return ast.parse(Path(path).read_text(), filename=path)
-
-
-def _own_docs(cls: type) -> dict[str, str]:
-    """The docstrings under the fields that ``cls``'s own class body writes."""
-    source = inspect.getsourcefile(cls)
-    assert source is not None, cls
-    body = next(
-        node.body
-        for node in _module_tree(source).body
-        if isinstance(node, ast.ClassDef) and node.name == cls.__name__
-    )
-    docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            docs[node.target.id] = inspect.cleandoc(after.value.value)
-    return docs
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring; a field a subclass writes again without one keeps its base's."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            docs.update(_own_docs(klass))
-    return docs
 
 
 def _dataclass_of(hint: Any) -> type | None:

@@ -80,16 +80,26 @@ class RunConfig:
         return self.total_training_steps or self.total_epochs * batches_per_epoch
 
     def resolve_device(self) -> str:
-        """``device`` with ``auto`` resolved; raises when CUDA is asked for and absent."""
+        """``device`` with ``auto`` resolved; raises when CUDA is asked for and absent, or when
+        one node is asked for more GPUs than it has."""
         import torch
 
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if self.device == "cuda" and not torch.cuda.is_available():
+        has_cuda = torch.cuda.is_available()
+        if self.device == "cuda" and not has_cuda:
             raise ValueError(
                 "trainer.device=cuda but no CUDA device is visible: set trainer.device=cpu"
             )
-        return self.device
+        device = self.device if self.device != "auto" else ("cuda" if has_cuda else "cpu")
+        if (
+            device == "cuda"
+            and self.nnodes == 1
+            and self.n_gpus_per_node > (count := torch.cuda.device_count())
+        ):
+            raise ValueError(
+                f"trainer.n_gpus_per_node={self.n_gpus_per_node} but this node has {count} "
+                "GPU(s): lower it"
+            )
+        return device
 
 
 @dataclass(kw_only=True, slots=True)

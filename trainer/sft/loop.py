@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from tqdm import tqdm
 
 from trainer.config.sft import SFTConfig, SFTModelConfig
@@ -55,19 +54,6 @@ class SFTSetup:
     resume_from: Path | None
 
 
-def _device(name: str, world_size: int, nnodes: int) -> str:
-    has_cuda = torch.cuda.is_available()
-    if name == "cuda" and not has_cuda:
-        raise ValueError("trainer.device=cuda but CUDA is not available: set trainer.device=auto")
-    device = name if name != "auto" else ("cuda" if has_cuda else "cpu")
-    if device == "cuda" and nnodes == 1 and world_size > torch.cuda.device_count():
-        raise ValueError(
-            f"trainer.n_gpus_per_node={world_size} but this node has "
-            f"{torch.cuda.device_count()} GPU(s): lower it"
-        )
-    return device
-
-
 def _samples(cfg: SFTConfig, tokenizer: Any, key: str) -> list[SFTSample]:
     from trainer.data.rows import read_rows
 
@@ -96,7 +82,7 @@ def prepare(cfg: SFTConfig) -> SFTSetup:
 
     trainer = cfg.trainer
     model = resolve_model_config(cfg.model, "model")
-    device = _device(trainer.device, trainer.n_gpus_per_node, trainer.nnodes)
+    device = trainer.resolve_device()
     tokenizer = tokenizer_source(model).load()  # custom_chat_template renders the conversations
     train = _samples(cfg, tokenizer, "train_files")
     val = _samples(cfg, tokenizer, "val_files")

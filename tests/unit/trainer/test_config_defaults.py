@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 import trainer.config as config_pkg
 from agentloop.config import _check
 from trainer.config import Config, ConfigError, compose_tree, generate, load_config
+from trainer.config.field_docs import field_docs
 from trainer.config.reward import DEFAULT_JUDGE_TEMPLATE, RuleRewardConfig
 from trainer.config.run import RunConfig, TrainerConfig
 from trainer.config.sft import SFTConfig, SFTTrainerConfig, load_sft_config
@@ -52,11 +53,11 @@ def test_a_field_docstring_is_its_comment_beside_or_above_the_key():
     )
     # A field written again by a subclass (another default) keeps its base's docstring.
     assert "project_name" in SFTTrainerConfig.__dataclass_fields__
-    base, sft = generate.field_docs(RunConfig), generate.field_docs(SFTTrainerConfig)
+    base, sft = field_docs(RunConfig), field_docs(SFTTrainerConfig)
     assert (
         sft["project_name"] == base["project_name"] == "MLflow experiment / W&B project of the run."
     )
-    assert generate.field_docs(TrainerConfig)["logger"] == base["logger"]
+    assert field_docs(TrainerConfig)["logger"] == base["logger"]
 
 
 def test_the_generator_rewrites_a_stale_file_and_check_says_so(tmp_path, monkeypatch, caplog):

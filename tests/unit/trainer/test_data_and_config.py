@@ -97,3 +97,28 @@ def test_hydra_config_missing_model_path_says_what_to_set():
         "missing config key actor_rollout_ref.model.path: set it, e.g. "
         "actor_rollout_ref.model.path=..."
     )
+
+
+@pytest.mark.parametrize("cls", ["TrainerConfig", "SFTTrainerConfig"])
+def test_rl_and_sft_resolve_the_device_alike(monkeypatch, cls):
+    """One ``RunConfig.resolve_device`` for both commands: auto picks what is there, cuda
+    without a GPU and more GPUs per node than the node has are errors that say what to set."""
+    import torch
+
+    from trainer.config import run, sft
+
+    make = getattr(run, cls, None) or getattr(sft, cls)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert make(device="auto").resolve_device() == "cpu"
+    with pytest.raises(ValueError) as err:
+        make(device="cuda").resolve_device()
+    assert str(err.value) == (
+        "trainer.device=cuda but no CUDA device is visible: set trainer.device=cpu"
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert make(device="auto", n_gpus_per_node=2).resolve_device() == "cuda"
+    assert make(device="cuda", nnodes=2, n_gpus_per_node=4).resolve_device() == "cuda"
+    with pytest.raises(ValueError) as err:
+        make(device="cuda", n_gpus_per_node=4).resolve_device()
+    assert str(err.value) == "trainer.n_gpus_per_node=4 but this node has 2 GPU(s): lower it"

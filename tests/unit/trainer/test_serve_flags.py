@@ -16,7 +16,7 @@ from servers import ServerConfig
 from servers.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from trainer.cli import serve as serve_cli
 from trainer.cli.flags import add_dataclass_flags, flag_name, flag_values
-from trainer.config.generate import field_docs
+from trainer.config.field_docs import field_docs
 
 
 def actions() -> dict[str, argparse.Action]:
