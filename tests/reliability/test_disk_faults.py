@@ -17,9 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 
-from tests.ray_local import init_ray_retrying
 from tests.unit.trainer.test_train_startup import USER, run
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
 from trainer.loop.checkpoint import CheckpointManager, CheckpointSaveError, checkpoint_bytes
@@ -83,7 +81,7 @@ def test_a_disk_without_room_for_one_checkpoint_fails_at_start_up(
 
 
 def test_a_disk_that_fills_during_a_save_keeps_the_last_checkpoint_for_resume(
-    tmp_path, mounts, tiny_qwen3_path
+    tmp_path, mounts, tiny_qwen3_path, local_ray
 ):
     contents = ["model", "extra"]
     need = checkpoint_bytes(tiny_qwen3_path, contents)
@@ -102,7 +100,6 @@ def test_a_disk_that_fills_during_a_save_keeps_the_last_checkpoint_for_resume(
         need_ref=False,
         device="cpu",
     )
-    init_ray_retrying(num_cpus=2, include_dashboard=False, log_to_driver=False)
     group = WorkerGroup(spec, world_size=2)
     try:
         first = manager.save(1, group, contents, {"sampler": {"epoch": 0, "position": 1}})
@@ -125,4 +122,3 @@ def test_a_disk_that_fills_during_a_save_keeps_the_last_checkpoint_for_resume(
         group.load_checkpoint(str(first / "actor"))  # the ranks resume from it
     finally:
         group.shutdown()
-        ray.shutdown()

@@ -24,7 +24,6 @@ import ray
 from agentloop import AgentLoopManager, RolloutConfig
 from agentloop.config import RecoveryConfig
 from servers import ServerConfig, ServerGroup, ServerRestartError, stop_servers
-from tests.ray_local import init_local_ray
 from tests.shm import shm_entries
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,8 +33,7 @@ PARAMS = {"temperature": 1.0, "max_tokens": TOKENS, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def rollout(tiny_qwen3_path):
-    init_local_ray()
+def rollout(local_ray, tiny_qwen3_path):
     group = ServerGroup(
         ServerConfig(model=str(tiny_qwen3_path), max_model_len=512, http=False),
         2,
@@ -53,7 +51,6 @@ def rollout(tiny_qwen3_path):
     yield group, manager, pushed
     manager.shutdown()
     stop_servers(group.handles)  # removes the shared memory of any that cannot stop cleanly
-    ray.shutdown()
 
 
 def _rows(tag: str) -> list[dict[str, Any]]:

@@ -108,9 +108,13 @@ def command(task: Path, run_dir: Path, *extra: str, steps: int = 3) -> list[str]
         "data.train_batch_size=4",
         "data.max_prompt_length=256",
         "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.rollout.response_length=96",
-        "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=16",
+        # 3 turns of at most 8 tokens and 2 tool results (~30 tokens each) fit in 80: few
+        # tokens to decode and train on, every sample still multi-turn with 2 tool calls
+        "actor_rollout_ref.rollout.response_length=80",
+        "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=8",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        # the killed server is found (and its restart begun) within 0.5 s, not 5 s
+        "actor_rollout_ref.rollout.recovery.health_check_interval_s=0.5",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={task / 'tools.yaml'}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={task / 'loops.yaml'}",
         "+actor_rollout_ref.rollout.chat_template_kwargs.enable_thinking=false",
@@ -156,6 +160,11 @@ def trained_prompts(run_dir: Path) -> dict[int, list[list[int]]]:
     return prompts
 
 
+def phase(name: str, start: float) -> None:
+    """When a phase of the test ended: shown with ``-s``, and in a failure's captured output."""
+    print(f"{name} after {time.monotonic() - start:.0f} s", flush=True)
+
+
 def ray_actors(proc: subprocess.Popen, name: str) -> list[psutil.Process]:
     """The run's actor processes of class ``name`` (Ray titles them ``ray::<name>...``)."""
     found = []
@@ -174,6 +183,7 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     run_dir = tmp_path / "run"
     log1 = (tmp_path / "run1.log").open("w")
     shm_before = shm_segments()
+    start = time.monotonic()
     proc = subprocess.Popen(command(task, run_dir), cwd=REPO, env=env(), stdout=log1, stderr=log1)
     deadline = time.monotonic() + 600
     try:
@@ -184,10 +194,12 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
             assert proc.poll() is None, (tmp_path / "run1.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "run 1 did not reach step 2 in time"
             time.sleep(0.5)
+        phase("run 1 saved step 2", start)
         ranks = ray_actors(proc, "FSDPWorker")
         assert len(ranks) == 2, [r.cmdline() for r in ranks]
         os.kill(ranks[1].pid, signal.SIGKILL)
         code = proc.wait(timeout=300)
+        phase("run 1 exited", start)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -220,6 +232,7 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
                 assert proc.poll() is None, log2_path.read_text()[-3000:]
                 assert time.monotonic() < deadline, "run 2 did not resume in time"
                 time.sleep(0.2)
+            phase("run 2 resumed", start)
             (server,) = ray_actors(proc, "AsyncServer")
             server.kill()
             while not (
@@ -229,6 +242,7 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
                 assert proc.poll() is None, log2_path.read_text()[-3000:]
                 assert time.monotonic() < deadline, "run 2 did not reach step 3 in time"
                 time.sleep(0.2)
+            phase("run 2 saved step 3", start)
             tree = psutil.Process(proc.pid).children(recursive=True)
             proc.send_signal(signal.SIGKILL)
             for child in tree:  # a dead node: nothing of the run outlives its driver
@@ -262,6 +276,7 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
             timeout=600,
         )
     remove_new_segments(shm_before)
+    phase("run 3 exited", start)
     text = log3_path.read_text()
     assert proc.returncode == 0, text[-3000:]
     assert "at step 3" in text

@@ -17,7 +17,6 @@ from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutCon
 from agentloop.tokens import mask_spans
 from servers import ServerConfig, launch_servers
 from tests.integration.agentloop.helpers import ECHO_SCHEMA, max_logprob_gap
-from tests.ray_local import init_local_ray
 from trainer.config import DataConfig
 from trainer.data.rows import load_rows
 
@@ -33,14 +32,12 @@ def tokenizer(smollm2_path):
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path):
-    init_local_ray()
+def server(local_ray, smollm2_path):
     (handle,) = launch_servers(
         ServerConfig(model=str(smollm2_path), max_model_len=PROMPT_LEN + RESPONSE_LEN), 1
     )
     yield handle
     ray.get(handle.shutdown.remote())
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""LangGraph agents on a real vLLM CPU engine (tiny-qwen3), one engine for the module:
+"""LangGraph agents on a real vLLM CPU engine (tiny-qwen3, the session's shared server):
 ``react_agent`` rows (and the langgraph_agent recipe's loop) through Ray AgentLoopWorkers with
 exact trajectories and engine log-probs, and a ``ChatOpenAI`` ReAct graph against the
 server's OpenAI-compatible endpoint (evaluation path)."""
@@ -22,9 +22,7 @@ from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutCon
 from agentloop.langgraph import build_react_graph
 from agentloop.tokens import mask_spans
 from recipes.langgraph_agent.data import make_rows
-from servers import ServerConfig, launch_servers
 from tests.integration.agentloop.helpers import ECHO_SCHEMA, max_logprob_gap
-from tests.ray_local import init_local_ray
 
 pytestmark = pytest.mark.integration
 
@@ -38,13 +36,9 @@ def tokenizer(tiny_qwen3_path):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_qwen3_path):
-    init_local_ray()
-    config = ServerConfig(model=str(tiny_qwen3_path), max_model_len=PROMPT_LEN + RESPONSE_LEN)
-    (handle,) = launch_servers(config, 1)
-    yield handle
-    ray.get(handle.shutdown.remote())
-    ray.shutdown()
+def server(tiny_server):
+    """The session's shared tiny-qwen3 server (``tests/ray_local.py``), 512 tokens long."""
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
-"""The vLLM AsyncServer as a real Ray actor on the vLLM CPU engine (tiny-qwen3), one engine
-for the whole module: generate, abort, weight update, bad input, HTTP front (with its work
-limits and sequence-counting admission), OpenAI client (chat, text completions, models), and
-engine settings passed through to vLLM."""
+"""The vLLM AsyncServer as a real Ray actor on the vLLM CPU engine (tiny-qwen3): the session's
+shared server (``tests/ray_local.py``, whose settings these tests check). Generate, abort,
+weight update, bad input, HTTP front (with its work limits and sequence-counting admission),
+OpenAI client (chat, text completions, models), and engine settings passed through to vLLM."""
 
 from __future__ import annotations
 
@@ -17,17 +17,18 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from servers import AsyncLLMServerManager, ServerConfig, launch_servers
+from servers import AsyncLLMServerManager
+from tests.ray_local import (
+    BATCHED_TOKENS,
+    MAX_LOGPROBS,
+    MAX_MODEL_LEN,
+    MAX_N,
+    MAX_NUM_SEQS,
+    MAX_PROMPT,
+    MAX_TOKENS,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
-
-MAX_MODEL_LEN = 512
-MAX_NUM_SEQS = 8  # small enough that requests wait, so the priority order shows
-# The HTTP front's limits (Ray calls are not limited): small, so that tests can cross them.
-MAX_N, MAX_TOKENS, MAX_PROMPT, MAX_SEQUENCES = 4, 256, 300, 4
-# Engine settings that differ from vLLM's CPU defaults (2048 tokens, chunked prefill on, 20
-# log-probs), so that health and a request show they reached the engine.
-BATCHED_TOKENS, MAX_LOGPROBS = 1024, 3
 
 
 @pytest.fixture(scope="module")
@@ -42,25 +43,10 @@ def prompt(tokenizer) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_qwen3_path):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    config = ServerConfig(
-        model=str(tiny_qwen3_path),
-        max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=BATCHED_TOKENS,
-        enable_chunked_prefill=False,
-        enforce_eager=True,
-        engine_kwargs={"max_logprobs": MAX_LOGPROBS},
-        max_n=MAX_N,
-        max_tokens_per_request=MAX_TOKENS,
-        max_prompt_tokens=MAX_PROMPT,
-        max_concurrent_requests=MAX_SEQUENCES,
-    )
-    (handle,) = launch_servers(config, 1, num_cpus=1)
-    yield handle
-    ray.get(handle.shutdown.remote())
-    ray.shutdown()
+def server(tiny_server):
+    """The session's shared tiny-qwen3 server: its settings (``tests/ray_local.py``) are the
+    ones these tests check. Tests that load other weights put the original ones back."""
+    return tiny_server
 
 
 @pytest.fixture(scope="module")
@@ -476,20 +462,21 @@ async def test_weight_update_changes_outputs_and_logprobs_match_transformers(
             p.add_(torch.randn_like(p) * 0.05)
     new_state = {k: v.clone() for k, v in model.state_dict().items()}
     loaded = await server.update_weights.remote(list(new_state.items()), 1 << 20)
-    assert loaded == len(new_state)
+    try:
+        assert loaded == len(new_state)
 
-    after = await server.generate.remote(prompt, greedy)
-    assert after.token_ids != before.token_ids
+        after = await server.generate.remote(prompt, greedy)
+        assert after.token_ids != before.token_ids
 
-    sampled = await server.generate.remote(
-        prompt, {"max_tokens": 32, "temperature": 1.0, "seed": 7, "ignore_eos": True}
-    )
-    reference = _hf_logprobs(model, prompt, sampled.token_ids)
-    diff = (torch.tensor(sampled.log_probs) - reference).abs().mean().item()
-    assert diff < 1e-3, diff
-
+        sampled = await server.generate.remote(
+            prompt, {"max_tokens": 32, "temperature": 1.0, "seed": 7, "ignore_eos": True}
+        )
+        reference = _hf_logprobs(model, prompt, sampled.token_ids)
+        diff = (torch.tensor(sampled.log_probs) - reference).abs().mean().item()
+        assert diff < 1e-3, diff
+    finally:  # the server is shared: its original weights go back whatever happened
+        await server.update_weights.remote(list(original.items()))
     # Restoring the original weights restores the original greedy output exactly.
-    await server.update_weights.remote(list(original.items()))
     restored = await server.generate.remote(prompt, greedy)
     assert restored.token_ids == before.token_ids
 

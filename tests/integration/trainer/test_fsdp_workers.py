@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import ray
 import torch
 
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
@@ -46,13 +45,6 @@ def make_batch(n: int = 8, p: int = 12, r: int = 20, seed: int = 0) -> TrainBatc
     )
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def actor_config(**overrides) -> ActorConfig:
     base = dict(
         optim=OptimConfig(lr=1e-4, weight_decay=0.0),
@@ -64,7 +56,7 @@ def actor_config(**overrides) -> ActorConfig:
     return ActorConfig(**{**base, **overrides})
 
 
-def test_two_gloo_ranks_match_one_process(ray_local, tiny_qwen3_path):
+def test_two_gloo_ranks_match_one_process(local_ray, tiny_qwen3_path):
     path = str(tiny_qwen3_path)
     cfg = actor_config()
     batch = make_batch()
@@ -111,7 +103,7 @@ def test_two_gloo_ranks_match_one_process(ray_local, tiny_qwen3_path):
     assert moved > 1e-4  # the update did change the weights
 
 
-def test_reference_policy_stays_frozen_and_checkpointing_matches(ray_local, tiny_qwen3_path):
+def test_reference_policy_stays_frozen_and_checkpointing_matches(local_ray, tiny_qwen3_path):
     """With a KL term the ranks hold a frozen reference copy: after an update the actor's
     log-probs move and the reference's do not. Activation checkpointing changes memory, not
     results: the same update with it on gives the same weights. The learning rate warms up
@@ -193,7 +185,7 @@ def unmerged(merged: dict, adapter: dict, prefix: str = "base_model.model.") -> 
     return base
 
 
-def test_two_gloo_ranks_with_lora_train_the_adapter_as_one_process(ray_local, tiny_qwen3_path):
+def test_two_gloo_ranks_with_lora_train_the_adapter_as_one_process(local_ray, tiny_qwen3_path):
     """LoRA (rank 8, all linear layers) on 2 FSDP2 ranks against one process without FSDP: the
     same adapter after 2 Adam steps, the base weights untouched, optimizer state for the
     adapter only, and the reference policy (adapter off) is the base model."""
@@ -259,7 +251,7 @@ def test_two_gloo_ranks_with_lora_train_the_adapter_as_one_process(ray_local, ti
 
 
 def test_lora_checkpoint_resumes_exactly_and_exports_adapter_and_merged_model(
-    ray_local, tiny_qwen3_path, tmp_path
+    local_ray, tiny_qwen3_path, tmp_path
 ):
     """A LoRA checkpoint holds the adapter and its optimizer state only; new ranks that load it
     continue bit for bit as the uninterrupted ranks do. The hf_model export is a PEFT adapter

@@ -11,7 +11,6 @@ import ray
 from transformers import AutoTokenizer
 
 from servers import stop_servers
-from tests.ray_local import init_local_ray
 from tests.shm import remove_new_segments, shm_segments
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.config.reward import JudgeConfig, RewardFunctionConfig, RewardModelConfig
@@ -22,9 +21,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def judge(tiny_qwen3_path):
+def judge(local_ray, tiny_qwen3_path):
     segments = shm_segments()
-    init_local_ray()
     config = JudgeConfig(
         enable=True,
         model_path=str(tiny_qwen3_path),
@@ -39,7 +37,6 @@ def judge(tiny_qwen3_path):
     servers, client, tokenizer = start_judge(config, "cpu")
     yield config, servers, client, tokenizer
     stop_servers(servers)
-    ray.shutdown()
     remove_new_segments(segments)  # the killed engine could not unlink its own
 
 

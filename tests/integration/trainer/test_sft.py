@@ -9,7 +9,6 @@ import json
 import random
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -37,13 +36,6 @@ def conversation(a: int, b: int) -> dict:
         ],
         "tools": [CALC_SCHEMA],
     }
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +75,7 @@ def first_step_in_one_process(model_path, data_file) -> dict[str, float]:
     return sft_update(model, optimizer, None, batch, **step, grad_clip=1.0)
 
 
-def test_sft_learns_exports_and_resumes(ray_local, data_file, tiny_qwen3_path, tmp_path, capsys):
+def test_sft_learns_exports_and_resumes(local_ray, data_file, tiny_qwen3_path, tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
     common = [
         f"data.train_files={data_file}",
@@ -135,7 +127,7 @@ def test_sft_learns_exports_and_resumes(ray_local, data_file, tiny_qwen3_path, t
 
 
 def test_sft_with_lora_trains_an_adapter_and_prints_the_merged_model(
-    ray_local, data_file, tiny_qwen3_path, tmp_path, capsys
+    local_ray, data_file, tiny_qwen3_path, tmp_path, capsys
 ):
     """``model.lora_rank``: only an adapter trains; the checkpoint's ``huggingface`` folder is
     the adapter (PEFT loads it), ``huggingface_merged`` the model with it merged (printed: the

@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from servers import ServerConfig, launch_servers
-from tests.ray_local import init_local_ray
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers import WorkerGroup, WorkerSpec
 
@@ -37,8 +36,7 @@ def trainer_model_path(tiny_qwen3_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_qwen3_path, trainer_model_path):
-    init_local_ray()
+def setup(local_ray, tiny_qwen3_path, trainer_model_path):
     (server,) = launch_servers(
         ServerConfig(model=str(tiny_qwen3_path), max_model_len=512, http=False, lora_rank=8),
         1,
@@ -57,7 +55,6 @@ def setup(tiny_qwen3_path, trainer_model_path):
     yield server, group
     group.shutdown()
     ray.get(server.shutdown.remote())
-    ray.shutdown()
 
 
 def _hf_logprobs(model, tokens: list[int]) -> torch.Tensor:

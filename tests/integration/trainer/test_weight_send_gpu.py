@@ -79,7 +79,7 @@ def test_vllm_weight_transfer_serves_the_trainers_weights(backend, tiny_qwen3_pa
     from transformers import AutoModelForCausalLM
 
     from servers import ServerConfig, launch_servers
-    from tests.ray_local import REPO
+    from tests.ray_local import REPO, stop_local_ray
     from trainer.config.actor import ActorConfig, RefConfig
     from trainer.workers import WorkerGroup, WorkerSpec
 
@@ -90,6 +90,7 @@ def test_vllm_weight_transfer_serves_the_trainers_weights(backend, tiny_qwen3_pa
             p.add_(torch.randn_like(p) * 0.05)
     model.save_pretrained(tmp_path)
     share = 0.5 if backend == "ipc" else 1.0  # ipc: trainer rank and engine on one GPU
+    stop_local_ray()  # its own Ray: all the GPUs and CPUs the machine has, not LOCAL_RAY
     ray.init(runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}, include_dashboard=False)
     try:
         config = ServerConfig(
