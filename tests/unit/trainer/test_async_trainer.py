@@ -346,6 +346,7 @@ def test_async_training_on_colocated_gpus_fails_at_start_up(tmp_path, tokenizer,
     from trainer.loop.assembly import plan_run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     config = _config(tmp_path, tokenizer, async_training__enable=True, trainer__device="cuda")
     assert config.actor_rollout_ref.hybrid_engine
     with pytest.raises(ValueError) as info:
