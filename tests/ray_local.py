@@ -20,6 +20,16 @@ from typing import Any
 import pytest
 import ray
 
+# What a conftest star-imports: the fixtures and hooks pytest finds by name (the plain helpers
+# are imported by name where used).
+__all__ = [
+    "_shared_ray_session",
+    "local_ray",
+    "pytest_collection_modifyitems",
+    "pytest_runtest_teardown",
+    "tiny_server",
+]
+
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]

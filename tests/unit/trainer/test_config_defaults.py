@@ -6,7 +6,6 @@ a plain ``key=value`` override (no ``+``) sets any field and it lands in the dat
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -18,13 +17,12 @@ import trainer.config as config_pkg
 from agentloop.config import _check
 from trainer.config import Config, ConfigError, compose_tree, generate, load_config
 from trainer.config.field_docs import field_docs
+from trainer.config.generate import MISSING, _dataclass_of, _default, _plain
 from trainer.config.reward import DEFAULT_JUDGE_TEMPLATE, RuleRewardConfig
 from trainer.config.run import RunConfig, TrainerConfig
 from trainer.config.sft import SFTConfig, SFTTrainerConfig, load_sft_config
 
 CONFIG_DIR = Path(config_pkg.__file__).parent
-MISSING = object()
-"""A field with no default: its YAML value must be ``???`` (Hydra's mandatory value)."""
 
 # YAML values that follow another key; the dataclass holds what they resolve to by default.
 INTERPOLATED = {spec.name: spec.interpolated for spec in generate.FILES}
@@ -84,32 +82,6 @@ def test_a_str_field_takes_a_bare_number_from_the_command_line():
     assert str(info.value) == "trainer.experiment_name must be str, got bool True"
 
 
-def _dataclass_of(hint: Any) -> type | None:
-    """The dataclass a field holds (``X`` or ``X | None``), else None."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        found = [_dataclass_of(a) for a in typing.get_args(hint)]
-        return next((c for c in found if c is not None), None)
-    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
-
-
-def _default(field: dataclasses.Field, owner: Any) -> Any:
-    if owner is not None:
-        return getattr(owner, field.name)
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return MISSING
-
-
-def _as_plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, list):
-        return [_as_plain(v) for v in value]
-    return value
-
-
 class _Walk:
     """Walks a dataclass tree beside the raw and the resolved YAML tree and collects every
     difference (``problems``) and the dotted path of every field (``paths``)."""
@@ -158,7 +130,7 @@ class _Walk:
         except ValueError as exc:
             self.problems.append(f"{key}: YAML {raw!r} is not valid: {exc}")
             return
-        if _as_plain(value) != _as_plain(default) or type(value) is not type(default):
+        if _plain(value) != _plain(default) or type(value) is not type(default):
             self.problems.append(f"{key}: YAML {raw!r} != dataclass default {default!r}")
 
 
