@@ -79,6 +79,10 @@ class AgentLoopOutput:
     response_versions: list[int] | None = None
     """Policy version that sampled each token (-1 where the mask is 0); None: not tracked
     (every sampled token counts as the current version)."""
+    segments: list[AgentLoopOutput] = field(default_factory=list)
+    """Further training samples of the same row (a gateway session's later segments, each
+    with its own prompt); ``collate`` pads each as a sample of the row's group (same uid),
+    weighted by its ``record.weight``."""
 
 
 @dataclass(slots=True)

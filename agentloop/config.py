@@ -18,6 +18,7 @@ from servers.config import SCHEDULING_POLICIES, WEIGHT_TRANSFERS
 __all__ = [
     "AgentConfig",
     "EngineKwargsConfig",
+    "GatewayConfig",
     "MultiTurnConfig",
     "RecoveryConfig",
     "RolloutConfig",
@@ -95,6 +96,47 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"agent.num_workers must be >= 1, got {self.num_workers}")
+
+
+@dataclass(kw_only=True, slots=True)
+class GatewayConfig:
+    """The session gateway: agents written with the OpenAI SDK (or any framework over it)
+    call an OpenAI-compatible endpoint per rollout session (docs/gateway.md)."""
+
+    host: str = "127.0.0.1"
+    """Address each agent-loop worker's gateway listens on (0.0.0.0 for agents on other
+    machines)."""
+    port: int = 0
+    """Port of the gateway; 0: a free port per worker."""
+    api_key: str | None = None
+    """Bearer key agents must send; None: any key (agents still get one to pass on)."""
+    max_calls_per_session: int = 64
+    """Model calls one session may make; the next gets a 400 naming this key."""
+    max_tokens_per_session: int | None = None
+    """Tokens one session may sample over all its calls (None: only each segment's
+    response_length); past it a call gets a 400 naming this key."""
+    agent_sets_temperature: bool = False
+    """Let a call's ``temperature``/``top_p`` replace the rollout's (off: the rollout's
+    sampling holds, as the samples must come from the policy being trained)."""
+    segment_weight: Literal["session", "segment"] = "session"
+    """``session``: a session's k segments weigh 1/k each, so a session counts once in its
+    group and in the loss; ``segment``: each segment counts as a sample of its own."""
+    on_agent_error: Literal["zero_reward", "drop"] = "zero_reward"
+    """A session whose agent raised, exited non-zero or ran past its time limit: reward 0
+    (``zero_reward``) or left out of the group and the loss (``drop``, weight 0)."""
+    agent_timeout_s: float = 600.0
+    """Wall-clock limit of one session's agent; past it the agent is cancelled (in-process)
+    or killed (command) and the session counts as failed."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"rollout.gateway.port must be in 0..65535, got {self.port}")
+        if self.max_calls_per_session < 1:
+            raise ValueError("rollout.gateway.max_calls_per_session must be >= 1")
+        if self.max_tokens_per_session is not None and self.max_tokens_per_session < 1:
+            raise ValueError("rollout.gateway.max_tokens_per_session must be >= 1 or null")
+        if self.agent_timeout_s <= 0:
+            raise ValueError("rollout.gateway.agent_timeout_s must be > 0")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -266,6 +308,7 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     """Sampling of validation rollouts (greedy by default, as verl)."""
 

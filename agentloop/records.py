@@ -74,6 +74,20 @@ class SampleRecord:
     """Each used tool's ``calc_reward`` at the end of the sample, by tool name."""
     trace_id: str | None = None
     """The sample's MLflow trace id, when it was traced (set by the worker)."""
+    weight: float = 1.0
+    """The sample's weight in its group's advantage statistics and in the policy loss: 1 for
+    a loop's one sample; 1/k for each of a gateway session's k segments (the session weighs
+    one sample), 1 each with ``gateway.segment_weight=segment``; 0 for a failed session that
+    ``gateway.on_agent_error=drop`` leaves out."""
+    session_id: str | None = None
+    """The gateway session this sample is a segment of (None outside the gateway)."""
+    segment: int = 0
+    """This segment's index in its session (0: the first)."""
+    branch_reason: str | None = None
+    """Why this segment started a new sample instead of extending an earlier one (the
+    gateway's segment rule: history edited, system prompt changed, fresh context, ...)."""
+    branch_point: int | None = None
+    """Messages this segment shares with the earlier segment it branched from."""
 
     # What happened to the calls the model wrote: attempted = succeeded + malformed + failed.
     @property
