@@ -93,6 +93,8 @@ class AgentLoopContext:
     tools: Mapping[str, BaseTool] = field(default_factory=dict)
     tool_runner: ToolRunner | None = None
     """Shared by every sample of a worker (worker-wide tool concurrency limits)."""
+    gateway: Any = None
+    """The worker's session gateway (``agentloop.gateway``), started by its first session."""
 
     def __post_init__(self) -> None:
         if self.tool_runner is None:

@@ -127,6 +127,9 @@ class GatewayConfig:
     agent_timeout_s: float = 600.0
     """Wall-clock limit of one session's agent; past it the agent is cancelled (in-process)
     or killed (command) and the session counts as failed."""
+    log_dir: str | None = None
+    """Where command agents' rows, stdout and stderr are kept, a folder per session (None:
+    ``<trainer.default_local_dir>/gateway`` in training, else a temporary folder)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -129,6 +129,44 @@ class SampleTrace:
         except Exception:  # noqa: BLE001
             self.tracer.failed("tool span")
 
+    def chat_call(
+        self, start_ns: int, messages: list[Any], completion: Any, error: str | None = None
+    ) -> None:
+        """One gateway call: the messages the agent sent, the completion it got back (its
+        tool calls, segment and token counts), or the error it was answered with."""
+        try:
+            attributes = {"messages": str(len(messages))}
+            if completion is not None:
+                attributes |= {
+                    "segment": str(completion.segment),
+                    "prompt_tokens": str(completion.prompt_tokens),
+                    "completion_tokens": str(completion.completion_tokens),
+                    "finish_reason": completion.finish_reason,
+                }
+            span = self._child(
+                "chat_call",
+                "CHAT_MODEL",
+                start_ns,
+                inputs={"messages": [_preview(str(m)) for m in messages]},
+                attributes=attributes,
+            )
+            outputs = (
+                {"content": completion.content, "tool_calls": completion.tool_calls}
+                if completion is not None
+                else {"error": error}
+            )
+            span.end(outputs=outputs, status="OK" if error is None else "ERROR")
+        except Exception:  # noqa: BLE001
+            self.tracer.failed("chat call span")
+
+    def agent_error(self, error: str) -> None:
+        """The agent of a gateway session failed: its traceback as an error span."""
+        try:
+            span = self._child("agent_error", "AGENT", time.time_ns(), inputs={})
+            span.end(outputs={"traceback": error}, status="ERROR")
+        except Exception:  # noqa: BLE001
+            self.tracer.failed("agent error span")
+
     def finish(self, out: Any, error: BaseException | None = None) -> str | None:
         """Close the sample's trace; returns its id (None if tracing failed). The root span is
         ended (which queues the trace for export) once the whole batch is done, so that

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +34,7 @@ from langchain_core.messages import (
 )
 
 from agentloop.formats.base import ChatFormat, content_message, plain_tool_message
+from agentloop.messages import takes_string_arguments, text_of
 from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError
 
 __all__ = [
@@ -51,36 +51,8 @@ __all__ = [
 METADATA_KEY = "agentloop"
 """``AIMessage.response_metadata[METADATA_KEY]``: the token trajectory up to that turn."""
 
-_STRING_ARGUMENTS = re.compile(r"arguments\s+is\s+string")
-
 # call id -> (index of the call in its turn, the parsed call, the turn's history message)
 _Answers = dict[str, tuple[int, ToolCall | ToolCallError, dict[str, Any]]]
-
-
-def text_of(content: str | list[Any]) -> str:
-    """Message content as text (content blocks: their text parts joined)."""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content:
-        if isinstance(block, str):
-            parts.append(block)
-        elif isinstance(block, dict) and block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        else:
-            raise ValueError(
-                f"message content block {block!r} is not text; the token chat model renders "
-                "text messages only"
-            )
-    return "".join(parts)
-
-
-def takes_string_arguments(chat_template: str | dict[str, str] | None) -> bool:
-    """The chat template renders a tool call's ``arguments`` given as a JSON string verbatim
-    (it tests ``arguments is string``); other templates need the dict."""
-    if isinstance(chat_template, dict):
-        chat_template = chat_template.get("tool_use") or chat_template.get("default")
-    return bool(chat_template) and _STRING_ARGUMENTS.search(chat_template) is not None
 
 
 # ---- parsed turns in message metadata (plain data, so checkpointers can serialize it) -------

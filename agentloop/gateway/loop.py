@@ -1,0 +1,224 @@
+"""``GatewayAgentLoop``: a dataset row rolled out by an agent written elsewhere.
+
+The agent talks to the session gateway as to any OpenAI endpoint. Three ways to run it, one
+per loop entry of the agent-loop YAML (``agent.agent_loop_config_path``)::
+
+    - {name: calc_openai, _target_: agentloop.gateway.GatewayAgentLoop,
+       agent: examples.gateway.openai_sdk_agent:agent}       # async def agent(row, llm)
+    - {name: calc_cli, _target_: agentloop.gateway.GatewayAgentLoop,
+       command: "python my_agent.py"}                         # one process per sample
+    - {name: calc_remote, _target_: agentloop.gateway.GatewayAgentLoop, external: true}
+
+The session's reward is the agent's return value (a number, or a dict with ``reward``), a
+``POST /sessions/{sid}/reward``, or else the configured reward function over the sample.
+Each segment of the session is one training sample of the row's group, weighing 1/k of the
+session (``gateway.segment_weight``). An agent that raises, exits non-zero or runs past
+``gateway.agent_timeout_s`` fails its sample only (``gateway.on_agent_error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop.base import AgentLoopBase, AgentLoopContext, AgentLoopOutput
+from agentloop.gateway.command import run_command
+from agentloop.gateway.server import Gateway
+from agentloop.gateway.session import Segment, Session
+from agentloop.records import SampleRecord
+from agentloop.tokens import Trajectory
+from agentloop.tools.config import import_target
+
+__all__ = ["AgentFailed", "GatewayAgentLoop", "LLMEndpoint"]
+
+logger = logging.getLogger(__name__)
+
+
+class AgentFailed(Exception):
+    """The agent raised, exited non-zero or ran past its time limit."""
+
+
+@dataclass(slots=True)
+class LLMEndpoint:
+    """What an in-process agent gets: where its session's OpenAI endpoint is."""
+
+    base_url: str
+    """``http://host:port/sessions/{sid}/v1``: give it to any OpenAI client."""
+    api_key: str
+    model: str
+    session_id: str
+    _client: Any = None
+
+    @property
+    def client(self) -> Any:
+        """A ready ``openai.AsyncOpenAI`` for this session (made on first use)."""
+        if self._client is None:
+            import openai
+
+            self._client = openai.AsyncOpenAI(
+                base_url=self.base_url, api_key=self.api_key, max_retries=0
+            )
+        return self._client
+
+
+async def gateway_of(context: AgentLoopContext) -> Gateway:
+    """The worker's gateway, started on its event loop by the first session."""
+    if context.gateway is None:
+        context.gateway = Gateway(context.config.gateway)
+    await context.gateway.start()
+    return context.gateway
+
+
+def _reward_of(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if "reward" not in value:
+            raise AgentFailed(f"the agent returned a dict without 'reward': {sorted(value)}")
+        value = value["reward"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AgentFailed(f"the agent returned {value!r}: return a number, a dict or None")
+    return float(value)
+
+
+class GatewayAgentLoop(AgentLoopBase):
+    offers_tools = None  # the agent brings its own tools
+
+    def __init__(
+        self,
+        context: AgentLoopContext,
+        *,
+        agent: str | Any = None,
+        command: str | list[str] | None = None,
+        external: bool = False,
+        **agent_kwargs: Any,
+    ) -> None:
+        super().__init__(context)
+        given = {"agent": agent, "command": command, "external": external}
+        chosen = [k for k, v in given.items() if v]
+        if len(chosen) != 1:
+            raise ValueError(
+                "a gateway agent loop takes exactly one of agent: module:function, command: "
+                f"'...', external: true; got {', '.join(chosen) or 'none'}"
+            )
+        if isinstance(agent, str):  # "pkg.module:function" or "pkg.module.function"
+            agent = import_target(agent.replace(":", "."), "gateway agent")
+        self.agent = agent
+        self.command = command
+        self.external = external
+        self.agent_kwargs = agent_kwargs
+
+    async def run(self, sampling_params: dict[str, Any], **row: Any) -> AgentLoopOutput:
+        gateway = await gateway_of(self.context)
+        session = Session(self)
+        gateway.open(session)
+        endpoint = LLMEndpoint(
+            gateway.base_url(session), gateway.api_key, gateway.model, session.id
+        )
+        start = time.perf_counter()
+        error: str | None = None
+        reward: float | None = None
+        try:
+            returned = await asyncio.wait_for(
+                self._run_agent(gateway, session, endpoint, row),
+                timeout=self.config.gateway.agent_timeout_s,
+            )
+            reward = _reward_of(returned)
+        except TimeoutError:
+            error = (
+                f"the agent ran past actor_rollout_ref.rollout.gateway.agent_timeout_s="
+                f"{self.config.gateway.agent_timeout_s}"
+            )
+        except Exception as exc:  # noqa: BLE001 - the agent's fault fails this sample only
+            error = "".join(traceback.format_exception(exc)).strip()
+        finally:
+            gateway.close(session)
+        self.metrics["agent_s"] = time.perf_counter() - start
+        if error is None:
+            reward = session.reward if reward is None else reward
+            if reward is None and session.step_rewards:
+                reward = sum(session.step_rewards.values())
+            if reward is None and not (row.get("reward_model") or row.get("data_source")):
+                error = (
+                    f"session {session.id} ended with no reward: return a number from the "
+                    f"agent, POST /sessions/{session.id}/reward, or give the row a "
+                    "data_source / reward_model for the configured reward function"
+                )
+        if error is not None:
+            logger.warning("gateway agent failed its sample: %s", error.splitlines()[-1])
+            return await self._failed(session, row, error)
+        return self._outputs(session, reward)
+
+    async def _run_agent(
+        self, gateway: Gateway, session: Session, llm: LLMEndpoint, row: dict[str, Any]
+    ) -> Any:
+        if self.agent is not None:
+            return await self.agent(row, llm, **self.agent_kwargs)
+        if self.command is not None:
+            await run_command(self.command, llm, row, self.config.gateway, **self.agent_kwargs)
+            return None
+        done = await gateway.offer(session, row)
+        await done  # POST /sessions/{sid}/end
+        return None
+
+    # ---- outputs ---------------------------------------------------------------------------
+    def _segment_output(
+        self, session: Session, seg: Segment, reward: float | None, weight: float
+    ) -> AgentLoopOutput:
+        traj = seg.traj
+        out = self.output(
+            traj,
+            seg.head + seg.calls + seg.user_turns,
+            record=SampleRecord(
+                stop_reason=seg.finish_reasons[-1] if seg.finish_reasons else None,
+                finish_reasons=list(seg.finish_reasons),
+                turn_ends=list(seg.turn_ends),
+                assistant_turns=seg.calls,
+                user_turns=seg.user_turns,
+                weight=weight,
+                session_id=session.id,
+                segment=seg.index,
+                branch_reason=seg.branch_reason,
+                branch_point=seg.branch_point,
+            ),
+        )
+        out.reward_score = reward
+        out.metrics["gateway_calls"] = float(session.calls)
+        out.metrics["gateway_max_tokens_cuts"] = float(session.max_tokens_cuts)
+        return out
+
+    def _weight(self, segments: int) -> float:
+        """Each segment's weight: 1/k of the session, or 1 (``gateway.segment_weight``)."""
+        return 1.0 / segments if self.config.gateway.segment_weight == "session" else 1.0
+
+    def _outputs(self, session: Session, reward: float | None) -> AgentLoopOutput:
+        if not session.segments:
+            raise AgentFailed("the agent made no model call")
+        weight = self._weight(len(session.segments))
+        outs = [self._segment_output(session, s, reward, weight) for s in session.segments]
+        first, first.segments = outs[0], outs[1:]
+        return first
+
+    async def _failed(self, session: Session, row: dict[str, Any], error: str) -> AgentLoopOutput:
+        """The failed session's samples: reward 0, or weight 0 (``on_agent_error=drop``). A
+        session that made no call gets one sample of its prompt with nothing to train."""
+        drop = self.config.gateway.on_agent_error == "drop"
+        if not session.segments:
+            prompt = await self.encode_prompt(row.get("raw_prompt") or [], None)
+            out = self.output(Trajectory(prompt, self.config.response_length), 0)
+            outs = [out]
+        else:
+            outs = [self._segment_output(session, s, 0.0, 1.0) for s in session.segments]
+        for out in outs:
+            out.reward_score = 0.0
+            out.record.stop_reason = "agent_error"
+            out.record.weight = 0.0 if drop else self._weight(len(outs))
+            out.extra["agent_error"] = error
+        if self.trace is not None:
+            self.trace.agent_error(error)
+        first, first.segments = outs[0], outs[1:]
+        return first

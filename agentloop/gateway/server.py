@@ -1,0 +1,256 @@
+"""The gateway's HTTP server: OpenAI-compatible routes per session on the agent-loop
+worker's own event loop (aiohttp, started on first use), so a call goes from the agent's
+HTTP request to the server manager's ``generate`` without leaving the process.
+
+Routes (``{base} = /sessions/{sid}/v1``):
+- ``POST {base}/chat/completions`` (``stream`` as server-sent events), ``POST {base}/responses``,
+  ``GET {base}/models``;
+- ``POST /sessions``: an agent running elsewhere takes the next waiting rollout (its row,
+  session id and base URL; 204 when none waits); ``POST /sessions/{sid}/reward``
+  (``{"reward": x}``, or ``{"reward": x, "call_id": id}`` for one call's step reward);
+  ``POST /sessions/{sid}/end``.
+Errors use the OpenAI error shape: 404 unknown session, 409 a call after the session ended,
+400 a malformed body or a call over a session limit (naming the field or config key), 401 a
+wrong key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from agentloop.gateway.messages import GatewayInputError
+from agentloop.gateway.openai_api import (
+    chat_call,
+    chat_chunks,
+    chat_response,
+    error_body,
+    responses_call,
+    responses_events,
+    responses_response,
+    sse,
+)
+from agentloop.gateway.session import ChatCall, Completion, Session
+
+if TYPE_CHECKING:
+    from agentloop.config import GatewayConfig
+
+__all__ = ["Gateway", "SessionEnded"]
+
+logger = logging.getLogger(__name__)
+
+
+class SessionEnded(Exception):
+    """A call on a session that has ended (409)."""
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str | None = None):
+    kind = kind or ("invalid_request_error" if status in (400, 409) else "not_found_error")
+    return web.json_response(error_body(message, param, kind), status=status)
+
+
+class Gateway:
+    """One per agent-loop worker: its sessions and the server they are reached through."""
+
+    def __init__(self, config: GatewayConfig, model: str = "agentloop") -> None:
+        self.config = config
+        self.model = model
+        self.sessions: dict[str, Session] = {}
+        self.waiting: asyncio.Queue[tuple[Session, dict[str, Any]]] = asyncio.Queue()
+        self.claimed: dict[str, asyncio.Future[None]] = {}
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # ---- life ----------------------------------------------------------------------------
+    async def start(self) -> str:
+        """Listen on ``host:port`` (a free port for 0); returns the root URL."""
+        if self._runner is not None:
+            return self.url
+        app = web.Application(client_max_size=64 * 1024**2)
+        v1 = "/sessions/{sid}/v1"
+        app.router.add_post(f"{v1}/chat/completions", self._chat)
+        app.router.add_post(f"{v1}/responses", self._responses)
+        app.router.add_get(f"{v1}/models", self._models)
+        app.router.add_post("/sessions", self._claim)
+        app.router.add_post("/sessions/{sid}/reward", self._reward)
+        app.router.add_post("/sessions/{sid}/end", self._end)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, self.config.port))
+        site = web.SockSite(runner, sock)
+        await site.start()
+        self._runner = runner
+        host = self.config.host
+        if host in ("0.0.0.0", ""):  # reachable from other machines: this host's address
+            host = socket.gethostbyname(socket.gethostname())
+        self.url = f"http://{host}:{sock.getsockname()[1]}"
+        logger.info("session gateway listening on %s", self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def base_url(self, session: Session) -> str:
+        return f"{self.url}/sessions/{session.id}/v1"
+
+    @property
+    def api_key(self) -> str:
+        return self.config.api_key or "agentloop"
+
+    # ---- sessions ------------------------------------------------------------------------
+    def open(self, session: Session) -> None:
+        self.sessions[session.id] = session
+
+    def close(self, session: Session) -> None:
+        session.ended = True
+        self.sessions.pop(session.id, None)
+        self.claimed.pop(session.id, None)
+
+    async def offer(self, session: Session, row: dict[str, Any]) -> asyncio.Future[None]:
+        """Queue a rollout for an agent running elsewhere; the future ends with the session
+        (``POST /sessions/{sid}/end``)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.claimed[session.id] = done
+        await self.waiting.put((session, row))
+        return done
+
+    # ---- handlers ------------------------------------------------------------------------
+    def _authorized(self, request: web.Request) -> bool:
+        if self.config.api_key is None:
+            return True
+        return request.headers.get("Authorization", "") == f"Bearer {self.config.api_key}"
+
+    def _session(self, request: web.Request) -> Session:
+        sid = request.match_info["sid"]
+        session = self.sessions.get(sid)
+        if session is None:
+            raise KeyError(sid)
+        if session.ended:
+            raise SessionEnded(sid)
+        return session
+
+    async def _serve(
+        self,
+        request: web.Request,
+        parse: Callable[[Any], ChatCall],
+        respond: Callable[[Completion, dict[str, Any]], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        if not self._authorized(request):
+            return _error(401, "wrong API key (rollout.gateway.api_key)", None, "auth_error")
+        try:
+            session = self._session(request)
+            try:
+                body = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise GatewayInputError("the request body is not valid JSON", None) from None
+            call = parse(body)
+            completion = await session.complete(call)
+        except KeyError as exc:
+            return _error(404, f"no session {exc.args[0]!r} on this gateway", "sid")
+        except SessionEnded as exc:
+            return _error(409, f"session {exc.args[0]!r} has ended; start a new one", "sid")
+        except GatewayInputError as exc:
+            return _error(400, str(exc), exc.param)
+        return await respond(completion, body)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        async def respond(c: Completion, body: dict[str, Any]) -> web.StreamResponse:
+            if not body.get("stream"):
+                return web.json_response(chat_response(c, self.model))
+            options = body.get("stream_options") or {}
+            chunks = chat_chunks(c, self.model, bool(options.get("include_usage")))
+            return await _stream(request, sse(chunks, named=False))
+
+        return await self._serve(request, chat_call, respond)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        async def respond(c: Completion, body: dict[str, Any]) -> web.StreamResponse:
+            if not body.get("stream"):
+                return web.json_response(responses_response(c, self.model))
+            return await _stream(request, sse(responses_events(c, self.model), named=True))
+
+        return await self._serve(request, responses_call, respond)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            self._session(request)
+        except (KeyError, SessionEnded) as exc:
+            return _error(404, f"no open session {exc.args[0]!r} on this gateway", "sid")
+        model = {"id": self.model, "object": "model", "created": 0, "owned_by": "agentloop"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _claim(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _error(401, "wrong API key (rollout.gateway.api_key)", None, "auth_error")
+        try:
+            session, row = self.waiting.get_nowait()
+        except asyncio.QueueEmpty:
+            return web.Response(status=204)
+        return web.json_response(
+            {
+                "session_id": session.id,
+                "base_url": self.base_url(session),
+                "api_key": self.api_key,
+                "model": self.model,
+                "row": row,
+            }
+        )
+
+    async def _reward(self, request: web.Request) -> web.Response:
+        try:
+            session = self._session(request)
+            body = await request.json()
+            reward = body.get("reward") if isinstance(body, dict) else None
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+                raise GatewayInputError("reward must be a number", "reward")
+        except KeyError as exc:
+            return _error(404, f"no session {exc.args[0]!r} on this gateway", "sid")
+        except SessionEnded as exc:
+            return _error(409, f"session {exc.args[0]!r} has ended", "sid")
+        except (GatewayInputError, json.JSONDecodeError) as exc:
+            return _error(400, str(exc), getattr(exc, "param", None))
+        if body.get("call_id") is not None:
+            session.step_rewards[str(body["call_id"])] = float(reward)
+        else:
+            session.reward = float(reward)
+        return web.json_response({"ok": True})
+
+    async def _end(self, request: web.Request) -> web.Response:
+        sid = request.match_info["sid"]
+        session = self.sessions.get(sid)
+        if session is None:
+            return _error(404, f"no session {sid!r} on this gateway", "sid")
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except json.JSONDecodeError:
+            return _error(400, "the request body is not valid JSON", None)
+        reward = body.get("reward") if isinstance(body, dict) else None
+        if reward is not None:
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+                return _error(400, "reward must be a number", "reward")
+            session.reward = float(reward)
+        session.ended = True
+        done = self.claimed.get(sid)
+        if done is not None and not done.done():
+            done.set_result(None)
+        return web.json_response({"ok": True})
+
+
+async def _stream(request: web.Request, chunks: Any) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    response.headers["Cache-Control"] = "no-cache"
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response

@@ -1,0 +1,45 @@
+"""Small agents on the ``openai`` SDK for the gateway's unit tests (what users write)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.unit.agentloop.gateway.helpers import WEATHER
+
+
+async def weather_agent(row: dict[str, Any], llm: Any) -> float:
+    """A function-calling loop: call tools until the model answers; reward 1 for "sunny"."""
+    messages = list(row["raw_prompt"])
+    for _ in range(4):
+        reply = await llm.client.chat.completions.create(
+            model=llm.model, messages=messages, tools=[WEATHER]
+        )
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            break
+        for call in message.tool_calls:
+            city = json.loads(call.function.arguments)["city"]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": f"{city}: sunny"})
+    return float("sunny" in (message.content or ""))
+
+
+async def summarizing_agent(row: dict[str, Any], llm: Any) -> float:
+    """After one tool round, replaces the history by a summary: a new segment."""
+    messages = list(row["raw_prompt"])
+    reply = await llm.client.chat.completions.create(
+        model=llm.model, messages=messages, tools=[WEATHER]
+    )
+    call = reply.choices[0].message.tool_calls[0]
+    messages = [
+        {"role": "system", "content": "Summary so far: the weather tool said Paris is sunny."},
+        *row["raw_prompt"],
+    ]
+    await llm.client.chat.completions.create(model=llm.model, messages=messages, tools=[WEATHER])
+    return 1.0 if call.function.name == "weather" else 0.0
+
+
+async def failing_agent(row: dict[str, Any], llm: Any) -> float:
+    await llm.client.chat.completions.create(model=llm.model, messages=row["raw_prompt"])
+    raise RuntimeError("the agent's own bug")

@@ -1,0 +1,43 @@
+"""A gateway session loop over a scripted engine, for the gateway's unit tests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentloop import AgentLoopContext, RolloutConfig
+from agentloop.config import GatewayConfig
+from agentloop.gateway import GatewayAgentLoop
+from tests.unit.agentloop.scripted import ScriptedServer
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "Weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def hermes_call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def make_loop(
+    tokenizer: Any,
+    turns: list[str],
+    *,
+    response_length: int = 512,
+    agent: str = "tests.unit.agentloop.gateway.agents:weather_agent",
+    **gateway: Any,
+) -> tuple[GatewayAgentLoop, ScriptedServer]:
+    server = ScriptedServer(tokenizer, turns, end_token="<|im_end|>")
+    config = RolloutConfig(
+        prompt_length=1024, response_length=response_length, gateway=GatewayConfig(**gateway)
+    )
+    return GatewayAgentLoop(AgentLoopContext(server, tokenizer, config), agent=agent), server

@@ -1,0 +1,77 @@
+"""The gateway's segment rule through real HTTP and the ``openai`` SDK, on a scripted engine:
+a function-calling loop is one segment holding exactly the sampled ids plus template deltas;
+a summarized history starts a new segment with its branch point and reason; faults of the
+agent fail its sample only."""
+
+from __future__ import annotations
+
+from agentloop import encode_delta
+from agentloop.tokens import encode_prompt
+from tests.unit.agentloop.gateway.helpers import WEATHER, hermes_call, make_loop
+
+PROMPT = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+async def test_tool_loop_is_one_segment_of_sampled_ids_and_deltas(tokenizer):
+    turns = [hermes_call("weather", city="Paris"), "It is sunny."]
+    loop, server = make_loop(tokenizer, turns)
+    out = await loop.run({}, raw_prompt=PROMPT, data_source="t")
+
+    assert out.segments == []
+    assert out.reward_score == 1.0
+    assert out.prompt_ids == encode_prompt(tokenizer, PROMPT, tools=[WEATHER])
+    assistant = {"role": "assistant", "content": turns[0]}
+    tool = {"role": "tool", "content": "Paris: sunny"}
+    delta = encode_delta(
+        tokenizer, [*PROMPT, assistant], [tool], [WEATHER], eot_token="<|im_end|>"
+    )
+    assert out.response_ids == server.sampled[0] + delta + server.sampled[1]
+    n0, n1 = len(server.sampled[0]), len(server.sampled[1])
+    assert out.response_mask == [1] * n0 + [0] * len(delta) + [1] * n1
+    assert out.response_log_probs[:n0] == [-0.01 * (i + 1) for i in range(n0)]
+    # the second call's prompt was exactly the first segment so far
+    assert server.requests[1]["prompt_ids"] == out.prompt_ids + out.response_ids[: n0 + len(delta)]
+    assert out.record.session_id and out.record.weight == 1.0 and out.record.assistant_turns == 2
+
+
+async def test_summarized_history_starts_a_segment_with_its_branch(tokenizer):
+    turns = [hermes_call("weather", city="Paris"), "Sunny."]
+    agent = "tests.unit.agentloop.gateway.agents:summarizing_agent"
+    loop, server = make_loop(tokenizer, turns, agent=agent)
+    out = await loop.run({}, raw_prompt=PROMPT, data_source="t")
+
+    assert len(out.segments) == 1
+    second = out.segments[0]
+    assert out.response_ids == server.sampled[0]
+    assert second.response_ids == server.sampled[1]
+    summary = [
+        {"role": "system", "content": "Summary so far: the weather tool said Paris is sunny."},
+        *PROMPT,
+    ]
+    assert second.prompt_ids == encode_prompt(tokenizer, summary, tools=[WEATHER])
+    assert second.record.segment == 1 and second.record.branch_point == 0
+    assert second.record.branch_reason == "the system prompt changed"
+    assert out.record.weight == second.record.weight == 0.5
+    assert out.reward_score == second.reward_score == 1.0
+
+
+async def test_segment_weight_segment_counts_each(tokenizer):
+    agent = "tests.unit.agentloop.gateway.agents:summarizing_agent"
+    loop, _ = make_loop(
+        tokenizer, [hermes_call("weather", city="Paris"), "x"], agent=agent, segment_weight="segment"
+    )
+    out = await loop.run({}, raw_prompt=PROMPT, data_source="t")
+    assert [out.record.weight, out.segments[0].record.weight] == [1.0, 1.0]
+
+
+async def test_agent_error_fails_its_sample_with_the_traceback(tokenizer):
+    agent = "tests.unit.agentloop.gateway.agents:failing_agent"
+    loop, server = make_loop(tokenizer, ["hello"], agent=agent)
+    out = await loop.run({}, raw_prompt=PROMPT, data_source="t")
+    assert out.reward_score == 0.0 and out.record.stop_reason == "agent_error"
+    assert "RuntimeError: the agent's own bug" in out.extra["agent_error"]
+    assert out.response_ids == server.sampled[0] and out.record.weight == 1.0
+
+    loop, _ = make_loop(tokenizer, ["hello"], agent=agent, on_agent_error="drop")
+    out = await loop.run({}, raw_prompt=PROMPT, data_source="t")
+    assert out.record.weight == 0.0 and out.reward_score == 0.0
