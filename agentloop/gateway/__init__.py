@@ -2,7 +2,8 @@
 smolagents or plain HTTP are trained unmodified through an OpenAI-compatible endpoint per
 rollout session, on exactly the tokens the engine sampled (docs/gateway.md)."""
 
-from agentloop.gateway.loop import AgentFailed, GatewayAgentLoop, LLMEndpoint
+from agentloop.gateway.endpoint import AgentFailed, LLMEndpoint
+from agentloop.gateway.loop import GatewayAgentLoop
 from agentloop.gateway.messages import GatewayInputError
 from agentloop.gateway.server import Gateway
 from agentloop.gateway.session import ChatCall, Completion, Segment, Session, SessionLimitError

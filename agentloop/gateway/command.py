@@ -19,9 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentloop.gateway.endpoint import AgentFailed, LLMEndpoint
+
 if TYPE_CHECKING:
     from agentloop.config import GatewayConfig
-    from agentloop.gateway.loop import LLMEndpoint
 
 __all__ = ["run_command"]
 
@@ -46,8 +47,6 @@ async def run_command(
     """Run ``command`` for one session; returns its log folder. Raises ``AgentFailed`` on a
     non-zero exit (with the tail of stderr); the caller's timeout cancels it, which kills
     the whole process group."""
-    from agentloop.gateway.loop import AgentFailed
-
     folder = _log_dir(config, llm.session_id)
     row_file = folder / "row.json"
     row_file.write_text(json.dumps(row, default=str))

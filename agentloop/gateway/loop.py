@@ -22,11 +22,11 @@ import asyncio
 import logging
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 from agentloop.base import AgentLoopBase, AgentLoopContext, AgentLoopOutput
 from agentloop.gateway.command import run_command
+from agentloop.gateway.endpoint import AgentFailed, LLMEndpoint
 from agentloop.gateway.server import Gateway
 from agentloop.gateway.session import Segment, Session
 from agentloop.records import SampleRecord
@@ -36,33 +36,6 @@ from agentloop.tools.config import import_target
 __all__ = ["AgentFailed", "GatewayAgentLoop", "LLMEndpoint"]
 
 logger = logging.getLogger(__name__)
-
-
-class AgentFailed(Exception):
-    """The agent raised, exited non-zero or ran past its time limit."""
-
-
-@dataclass(slots=True)
-class LLMEndpoint:
-    """What an in-process agent gets: where its session's OpenAI endpoint is."""
-
-    base_url: str
-    """``http://host:port/sessions/{sid}/v1``: give it to any OpenAI client."""
-    api_key: str
-    model: str
-    session_id: str
-    _client: Any = None
-
-    @property
-    def client(self) -> Any:
-        """A ready ``openai.AsyncOpenAI`` for this session (made on first use)."""
-        if self._client is None:
-            import openai
-
-            self._client = openai.AsyncOpenAI(
-                base_url=self.base_url, api_key=self.api_key, max_retries=0
-            )
-        return self._client
 
 
 async def gateway_of(context: AgentLoopContext) -> Gateway:

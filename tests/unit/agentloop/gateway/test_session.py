@@ -22,9 +22,7 @@ async def test_tool_loop_is_one_segment_of_sampled_ids_and_deltas(tokenizer):
     assert out.prompt_ids == encode_prompt(tokenizer, PROMPT, tools=[WEATHER])
     assistant = {"role": "assistant", "content": turns[0]}
     tool = {"role": "tool", "content": "Paris: sunny"}
-    delta = encode_delta(
-        tokenizer, [*PROMPT, assistant], [tool], [WEATHER], eot_token="<|im_end|>"
-    )
+    delta = encode_delta(tokenizer, [*PROMPT, assistant], [tool], [WEATHER], eot_token="<|im_end|>")
     assert out.response_ids == server.sampled[0] + delta + server.sampled[1]
     n0, n1 = len(server.sampled[0]), len(server.sampled[1])
     assert out.response_mask == [1] * n0 + [0] * len(delta) + [1] * n1
@@ -57,9 +55,8 @@ async def test_summarized_history_starts_a_segment_with_its_branch(tokenizer):
 
 async def test_segment_weight_segment_counts_each(tokenizer):
     agent = "tests.unit.agentloop.gateway.agents:summarizing_agent"
-    loop, _ = make_loop(
-        tokenizer, [hermes_call("weather", city="Paris"), "x"], agent=agent, segment_weight="segment"
-    )
+    turns = [hermes_call("weather", city="Paris"), "x"]
+    loop, _ = make_loop(tokenizer, turns, agent=agent, segment_weight="segment")
     out = await loop.run({}, raw_prompt=PROMPT, data_source="t")
     assert [out.record.weight, out.segments[0].record.weight] == [1.0, 1.0]
 
