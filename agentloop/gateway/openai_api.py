@@ -56,7 +56,15 @@ def _common(body: dict[str, Any], max_keys: tuple[str, ...]) -> dict[str, Any]:
     max_tokens = None
     for key in max_keys:
         max_tokens = _number(body, key, int, 1) if max_tokens is None else max_tokens
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (
+        not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) for s in stop)
+    ):
+        raise GatewayInputError("stop must be a string or a list of up to 4 strings", "stop")
     return {
+        "stop": stop or [],
         "temperature": _number(body, "temperature", float, 0),
         "top_p": _number(body, "top_p", float, 0),
         "max_tokens": max_tokens,
@@ -236,12 +244,14 @@ def _output_items(c: Completion) -> list[dict[str, Any]]:
 
 
 def responses_response(c: Completion, model: str, status: str = "completed") -> dict[str, Any]:
+    # A turn cut by max_output_tokens reports "completed" with incomplete_details set: the
+    # Agents SDK raises on "incomplete", and the rollout's own budget makes such cuts routine.
     incomplete = c.finish_reason == "length" and not c.tool_calls
     return {
         "id": f"resp_{c.call_id[9:]}",
         "object": "response",
         "created_at": int(time.time()),
-        "status": "incomplete" if incomplete and status == "completed" else status,
+        "status": status,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "model": model,
         "output": _output_items(c) if status == "completed" else [],

@@ -43,6 +43,9 @@ class ChatCall:
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: the content is cut before the first one sampled (the engine works on
+    token ids, so the trajectory keeps every sampled token)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -99,6 +102,12 @@ def _common_prefix(a: list[Any], b: list[Any]) -> int:
             break
         n += 1
     return n
+
+
+def _cut_at_stop(text: str, stops: list[str]) -> str | None:
+    """``text`` up to the first stop string in it; None when none occurs."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return text[: min(found)] if found else None
 
 
 class Session:
@@ -279,6 +288,9 @@ class Session:
         seg.open, seg.end_id = closed, (out.token_ids[-1] if closed else None)
         sampled = out.token_ids[:-1] if closed else out.token_ids
         text = loop.tokenizer.decode(sampled, skip_special_tokens=False)
+        stopped = _cut_at_stop(text, call.stop)
+        if stopped is not None:  # the turn ends at a stop string: nothing can follow it
+            text, closed, seg.open, seg.end_id = stopped, False, False, None
         parsed = self._parse(text, call) if closed else ParsedTurn(content=text)
         if closed and out.token_ids[-1] not in loop.ends.call_ids:
             parsed = ParsedTurn(content=parsed.content)  # a final turn: no call runs
@@ -301,7 +313,7 @@ class Session:
         if tool_calls:
             finish = "tool_calls"
         else:
-            finish = "length" if out.finish_reason == "length" else "stop"
+            finish = "length" if out.finish_reason == "length" and stopped is None else "stop"
         return Completion(
             call_id=call_id,
             content=message["content"],

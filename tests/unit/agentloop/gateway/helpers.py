@@ -34,10 +34,15 @@ def make_loop(
     *,
     response_length: int = 512,
     agent: str = "tests.unit.agentloop.gateway.agents:weather_agent",
+    command: str | list[str] | None = None,
+    external: bool = False,
     **gateway: Any,
 ) -> tuple[GatewayAgentLoop, ScriptedServer]:
+    """A loop running ``agent`` (or ``command``, or an ``external`` agent) on ``turns``."""
     server = ScriptedServer(tokenizer, turns, end_token="<|im_end|>")
     config = RolloutConfig(
         prompt_length=1024, response_length=response_length, gateway=GatewayConfig(**gateway)
     )
-    return GatewayAgentLoop(AgentLoopContext(server, tokenizer, config), agent=agent), server
+    kind = {"command": command} if command else {"external": True} if external else {}
+    context = AgentLoopContext(server, tokenizer, config)
+    return GatewayAgentLoop(context, **(kind or {"agent": agent})), server
