@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentloop.gateway.endpoint import AgentFailed, LLMEndpoint
+from agentloop.tools.mcp_errors import RUN_DIR_ENV
 
 if TYPE_CHECKING:
     from agentloop.config import GatewayConfig
@@ -28,7 +29,8 @@ __all__ = ["run_command"]
 
 
 def _log_dir(config: GatewayConfig, session_id: str) -> Path:
-    default = Path(tempfile.gettempdir()) / "agentloop-gateway"
+    run_dir = os.environ.get(RUN_DIR_ENV)  # set by agentloop-train: the run folder
+    default = Path(run_dir) / "gateway" if run_dir else Path(tempfile.gettempdir()) / "gateway"
     root = Path(config.log_dir) if config.log_dir else default
     folder = root / session_id
     folder.mkdir(parents=True, exist_ok=True)

@@ -72,3 +72,36 @@ async def test_agent_error_fails_its_sample_with_the_traceback(tokenizer):
     loop, _ = make_loop(tokenizer, ["hello"], agent=agent, on_agent_error="drop")
     out = await loop.run({}, raw_prompt=PROMPT, data_source="t")
     assert out.record.weight == 0.0 and out.reward_score == 0.0
+
+
+async def test_a_turn_aborted_and_continued_for_a_weight_update_is_one_completion(tokenizer):
+    """Async training's partial rollout: the manager aborts the running turn for a weight
+    update and continues it from its sampled tokens; the agent sees one completion."""
+    import asyncio
+
+    from agentloop import AgentLoopContext, RolloutConfig
+    from agentloop.gateway import GatewayAgentLoop
+    from servers.manager import AsyncLLMServerManager
+    from tests.unit.servers.test_manager import StreamingFakeServer
+
+    replies = []
+
+    async def one_call(row, llm):
+        reply = await llm.client.chat.completions.create(
+            model=llm.model, messages=row["raw_prompt"], max_tokens=20
+        )
+        replies.append(reply)
+        return 1.0
+
+    manager = AsyncLLMServerManager([StreamingFakeServer()])
+    config = RolloutConfig(prompt_length=1024, response_length=64)
+    loop = GatewayAgentLoop(AgentLoopContext(manager, tokenizer, config), agent=one_call)
+    rollout = asyncio.ensure_future(loop.run({}, raw_prompt=PROMPT, data_source="t"))
+    await asyncio.sleep(0.1)
+    assert await manager.pause(abort=True) == 1
+    manager.resume(1)
+    out = await rollout
+    assert len(replies) == 1 and replies[0].usage.completion_tokens == 20
+    assert len(out.response_ids) == 20 and manager.resumed_turns == 1
+    k = out.response_versions.count(0)
+    assert 0 < k < 20 and out.response_versions == [0] * k + [1] * (20 - k)
