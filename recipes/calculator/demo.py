@@ -16,7 +16,10 @@ the update, staleness 1 with partial rollout; on 2 cores it was not sooner, see 
 ``DEMO_LORA`` (0; 1: a second GRPO run from the same SFT model training a LoRA adapter, rank
 16 on every linear layer, reported beside full fine-tuning), ``DEMO_LORA_LR`` (1e-4),
 ``DEMO_LORA_SYNC`` (``adapter``: the server loads each adapter version; ``merged``: it runs
-without LoRA and gets merged weights, sooner on CPU: docs/demo.md).
+without LoRA and gets merged weights, sooner on CPU: docs/demo.md), ``DEMO_GATEWAY`` (0; 1: a
+second GRPO run from the same SFT model whose rollouts are an agent on the bare ``openai`` SDK
+served by the session gateway, ``recipes/calculator/gateway_agent.py``, reported beside
+``tool_agent`` with its step time).
 """
 
 from __future__ import annotations
@@ -163,14 +166,23 @@ def trained_model(rl_dir: Path, steps: int, base: str, lora: bool) -> tuple[str,
     )
 
 
-def grpo(model: str, data: Path, rl_dir: Path, steps: int, lr: str, overrides: list[str]) -> float:
-    """GRPO with ``tool_agent`` from ``model``; returns the minutes it took."""
+def grpo(
+    model: str,
+    data: Path,
+    rl_dir: Path,
+    steps: int,
+    lr: str,
+    overrides: list[str],
+    train_file: str = "train.jsonl",
+) -> float:
+    """GRPO with ``tool_agent`` from ``model`` (or the loop the rows of ``train_file`` name);
+    returns the minutes it took."""
     start = time.perf_counter()
     _run(
         [
             "-m",
             "trainer.cli.train",
-            f"data.train_files={data / 'train.jsonl'}",
+            f"data.train_files={data / train_file}",
             "data.train_batch_size=8",
             f"actor_rollout_ref.model.path={model}",
             "actor_rollout_ref.rollout.n=4",
@@ -195,6 +207,26 @@ def grpo(model: str, data: Path, rl_dir: Path, steps: int, lr: str, overrides: l
         ]
     )
     return (time.perf_counter() - start) / 60
+
+
+def gateway_rows(data: Path, home: Path) -> tuple[str, list[str]]:
+    """The training rows for the gateway agent (``agent_name: calc_gateway``) and the
+    overrides that register it; returns the rows' file name in ``data``."""
+    from recipes.calculator.gateway_agent import AGENT_YAML
+
+    rows = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
+    lines = [json.dumps({**row, "agent_name": "calc_gateway"}) for row in rows]
+    (data / "train_gateway.jsonl").write_text("\n".join(lines) + "\n")
+    (home / "gateway_agents.yaml").write_text(AGENT_YAML)
+    path = home / "gateway_agents.yaml"
+    return "train_gateway.jsonl", [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}"]
+
+
+def step_seconds(metrics_path: Path) -> float:
+    """Mean wall time of a GRPO step after the first (``timing_s/step``)."""
+    steps = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    times = [r["timing_s/step"] for r in steps if "timing_s/step" in r][1:]
+    return sum(times) / max(len(times), 1)
 
 
 def grpo_mode(async_mode: bool) -> tuple[str, list[str]]:
@@ -235,6 +267,11 @@ def reward_curve(metrics_path: Path, png: Path) -> None:
     plt.close(fig)
 
 
+def _run_dir(name: str) -> str:
+    """The run folder of a GRPO run of the table, under the demo's folder."""
+    return {"RL": "grpo", "RL (LoRA)": "grpo_lora", "RL (gateway)": "grpo_gateway"}[name]
+
+
 def main() -> int:
     from recipes.calculator.data import write_task
     from trainer.models import prepare
@@ -257,6 +294,8 @@ def main() -> int:
 
     mode, mode_overrides = grpo_mode(_env("DEMO_ASYNC", "0") != "0")
     runs = [("RL", False)] + ([("RL (LoRA)", True)] if _env("DEMO_LORA", "0") != "0" else [])
+    if _env("DEMO_GATEWAY", "0") != "0":
+        runs.append(("RL (gateway)", False))
     minutes: dict[str, float] = {}
     for index, (name, lora) in enumerate(runs, start=1):
         kind = f"LoRA rank {LORA_RANK}, all linear layers" if lora else "full fine-tuning"
@@ -266,23 +305,33 @@ def main() -> int:
         lr = _env("DEMO_LORA_LR", "1e-4") if lora else _env("DEMO_RL_LR", "1e-5")
         sync = _env("DEMO_LORA_SYNC", "adapter")
         extra = mode_overrides + (lora_overrides(sync=sync) if lora else [])
-        rl_dir = home / ("grpo_lora" if lora else "grpo")
-        minutes[name] = grpo(sft_model, data, rl_dir, rl_steps, lr, extra)
+        rl_dir = home / _run_dir(name)
+        train_file = "train.jsonl"
+        if name == "RL (gateway)":
+            train_file, gateway = gateway_rows(data, home)
+            extra += gateway
+        minutes[name] = grpo(sft_model, data, rl_dir, rl_steps, lr, extra, train_file)
 
     print("[demo] 5/5 SFT and RL models on the held-out prompts", flush=True)
     results["after SFT"] = evaluate(sft_model, data, home / "eval/sft.jsonl")
     for name, lora in runs:
-        rl_dir = home / ("grpo_lora" if lora else "grpo")
+        rl_dir = home / _run_dir(name)
         model_dir, serve = trained_model(rl_dir, rl_steps, sft_model, lora)
         label = f"after {name}"
-        out = home / f"eval/{'rl_lora' if lora else 'rl'}.jsonl"
+        out = home / f"eval/{_run_dir(name).replace('grpo', 'rl')}.jsonl"
         results[label] = evaluate(model_dir, data, out, serve)
     png = home / "reward_curve.png"
     reward_curve(home / "grpo" / "metrics.jsonl", png)
     summary = {
         **results,
         "grpo": {"mode": mode, "minutes": round(minutes["RL"], 2)},
-        **({"grpo_lora": {"minutes": round(minutes["RL (LoRA)"], 2)}} if len(runs) > 1 else {}),
+        **{
+            _run_dir(name): {
+                "minutes": round(minutes[name], 2),
+                "step_s": round(step_seconds(home / _run_dir(name) / "metrics.jsonl"), 2),
+            }
+            for name, _ in runs[1:]
+        },
     }
     (home / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -295,7 +344,11 @@ def main() -> int:
     print(f"\nreward curve: {png}")
     print(f"rollout traces (MLflow): .venv/bin/agentloop-traces --run-dir {home / 'grpo'}")
     for name, took in minutes.items():
-        print(f"GRPO {name} ({mode}) took {took:.1f} min (DEMO_ASYNC=0/1 picks the mode)")
+        step = step_seconds(home / _run_dir(name) / "metrics.jsonl")
+        print(
+            f"GRPO {name} ({mode}) took {took:.1f} min, {step:.1f} s per step after the first "
+            "(DEMO_ASYNC=0/1 picks the mode)"
+        )
     print(f"demo took {(time.perf_counter() - start) / 60:.1f} min")
     return 0
 

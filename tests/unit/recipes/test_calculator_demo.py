@@ -130,3 +130,29 @@ def test_demo_lora_trains_an_adapter_and_serves_the_sft_model_with_it(tmp_path):
     model = config.actor_rollout_ref.model
     assert model.lora_rank == 16
     assert model.lora_adapter_path == str(export)
+
+
+async def test_demo_gateway_rows_name_the_openai_agent_and_its_loop_registers(tmp_path, tokenizer):
+    from agentloop import AgentLoopContext, RolloutConfig, get_agent_loop, load_agent_loop_config
+    from recipes.calculator.data import write_task
+    from recipes.calculator.demo import gateway_rows
+    from tests.unit.agentloop.scripted import ScriptedServer
+    from trainer.config import load_config
+
+    write_task(tmp_path, train=4, val=2, sft=2)
+    name, overrides = gateway_rows(tmp_path, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+    assert len(rows) == 4 and {r["agent_name"] for r in rows} == {"calc_gateway"}
+    config, _ = load_config(["actor_rollout_ref.model.path=m", *overrides])
+    path = config.actor_rollout_ref.rollout.agent.agent_loop_config_path
+    assert load_agent_loop_config(path) == ["calc_gateway"]
+    spec = get_agent_loop("calc_gateway")
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
+    server = ScriptedServer(tokenizer, [call, "#### 42"], end_token="<|im_end|>")
+    context = AgentLoopContext(server, tokenizer, RolloutConfig(prompt_length=1024))
+    loop = spec.cls(context, **spec.kwargs)
+    row = {**rows[0], "raw_prompt": rows[0]["prompt"]}
+    out = await loop.run({}, **row)
+    assert out.reward_score is None  # scored by the run's reward function, as tool_agent is
+    text = tokenizer.decode(out.response_ids)
+    assert "<tool_response>\n42\n</tool_response>" in text and text.endswith("#### 42<|im_end|>")
