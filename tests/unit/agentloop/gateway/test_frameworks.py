@@ -1,0 +1,294 @@
+"""The example agents of ``examples/gateway/`` (openai SDK, Agents SDK on the Responses API,
+LangGraph over ChatOpenAI, smolagents, a summarizing agent) through the real gateway HTTP app
+on a scripted engine, on the calculator task's rows: each session's segments hold exactly the
+sampled ids, in order, after a prompt that is the full render of the segment's first
+messages, and every engine request was exactly its segment's trajectory so far. The openai
+SDK agent runs on the test templates of all six chat families, every agent on Qwen3."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig
+from agentloop.gateway import GatewayAgentLoop, Session
+from agentloop.gateway.messages import render_messages
+from agentloop.messages import takes_string_arguments
+from agentloop.tokens import encode_prompt, mask_spans
+from examples.gateway.calc_tools import TOOLS
+from recipes.calculator.data import make_rows
+from tests.chat_families import family_tokenizer
+from tests.unit.agentloop.formats.test_llama3 import SPECIAL as LLAMA3_SPECIAL
+from tests.unit.agentloop.formats.test_qwen25 import SPECIAL as QWEN25_SPECIAL
+from tests.unit.agentloop.scripted import ScriptedServer
+from tests.unit.agentloop.test_react_agent_formats import GLM, GPT_OSS, MISTRAL
+
+ROW = {**make_rows(1, seed=1, split="val")[0], "agent_name": "gateway"}
+ROW["raw_prompt"] = ROW.pop("prompt")
+EXPRESSION = ROW["extra_info"]["expression"]
+TRUTH = ROW["reward_model"]["ground_truth"]
+Turn = tuple[str, str]  # (text the engine samples, the end token it stops with)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A chat family's test tokenizer and how its model writes a call and an answer."""
+
+    format: str | None
+    """``multi_turn.format`` (None: detected from the template, as for Qwen3)."""
+    make_tokenizer: Callable[[Any, Any], Any]
+    """(tiny-qwen3 path, the shared tokenizer) -> the family's tokenizer."""
+    call: Callable[[str, dict[str, Any]], Turn]
+    answer: Callable[[str], Turn]
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _tokenizer(template: str, special: list[str], eos: str, bos: str | None = None):
+    def make(path, _shared):
+        return family_tokenizer(
+            path, template, special_tokens=special, eos_token=eos, bos_token=bos
+        )
+
+    return make
+
+
+def _hermes_call(name: str, args: dict[str, Any]) -> Turn:
+    call = json.dumps({"name": name, "arguments": args})
+    return f"<tool_call>\n{call}\n</tool_call>", "<|im_end|>"
+
+
+def _glm_call(name: str, args: dict[str, Any]) -> Turn:
+    pairs = "".join(
+        f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in args.items()
+    )
+    return f"<tool_call>{name}\n{pairs}</tool_call>", "<|observation|>"
+
+
+FAMILIES = {
+    "qwen3": Family(None, lambda _path, shared: shared, _hermes_call, lambda t: (t, "<|im_end|>")),
+    "qwen25": Family(
+        "hermes",
+        _tokenizer("qwen25", QWEN25_SPECIAL, "<|endoftext|>"),
+        _hermes_call,
+        lambda t: (t, "<|im_end|>"),
+    ),
+    "llama3": Family(
+        "llama3_json",
+        _tokenizer("llama3", LLAMA3_SPECIAL, "<|eot_id|>", "<|begin_of_text|>"),
+        lambda n, a: (json.dumps({"name": n, "parameters": a}), "<|eom_id|>"),
+        lambda t: (t, "<|eot_id|>"),
+    ),
+    "mistral": Family(
+        "mistral",
+        _tokenizer(MISTRAL.template, MISTRAL.special, MISTRAL.eos, MISTRAL.bos),
+        lambda n, a: ("[TOOL_CALLS] [" + json.dumps({"name": n, "arguments": a}) + "]", "</s>"),
+        lambda t: (t, "</s>"),
+    ),
+    "gpt-oss": Family(
+        "gpt-oss",
+        _tokenizer(GPT_OSS.template, GPT_OSS.special, GPT_OSS.eos),
+        lambda n, a: (
+            f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{json.dumps(a)}",
+            "<|call|>",
+        ),
+        lambda t: (f"<|channel|>final<|message|>{t}", "<|return|>"),
+        GPT_OSS.template_kwargs,
+    ),
+    "glm45": Family(
+        "glm45",
+        _tokenizer(GLM.template, GLM.special, GLM.eos),
+        _glm_call,
+        lambda t: (t, "<|user|>"),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tiny_qwen3_path, tokenizer):
+    return {name: f.make_tokenizer(tiny_qwen3_path, tokenizer) for name, f in FAMILIES.items()}
+
+
+class FamilyServer(ScriptedServer):
+    """Scripted (text, end token) turns: the text's ids, then the end token's id."""
+
+    def __init__(self, tokenizer: Any, turns: list[Turn]) -> None:
+        super().__init__(tokenizer, [text for text, _ in turns])
+        self.ends = [tokenizer.convert_tokens_to_ids(end) for _, end in turns]
+
+    async def generate(self, request_id, **kwargs):
+        self.eot = self.ends.pop(0)
+        return await super().generate(request_id, **kwargs)
+
+
+class RecordingLoop(GatewayAgentLoop):
+    """Keeps the finished session, so a test can read its segments."""
+
+    session: Session | None = None
+
+    def _outputs(self, session, reward):
+        self.session = session
+        return super()._outputs(session, reward)
+
+
+async def run_agent(tok, family: Family, agent: str, turns: list[Turn], **agent_kwargs):
+    server = FamilyServer(tok, turns)
+    config = RolloutConfig(
+        prompt_length=4096,
+        response_length=1024,
+        multi_turn=MultiTurnConfig(format=family.format),
+        chat_template_kwargs=dict(family.template_kwargs),
+    )
+    loop = RecordingLoop(
+        AgentLoopContext(server, tok, config), agent=f"examples.gateway.{agent}", **agent_kwargs
+    )
+    try:
+        out = await loop.run({}, **ROW)
+    finally:
+        if loop.context.gateway is not None:
+            await loop.context.gateway.stop()
+    assert "agent_error" not in out.extra, out.extra.get("agent_error")
+    assert not server.turns, "the agent stopped before the script ended"
+    return out, server, loop.session, family
+
+
+def check_exact(out, calls, session: Session, tok, template_kwargs) -> list[list[list[int]]]:
+    """``calls``: (prompt ids, sampled ids, log-probs) of every engine request, in order.
+    Every request was exactly its segment's trajectory so far and its ids were appended as
+    sampled; each segment's sampled spans are its requests' ids in order, with their
+    log-probs; each prompt is the full render of the segment's first messages. Returns each
+    segment's template spans."""
+    outputs = [out, *out.segments]
+    assert [o.record.segment for o in outputs] == [s.index for s in session.segments]
+    ids: dict[int, list[list[int]]] = {s.index: [] for s in session.segments}
+    log_probs: dict[int, list[float]] = {s.index: [] for s in session.segments}
+    for prompt, sampled, lps in calls:
+        hits = []
+        for o in outputs:
+            full, k = o.prompt_ids + o.response_ids, len(prompt)
+            if full[:k] == prompt and full[k : k + len(sampled)] == sampled:
+                hits.append(o.record.segment)
+        assert len(hits) == 1, "a request is not exactly one segment's trajectory so far"
+        ids[hits[0]].append(list(sampled))
+        log_probs[hits[0]] += lps
+    deltas = []
+    string_arguments = takes_string_arguments(tok.chat_template)
+    for o, seg in zip(outputs, session.segments, strict=True):
+        assert mask_spans(o.response_ids, o.response_mask, 1) == ids[seg.index]
+        assert [lp for lp, m in zip(o.response_log_probs, o.response_mask, strict=True) if m] == (
+            log_probs[seg.index]
+        )
+        assert o.prompt_ids == seg.traj.prompt_ids
+        rendered = render_messages(seg.prompt_messages, string_arguments=string_arguments)
+        tools = seg.tools or None
+        assert o.prompt_ids == encode_prompt(
+            tok, rendered, tools=tools, chat_template_kwargs=template_kwargs
+        )
+        deltas.append(mask_spans(o.response_ids, o.response_mask, 0))
+    return deltas
+
+
+def scripted_calls(server: ScriptedServer) -> list[tuple[list[int], list[int], list[float]]]:
+    return [
+        (r["prompt_ids"], s, [-0.01 * (i + 1) for i in range(len(s))])
+        for r, s in zip(server.requests, server.sampled, strict=True)
+    ]
+
+
+def decode(tok, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def first_prompt(tok, family: Family, tools=TOOLS) -> list[int]:
+    kwargs = family.template_kwargs
+    return encode_prompt(tok, ROW["raw_prompt"], tools=tools, chat_template_kwargs=kwargs)
+
+
+# ---- the openai SDK agent on every family ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+async def test_openai_sdk_agent_is_one_exact_segment_on_every_family(tokenizers, name):
+    family, tok = FAMILIES[name], tokenizers[name]
+    turns = [family.call("calculator", {"expression": EXPRESSION}), family.answer(f"#### {TRUTH}")]
+    out, server, session, _ = await run_agent(tok, family, "openai_sdk_agent:agent", turns)
+
+    assert out.reward_score == 1.0 and out.segments == []
+    assert out.prompt_ids == first_prompt(tok, family)
+    (deltas,) = check_exact(out, scripted_calls(server), session, tok, family.template_kwargs)
+    (delta,) = deltas
+    assert TRUTH in decode(tok, delta)  # the tool's result, rendered by the template
+    assert out.response_ids == server.sampled[0] + delta + server.sampled[1]
+    assert out.record.assistant_turns == 2 and out.record.user_turns == 1
+
+
+# ---- every framework on Qwen3 ------------------------------------------------------------
+
+QWEN3 = FAMILIES["qwen3"]
+CALL = _hermes_call("calculator", {"expression": EXPRESSION})
+ANSWER = (f"#### {TRUTH}", "<|im_end|>")
+
+
+async def test_agents_sdk_agent_on_the_responses_api_is_one_exact_segment(tokenizer):
+    out, server, session, _ = await run_agent(
+        tokenizer, QWEN3, "agents_sdk_agent:agent", [CALL, ANSWER]
+    )
+    assert out.reward_score == 1.0 and out.segments == []
+    (seg,) = session.segments
+    assert [t["function"]["name"] for t in seg.tools] == ["calculator", "multiply"]
+    assert out.prompt_ids == first_prompt(tokenizer, QWEN3, seg.tools)
+    ((delta,),) = check_exact(out, scripted_calls(server), session, tokenizer, {})
+    assert decode(tokenizer, delta) == (
+        f"\n<|im_start|>user\n<tool_response>\n{TRUTH}\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+async def test_langgraph_react_agent_over_chat_openai_is_one_exact_segment(tokenizer):
+    out, server, session, _ = await run_agent(
+        tokenizer, QWEN3, "langgraph_agent:agent", [CALL, ANSWER]
+    )
+    assert out.reward_score == 1.0 and out.segments == []
+    (seg,) = session.segments
+    assert [t["function"]["name"] for t in seg.tools] == ["calculator", "multiply"]
+    assert out.prompt_ids == first_prompt(tokenizer, QWEN3, seg.tools)
+    ((delta,),) = check_exact(out, scripted_calls(server), session, tokenizer, {})
+    assert f"<tool_response>\n{TRUTH}\n</tool_response>" in decode(tokenizer, delta)
+
+
+async def test_smolagents_rewrites_its_history_so_each_call_is_a_segment(tokenizer):
+    final = _hermes_call("final_answer", {"answer": f"#### {TRUTH}"})
+    out, server, session, _ = await run_agent(
+        tokenizer, QWEN3, "smolagents_agent:agent", [CALL, final]
+    )
+    assert out.reward_score == 1.0 and len(out.segments) == 1
+    deltas = check_exact(out, scripted_calls(server), session, tokenizer, {})
+    assert deltas == [[], []]  # nothing appended: each call starts from a full render
+    assert [o.response_ids for o in (out, *out.segments)] == server.sampled
+    second = session.segments[1]
+    assert second.branch_point is not None and second.branch_reason.startswith(
+        "the history differs from segment 0's"
+    )
+    text = decode(tokenizer, out.segments[0].prompt_ids)
+    assert "Calling tools:" in text and f"Observation:\n{TRUTH}" in text
+    assert out.record.weight == out.segments[0].record.weight == 0.5
+
+
+async def test_summarizing_agent_starts_a_segment_from_its_summary(tokenizer):
+    out, server, session, _ = await run_agent(
+        tokenizer, QWEN3, "summarizing_agent:agent", [CALL, ANSWER], summarize_after=1
+    )
+    assert out.reward_score == 1.0 and len(out.segments) == 1
+    check_exact(out, scripted_calls(server), session, tokenizer, {})
+    assert out.response_ids == server.sampled[0]
+    second = out.segments[0]
+    assert second.response_ids == server.sampled[1]
+    arguments = json.dumps({"expression": EXPRESSION})
+    summarized = [dict(m) for m in ROW["raw_prompt"]]
+    summarized[-1]["content"] += f"\n\nResults so far:\n- calculator({arguments}) = {TRUTH}"
+    assert second.prompt_ids == encode_prompt(tokenizer, summarized, tools=TOOLS)
+    assert second.record.branch_point == 1  # the system message is shared
+    assert out.record.weight == second.record.weight == 0.5
