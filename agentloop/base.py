@@ -114,6 +114,9 @@ class AgentLoopBase(abc.ABC):
     """Whether the loop puts the configured tools in front of the model: False for
     ``single_turn_agent`` (start-up warns when tools are configured but rows run it), None
     where a loop does not say (user loops)."""
+    uses_tools_kwargs: ClassVar[bool] = True
+    """Whether the row's ``tools_kwargs`` create configured tools (False for gateway agents,
+    which bring their own: start-up then does not check the names against the config)."""
 
     def __init__(self, context: AgentLoopContext, **kwargs: Any) -> None:
         self.context = context

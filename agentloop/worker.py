@@ -54,7 +54,9 @@ def validate_rows(
                 f"row {i} has no 'raw_prompt' (a list of chat messages): give rows a 'prompt' "
                 "column of messages and set data.return_raw_chat=True"
             )
-        get_agent_loop(str(fields["agent_name"]))
+        spec = get_agent_loop(str(fields["agent_name"]))
+        if not spec.cls.uses_tools_kwargs:  # gateway agents bring their own tools
+            continue
         for name in fields.get("tools_kwargs") or {}:
             if name not in tool_names:
                 raise ValueError(

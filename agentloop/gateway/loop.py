@@ -59,7 +59,8 @@ def _reward_of(value: Any) -> float | None:
 
 
 class GatewayAgentLoop(AgentLoopBase):
-    offers_tools = None  # the agent brings its own tools
+    offers_tools = False  # the agent brings its own tools; the configured ones are not made
+    uses_tools_kwargs = False
 
     def __init__(
         self,

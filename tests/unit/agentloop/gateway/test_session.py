@@ -105,3 +105,19 @@ async def test_a_turn_aborted_and_continued_for_a_weight_update_is_one_completio
     assert len(out.response_ids) == 20 and manager.resumed_turns == 1
     k = out.response_versions.count(0)
     assert 0 < k < 20 and out.response_versions == [0] * k + [1] * (20 - k)
+
+
+def test_rows_of_a_gateway_agent_may_name_tools_the_config_lacks(tmp_path):
+    """verl-style rows carry ``tools_kwargs`` for configured tools; a gateway agent brings its
+    own, so start-up does not check them (it still does for the other loops)."""
+    import pytest
+
+    from agentloop import load_agent_loop_config, validate_rows
+
+    entry = "- {name: gw, _target_: agentloop.gateway.GatewayAgentLoop, external: true}\n"
+    (tmp_path / "loops.yaml").write_text(entry)
+    load_agent_loop_config(tmp_path / "loops.yaml")
+    row = {"raw_prompt": PROMPT, "tools_kwargs": {"calculator": {}}}
+    validate_rows([{**row, "agent_name": "gw"}], [], "tool_agent")
+    with pytest.raises(ValueError, match="names tool 'calculator', which is not configured"):
+        validate_rows([{**row, "agent_name": "tool_agent"}], [], "tool_agent")
