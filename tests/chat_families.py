@@ -29,13 +29,33 @@ def family_tokenizer(
     """The tokenizer at ``base_path`` with ``special_tokens`` added, the chat template
     ``tests/fixtures/chat_templates/<template>.jinja`` and the family's eos/bos."""
     tokenizer = AutoTokenizer.from_pretrained(base_path)
-    new = [t for t in special_tokens if t not in tokenizer.get_vocab()]
-    if new:
-        tokenizer.add_special_tokens(
-            {"additional_special_tokens": new}, replace_extra_special_tokens=False
-        )
+    # all of them, those already in the vocabulary too (their id is kept, now split first)
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": list(special_tokens)}, replace_extra_special_tokens=False
+    )
     tokenizer.chat_template = template_text(template)
     tokenizer.eos_token = eos_token
     if bos_token is not None:
         tokenizer.bos_token = bos_token
+    split = split_special_tokens(tokenizer, special_tokens)
+    if split:
+        raise AssertionError(f"special tokens that are not one id in context: {split}")
     return tokenizer
+
+
+# text a special token is tried next to: characters BPE would merge an ordinary token with
+NEIGHBOURS = ("", "]", ">", "<", "x", " ", "\n", "s", "[", "|", "/")
+
+
+def split_special_tokens(tokenizer: Any, tokens: list[str]) -> dict[str, list[str]]:
+    """The tokens of ``tokens`` the tokenizer does not keep as one id next to every
+    neighbour in ``NEIGHBOURS`` (token -> the pieces it was split into)."""
+    split: dict[str, list[str]] = {}
+    for token in tokens:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        for left in NEIGHBOURS:
+            for right in NEIGHBOURS:
+                ids = tokenizer.encode(left + token + right, add_special_tokens=False)
+                if ids.count(token_id) != 1 or tokenizer.decode([token_id]) != token:
+                    split[token] = tokenizer.tokenize(left + token + right)
+    return split
