@@ -1,13 +1,15 @@
 """Chat formats (``multi_turn.format``): per model family, the tool-call parser, the tokens
 that end a model turn, and the history messages its chat template needs. Importing this
 package registers the built-in families: hermes/qwen (Qwen2.5, Qwen3), llama3_json (Llama
-3.1-3.3), mistral, gpt-oss (Harmony) and glm45 (GLM-4.5/4.6)."""
+3.1-3.3), mistral (tokenizer v3) and its variant mistral_v7 (v7+), gpt-oss (Harmony), glm45
+(GLM-4.5/4.6) and its variant glm47 (GLM-4.7)."""
 
 from agentloop.formats import glm as _glm  # noqa: F401  (registers glm45)
 from agentloop.formats import gpt_oss as _gpt_oss  # noqa: F401  (registers gpt-oss)
 from agentloop.formats import hermes as _hermes  # noqa: F401  (registers hermes, qwen)
 from agentloop.formats import llama3 as _llama3  # noqa: F401  (registers llama3_json)
 from agentloop.formats import mistral as _mistral  # noqa: F401  (registers mistral)
+from agentloop.formats import mistral_v7 as _mistral_v7  # noqa: F401  (registers mistral_v7)
 from agentloop.formats.base import (
     ChatFormat,
     EndTokens,
@@ -19,6 +21,7 @@ from agentloop.formats.base import (
     register_format,
     registered_formats,
     resolve_format,
+    variant_for,
 )
 
 __all__ = [
@@ -32,4 +35,5 @@ __all__ = [
     "register_format",
     "registered_formats",
     "resolve_format",
+    "variant_for",
 ]

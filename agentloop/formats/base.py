@@ -6,6 +6,9 @@ A family module registers its format with ``register_format``; ``get_format`` lo
 (a parser registered alone with ``register_parser`` gets a plain format ending turns with
 the tokenizer's eos). ``detect_format`` derives the format from a chat template's text, and
 ``end_tokens`` takes the end-of-turn ids from the tokenizer (never assumed to be eos).
+A format can be a *variant* of another (``variant_of``): the same family in a later template
+version that renders history differently (Mistral v7+ tool results, GLM-4.7's reasoning).
+The template picks the variant, also when ``multi_turn.format`` names the base format.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "register_format",
     "registered_formats",
     "resolve_format",
+    "variant_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -77,6 +81,12 @@ class ChatFormat:
     an end token (it must not stop the engine)."""
     template_markers: tuple[str, ...] = ()
     """Strings that all appear in the family's chat template (``detect_format``)."""
+    variant_of: str = ""
+    """The format this one refines (a later template version of the same family). A
+    template that is the base's and holds any of ``variant_markers`` gets this format, also
+    when ``multi_turn.format`` names the base."""
+    variant_markers: tuple[str, ...] = ()
+    """Strings of which one in the base family's template marks this version."""
     aliases: tuple[str, ...] = ()
     assistant_message: AssistantBuilder = content_message
     """History message for a model turn that called tools (what the template needs to
@@ -153,17 +163,46 @@ def detect_format(chat_template: str | None) -> str | None:
             score = len(fmt.template_markers)
             if best is None or score > best[0]:
                 best = (score, name)
-    return best[1] if best else None
+    return variant_for(best[1], chat_template).name if best else None
+
+
+def variant_for(name: str, chat_template: str | None) -> ChatFormat:
+    """The format ``name`` (aliases too), or its variant whose marker ``chat_template``
+    holds (the template version it renders)."""
+    fmt = get_format(name)
+    if fmt.variant_of or not chat_template:
+        return fmt
+    for variant in all_formats():
+        if variant.variant_of == fmt.name and any(
+            m in chat_template for m in variant.variant_markers
+        ):
+            return variant
+    return fmt
+
+
+def _template_of(tokenizer: Any) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default") or next(iter(template.values()), None)
+    return template
 
 
 def resolve_format(name: str | None, tokenizer: Any) -> ChatFormat:
     """``multi_turn.format`` as configured, or derived from the tokenizer's chat template
-    when unset (``hermes`` when no family matches, logged once)."""
+    when unset (``hermes`` when no family matches, logged once). A configured base format
+    becomes its variant when the template is that version's (logged once)."""
+    template = _template_of(tokenizer)
     if name:
-        return get_format(name)
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        template = template.get("default") or next(iter(template.values()), None)
+        fmt = variant_for(name, template)
+        if fmt.name != get_format(name).name and (name, fmt.name) not in _WARNED:
+            _WARNED.add((name, fmt.name))
+            logger.info(
+                "multi_turn.format=%s: the chat template is the %s version (%s)",
+                name,
+                fmt.name,
+                fmt.family,
+            )
+        return fmt
     found = detect_format(template)
     if found is None:
         if "hermes" not in _WARNED:
@@ -176,7 +215,7 @@ def resolve_format(name: str | None, tokenizer: Any) -> ChatFormat:
     return get_format(found)
 
 
-_WARNED: set[str] = set()
+_WARNED: set[str | tuple[str, str]] = set()
 
 
 def _token_id(tokenizer: Any, token: str) -> int | None:

@@ -1,5 +1,7 @@
 """Mistral tool calls (``mistral``): Mistral-7B-Instruct-v0.3 and the other tokenizer-v3
 models (Mixtral-8x22B, Codestral, Mistral-Large-2407, Mistral-Nemo with tekken spacing).
+Tokenizer v7 and later write tool results differently: their templates select the
+``mistral_v7`` variant (``agentloop.formats.mistral_v7``), which shares this parser.
 
 A calling turn is ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`` closed by
 ``</s>`` (the eos); newer tokenizers (v11+) write ``[TOOL_CALLS]name[ARGS]{...}`` per call,
@@ -34,7 +36,7 @@ from agentloop.parsers import (
     split_top,
 )
 
-__all__ = ["MISTRAL", "MistralToolParser", "mistral_tool_content"]
+__all__ = ["MISTRAL", "TOOLS_BLOCK", "MistralToolParser", "mistral_tool_content"]
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -48,7 +50,7 @@ _ID = re.compile(r"[A-Za-z0-9]{9}")
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SAMPLED_CALL_ID = re.compile(re.escape(CALL_ID) + r"\s*([A-Za-z0-9]{9})\s*" + re.escape(ARGS))
 _BRACKET = re.compile(r"[\[{]")
-_TOOLS_BLOCK = re.compile(r"\[AVAILABLE_TOOLS\].*?\[/AVAILABLE_TOOLS\]", re.DOTALL)
+TOOLS_BLOCK = re.compile(r"\[AVAILABLE_TOOLS\].*?\[/AVAILABLE_TOOLS\]", re.DOTALL)
 _LAST_INST = re.compile(r"\[INST\](?!.*\[INST\]).*?\[/INST\]", re.DOTALL)
 
 
@@ -195,8 +197,9 @@ def assistant_message(text: str, parsed: ParsedTurn) -> dict[str, Any]:
 
 
 def mistral_tool_content(content: str) -> str:
-    """The JSON value ``mistral_common`` writes as a tool result's ``"content"``: JSON
-    output re-serialized, empty output as ``{}``, any other text as a JSON string."""
+    """The JSON value ``mistral_common``'s v3 encoder writes as a tool result's
+    ``"content"``: JSON output re-serialized, empty output as ``{}``, any other text as a
+    JSON string (v7+ encoders write the text as given: ``mistral_v7``)."""
     if not content:
         return "{}"
     try:
@@ -221,13 +224,16 @@ def tool_message(
 def prompt_parts_moved(text: str) -> str:
     """Rendered history without what a new user message moves: the tool list and the last
     user message's text (where the system prompt is prepended)."""
-    return _LAST_INST.sub("[INST][/INST]", _TOOLS_BLOCK.sub("", text))
+    return _LAST_INST.sub("[INST][/INST]", TOOLS_BLOCK.sub("", text))
 
 
 MISTRAL = register_format(
     ChatFormat(
         name="mistral",
-        family="Mistral v0.3+ (Mistral-7B-Instruct-v0.3, Mixtral-8x22B, Mistral-Nemo)",
+        family=(
+            "Mistral tokenizer v3 (Mistral-7B-Instruct-v0.3, Mixtral-8x22B, Codestral, "
+            "Mistral-Large-2407, Mistral-Nemo)"
+        ),
         call_syntax=(
             '[TOOL_CALLS] [{"name": ..., "arguments": {...}}] or [TOOL_CALLS]name[ARGS]{...}'
         ),
@@ -238,7 +244,8 @@ MISTRAL = register_format(
         tool_message=tool_message,
         history_rewrite=prompt_parts_moved,
         notes=(
-            "Tool turns extend the rendering exactly; a new user message moves the tool list "
+            "Tool results are the v3 JSON object, content re-serialized as a JSON value. Tool "
+            "turns extend the rendering exactly; a new user message moves the tool list "
             "and the system prompt to it (mistral_common's placement), and the trajectory "
             "keeps them where the model saw them."
         ),

@@ -540,3 +540,25 @@ def test_test_template_matches_mistral_common_v3(tok, case):
     ours, official, tools = official_cases()[case]
     text = render(tok, ours, tools or None)
     assert template_as_official_ids(mistral, text) == official_ids(mistral, official, tools)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        "Goethe",
+        '{"born":"1749-08-28"}',
+        '{\n  "born": "1749-08-28",\n  "places": ["Frankfurt", "Weimar"]\n}',
+        "Johann Wolfgang von Göthe, «Faust» 日本 🙂",
+    ],
+)
+def test_v3_tool_results_match_mistral_common_for_every_kind_of_result(tok, result):
+    """Plain text, compact JSON, pretty JSON, non-ASCII: v3 writes each as a JSON value."""
+    mistral = MistralTokenizer.v3()
+    assistant, tool_msgs = history_for(calls(CALC), [result])
+    raw = [{**tool_msgs[0], "content": result}]
+    text = render(tok, [SYSTEM, USER, assistant, *tool_msgs], [CALC_SCHEMA])
+    assert template_as_official_ids(mistral, text) == official_ids(
+        mistral, [SYSTEM, USER, assistant, *raw], [CALC_SCHEMA]
+    )
+    value = json.loads(result) if result.startswith("{") else result
+    assert f'{{"content": {json.dumps(value, ensure_ascii=False)}, "call_id"' in text
