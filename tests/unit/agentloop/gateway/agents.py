@@ -43,3 +43,15 @@ async def summarizing_agent(row: dict[str, Any], llm: Any) -> float:
 async def failing_agent(row: dict[str, Any], llm: Any) -> float:
     await llm.client.chat.completions.create(model=llm.model, messages=row["raw_prompt"])
     raise RuntimeError("the agent's own bug")
+
+
+async def silent_agent(row: dict[str, Any], llm: Any) -> None:
+    """Makes a call and returns no reward."""
+    await llm.client.chat.completions.create(model=llm.model, messages=row["raw_prompt"])
+
+
+async def hung_agent(row: dict[str, Any], llm: Any) -> float:
+    import asyncio
+
+    await asyncio.sleep(60)
+    return 1.0

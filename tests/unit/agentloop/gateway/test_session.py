@@ -121,3 +121,31 @@ def test_rows_of_a_gateway_agent_may_name_tools_the_config_lacks(tmp_path):
     validate_rows([{**row, "agent_name": "gw"}], [], "tool_agent")
     with pytest.raises(ValueError, match="names tool 'calculator', which is not configured"):
         validate_rows([{**row, "agent_name": "tool_agent"}], [], "tool_agent")
+
+
+async def test_a_session_with_no_reward_route_fails_saying_which_to_provide(tokenizer):
+    agent = "tests.unit.agentloop.gateway.agents:silent_agent"
+    loop, _ = make_loop(tokenizer, ["hi"], agent=agent)
+    out = await loop.run({}, raw_prompt=PROMPT)  # no data_source, no reward_model
+    assert out.record.stop_reason == "agent_error" and out.reward_score == 0.0
+    assert out.extra["agent_error"] == (
+        f"session {out.record.session_id} ended with no reward: return a number from the agent, "
+        f"POST /sessions/{out.record.session_id}/reward, or give the row a data_source / "
+        "reward_model for the configured reward function"
+    )
+    loop, _ = make_loop(tokenizer, ["hi"], agent=agent)
+    out = await loop.run({}, raw_prompt=PROMPT, data_source="t")  # the reward function scores it
+    assert out.reward_score is None and out.record.stop_reason == "stop"
+
+
+async def test_a_hung_in_process_agent_is_cancelled_at_its_time_limit(tokenizer):
+    import time
+
+    agent = "tests.unit.agentloop.gateway.agents:hung_agent"
+    loop, _ = make_loop(tokenizer, [], agent=agent, agent_timeout_s=0.3)
+    start = time.perf_counter()
+    out = await loop.run({}, raw_prompt=PROMPT, data_source="t")
+    assert time.perf_counter() - start < 3
+    assert out.extra["agent_error"] == (
+        "the agent ran past actor_rollout_ref.rollout.gateway.agent_timeout_s=0.3"
+    )
