@@ -1,4 +1,5 @@
-"""GLM-4.5 / GLM-4.6 tool calls (``glm45``, vLLM's parser name; aliases ``glm4.5``, ``glm46``).
+"""GLM-4.5 / GLM-4.6 tool calls (``glm45``, vLLM's parser name; aliases ``glm4.5``, ``glm46``),
+and GLM-4.7 (``glm47``, a variant the template selects).
 
 The template (``[gMASK]<sop>``, role headers ``<|system|>``, ``<|user|>``, ``<|assistant|>``,
 ``<|observation|>``) closes no turn: the model ends its turn by sampling the next header,
@@ -16,6 +17,13 @@ text; otherwise a value that is JSON of another type (number, boolean, null, arr
 is decoded, anything else stays the raw string (``check_calls`` then reports a type the
 schema rejects). vLLM's GLM parser is not reused: it is a streaming engine bound to a
 tokenizer and a request, and gives no per-call error for a malformed call.
+
+GLM-4.7's template writes no line breaks after headers or inside calls, opens the reasoning
+in the generation prompt (``<|assistant|><think>``) and renders the reasoning of turns before
+the last user message as a bare ``</think>`` where GLM-4.5/4.6 write ``<think></think>``: the
+``glm47`` variant has that rewrite, the rest is ``glm45``'s. Its template is recognized by
+``{{ '</think>' }}`` (a bare end of reasoning; 4.5/4.6 write ``<think></think>``) or the
+tool prompt's ``<tool_call>{function-name}<arg_key>`` (no line break after the name).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from typing import Any
 from agentloop.formats.base import ChatFormat, content_message, register_format
 from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, loads_tolerant
 
-__all__ = ["GLM45", "GlmToolParser", "empty_earlier_reasoning"]
+__all__ = ["GLM45", "GLM47", "GlmToolParser", "drop_earlier_reasoning", "empty_earlier_reasoning"]
 
 GLM_HINT = (
     "write <tool_call>NAME, then <arg_key>KEY</arg_key><arg_value>VALUE</arg_value> for each "
@@ -203,6 +211,35 @@ GLM45 = register_format(
             "calls); the delta starts after it, so deltas are exact whatever the model wrote. "
             "The template empties the reasoning of turns before the last user message and "
             "strips turn text; the trajectory keeps the turns as sampled."
+        ),
+    )
+)
+
+
+def drop_earlier_reasoning(text: str) -> str:
+    """GLM-4.7's history rewrite: reasoning of assistant turns before the last user message
+    renders as a bare ``</think>``."""
+    return _REASONING.sub("</think>", text)
+
+
+GLM47 = register_format(
+    ChatFormat(
+        name="glm47",
+        family="GLM-4.7",
+        call_syntax=GLM45.call_syntax,
+        aliases=("glm4.7",),
+        parser=GlmToolParser,
+        end_tokens=GLM45.end_tokens,
+        call_end_tokens=GLM45.call_end_tokens,
+        end_opens_next=True,
+        variant_of="glm45",
+        variant_markers=("{{ '</think>' }}", "<tool_call>{function-name}<arg_key>"),
+        assistant_message=content_message,
+        history_rewrite=drop_earlier_reasoning,
+        notes=(
+            "As glm45, but the template renders the reasoning of turns before the last user "
+            "message as a bare </think> (its template selects it from glm45); the trajectory "
+            "keeps the turns as sampled."
         ),
     )
 )

@@ -1,4 +1,5 @@
-"""react_agent and the token chat model on the mistral, gpt-oss and GLM-4.5 test tokenizers:
+"""react_agent and the token chat model on the mistral (v3 and v7+), gpt-oss and GLM-4.5 and
+GLM-4.7 test tokenizers:
 a two-tool-call episode gives prompt + sampled turns + template deltas, the same trajectory
 and record as tool_agent; tool messages are paired to the calls of the turn they answer;
 messages the graph writes itself render with the arguments each template needs."""
@@ -23,6 +24,7 @@ from agentloop.langgraph.messages import takes_string_arguments, to_chat_dicts
 from agentloop.tokens import encode_prompt, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from tests.chat_families import family_tokenizer, template_text
+from tests.unit.agentloop.formats.mistral_official import SPECIAL_V7
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 PROMPT = [{"role": "user", "content": "What is 2 + 3 + 1?"}]
@@ -179,7 +181,46 @@ GLM = Family(
     ],
     answer="<think>Done.</think>\nThe answer is 6.",
 )
-FAMILIES = {f.format: f for f in (MISTRAL, GPT_OSS, GLM)}
+_V7_RESULT = r"\[TOOL_RESULTS\][A-Za-z0-9]{{9}}\[TOOL_CONTENT\]{}\[/TOOL_RESULTS\]"
+MISTRAL_V7 = Family(
+    format="mistral_v7",
+    template="mistral_v7",
+    special=SPECIAL_V7,
+    eos="</s>",
+    bos="<s>",
+    turns=MISTRAL.turns,
+    deltas=[
+        _V7_RESULT.format(5),
+        _V7_RESULT.format(6) + _V7_RESULT.format(re.escape(f"Error: {_MISTRAL_BAD}")),
+    ],
+    answer="The answer is 6.",
+)
+
+
+def _glm47_call(a: int, b: int) -> str:
+    return (
+        f"<tool_call>calc<arg_key>a</arg_key><arg_value>{a}</arg_value>"
+        f"<arg_key>b</arg_key><arg_value>{b}</arg_value></tool_call>"
+    )
+
+
+GLM47 = Family(
+    format="glm47",
+    template="glm47",
+    special=GLM.special,
+    eos="<|endoftext|>",
+    turns=[  # the generation prompt opens the reasoning: <|assistant|><think>
+        ("First add.</think>Let me add." + _glm47_call(2, 3), "<|observation|>"),
+        ("Now + 1.</think>" + _glm47_call(5, 1), "<|observation|>"),
+        ("Done.</think>The answer is 6.", "<|user|>"),
+    ],
+    deltas=[
+        re.escape("<tool_response>5</tool_response><|assistant|><think>"),
+        re.escape("<tool_response>6</tool_response><|assistant|><think>"),
+    ],
+    answer="Done.</think>The answer is 6.",
+)
+FAMILIES = {f.format: f for f in (MISTRAL, MISTRAL_V7, GPT_OSS, GLM, GLM47)}
 
 
 @pytest.fixture(scope="module")
@@ -350,6 +391,9 @@ def test_a_human_message_after_the_answer_is_a_masked_delta(tokenizers, name):
         "mistral": ("Yes, 6.", "</s>"),
         "gpt-oss": ("<|channel|>final<|message|>Yes.", "<|return|>"),
         "glm45": ("\n<think></think>\nYes.", "<|user|>"),
+        "mistral_v7": ("Yes, 6.", "</s>"),
+        # GLM-4.7 re-renders the earlier reasoning as a bare </think> once "Sure?" follows
+        "glm47": ("Checked.</think>Yes.", "<|user|>"),
     }
     server = TurnServer(tok, [*family.turns, again[name]])
     context = AgentLoopContext(server, tok, make_config(family), {"calc": CalcTool()})
@@ -453,7 +497,7 @@ async def test_a_written_tool_call_in_the_prompt_renders_in_every_family(tokeniz
     arguments = rendered[1]["tool_calls"][0]["function"]["arguments"]
     assert arguments == (
         {"a": 1, "b": 2, "note": "é"}
-        if name != "mistral"
+        if name not in ("mistral", "mistral_v7")
         else json.dumps({"a": 1, "b": 2, "note": "é"})
     )
     assert prompt == tok.apply_chat_template(
@@ -469,6 +513,9 @@ async def test_a_written_tool_call_in_the_prompt_renders_in_every_family(tokeniz
         '{"a": 1, "b": 2, "note": "é"}<|call|><|start|>functions.calc to=assistant',
         "glm45": "<arg_key>note</arg_key>\n<arg_value>é</arg_value>\n</tool_call>"
         "<|observation|>\n<tool_response>\n3\n</tool_response>",
+        "mistral_v7": "[TOOL_RESULTS]abcDEF123[TOOL_CONTENT]3[/TOOL_RESULTS]",
+        "glm47": "<arg_key>note</arg_key><arg_value>é</arg_value></tool_call>"
+        "<|observation|><tool_response>3</tool_response>",
     }
     assert shown[name] in prompt
     if name == "gpt-oss":

@@ -18,8 +18,11 @@ EXPECTED = {
     "qwen25": "hermes",
     "llama3": "llama3_json",
     "mistral": "mistral",
+    "mistral_v7": "mistral_v7",
+    "mistral_v13": "mistral_v7",
     "gpt_oss": "gpt-oss",
     "glm45": "glm45",
+    "glm47": "glm47",
 }
 
 
@@ -59,6 +62,7 @@ def test_aliases_name_the_same_format():
         ("openai", "gpt-oss"),
         ("glm4.5", "glm45"),
         ("glm46", "glm45"),
+        ("glm4.7", "glm47"),
     ]:
         assert get_format(alias) is get_format(name)
         assert alias in registered_formats()
@@ -71,3 +75,23 @@ def test_an_unknown_name_lists_the_registered_ones():
         f"unknown multi_turn.format 'gptoss'; registered: {', '.join(registered_formats())} "
         "(register your own with agentloop.register_format or agentloop.register_parser)"
     )
+
+
+def test_a_variant_is_picked_by_its_template_also_when_the_base_is_named():
+    from agentloop.formats import variant_for
+
+    for template, base, variant in [
+        ("mistral_v7", "mistral", "mistral_v7"),
+        ("mistral_v13", "mistral", "mistral_v7"),
+        ("glm47", "glm45", "glm47"),
+        ("glm47", "glm4.5", "glm47"),
+    ]:
+        text = (TEMPLATES / f"{template}.jinja").read_text()
+        assert variant_for(base, text).name == variant
+        assert variant_for(variant, None).name == variant
+    for template, base in [("mistral", "mistral"), ("glm45", "glm45")]:
+        text = (TEMPLATES / f"{template}.jinja").read_text()
+        assert variant_for(base, text).name == base
+    assert variant_for("mistral_v7", (TEMPLATES / "mistral.jinja").read_text()).name == (
+        "mistral_v7"
+    )  # a variant set explicitly is kept
