@@ -3,6 +3,13 @@
 Prompts are left-padded to ``prompt_length`` and responses right-padded to
 ``response_length``, so ``input_ids = [prompt | response]`` has the response at a fixed
 offset (the layout verl trainers expect).
+
+One output is one session (one sample of one prompt); a session whose later calls did not
+extend its earlier tokens (a gateway agent that edited its history) returns further training
+samples in ``AgentLoopOutput.segments``. ``collate`` gives every segment its own row, right
+after the session's first, with the session's dataset row (same ``uid``, same
+``rollout_n``): a batch has at least one row per session, and the rows of a session carry
+its ``record.weight`` (1/k each by default) so that together they weigh one session.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import torch
 from agentloop.base import AgentLoopOutput
 from agentloop.records import SampleRecord
 
-__all__ = ["RolloutBatch", "collate", "rollout_metrics"]
+__all__ = ["RolloutBatch", "collate", "rollout_metrics", "session_samples"]
 
 
 @dataclass(slots=True)
@@ -46,7 +53,10 @@ class RolloutBatch:
     num_turns: list[int]
     reward_score: list[float | None]
     records: list[SampleRecord]
-    """Each sample's record (stop reason, turns, tool calls, tool rewards, trace id)."""
+    """Each sample's record (stop reason, turns, tool calls, tool rewards, trace id, weight)."""
+    segment: list[int]
+    """Each sample's index among its session's samples (0: the session's output itself,
+    1..: its ``segments`` in order); the rows of a session are consecutive."""
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -58,6 +68,16 @@ class RolloutBatch:
     def tool_errors(self) -> list[int]:
         """Failed or unparsable tool calls per sample (from ``records``)."""
         return [int(r.tool_errors) for r in self.records]
+
+    @property
+    def weights(self) -> list[float]:
+        """Each sample's weight in its group's statistics and in the loss (from ``records``)."""
+        return [float(r.weight) for r in self.records]
+
+    @property
+    def num_sessions(self) -> int:
+        """Sessions (outputs of the agent loops) in the batch; ``len`` counts samples."""
+        return sum(s == 0 for s in self.segment)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -80,6 +100,12 @@ class RolloutBatch:
         return RolloutBatch(**out)
 
 
+def session_samples(outputs: list[AgentLoopOutput]) -> list[AgentLoopOutput]:
+    """Every training sample of ``outputs``, in batch order: each output, then its
+    ``segments``."""
+    return [sample for out in outputs for sample in (out, *out.segments)]
+
+
 def collate(
     outputs: list[AgentLoopOutput],
     rows: list[dict[str, Any]],
@@ -88,9 +114,26 @@ def collate(
     response_length: int,
     pad_token_id: int,
 ) -> RolloutBatch:
+    """Pad ``outputs`` (one per row) into a batch of one row per training sample: each
+    output, then its ``segments``, which get a copy of the output's dataset row."""
     if len(outputs) != len(rows):
         raise ValueError(f"{len(outputs)} outputs for {len(rows)} rows")
-    b, p, r = len(outputs), prompt_length, response_length
+    samples: list[AgentLoopOutput] = []
+    sample_rows: list[dict[str, Any]] = []
+    segment: list[int] = []
+    names: list[str] = []  # "sample i" or "sample i segment j", for errors
+    for i, (out, row) in enumerate(zip(outputs, rows, strict=True)):
+        for j, sample in enumerate((out, *out.segments)):
+            if j and sample.segments:
+                raise ValueError(
+                    f"sample {i} segment {j} has segments of its own: a session's further "
+                    "samples are one flat list, AgentLoopOutput.segments of its first"
+                )
+            samples.append(sample)
+            sample_rows.append(row if j == 0 else dict(row))
+            segment.append(j)
+            names.append(f"sample {i}" if j == 0 else f"sample {i} segment {j}")
+    b, p, r = len(samples), prompt_length, response_length
     prompts = np.full((b, p), pad_token_id, dtype=np.int64)
     responses = np.full((b, r), pad_token_id, dtype=np.int64)
     prompt_mask = np.zeros((b, p), dtype=np.int64)
@@ -98,11 +141,11 @@ def collate(
     resp_mask = np.zeros((b, r), dtype=np.int64)
     logp = np.zeros((b, r), dtype=np.float32)
     versions = np.full((b, r), -1, dtype=np.int64)
-    for i, out in enumerate(outputs):
+    for i, out in enumerate(samples):
         np_, nr = len(out.prompt_ids), len(out.response_ids)
         if np_ > p or nr > r:
             raise ValueError(
-                f"sample {i} has {np_} prompt / {nr} response tokens, over the "
+                f"{names[i]} has {np_} prompt / {nr} response tokens, over the "
                 f"prompt_length={p} / response_length={r} budget"
             )
         prompts[i, p - np_ :] = out.prompt_ids
@@ -126,12 +169,13 @@ def collate(
         response_mask=torch.from_numpy(resp_mask),
         rollout_log_probs=torch.from_numpy(logp),
         rollout_versions=torch.from_numpy(versions),
-        uid=[str(row["uid"]) for row in rows],
-        rows=rows,
-        agent_name=[str(row["agent_name"]) for row in rows],
-        num_turns=[o.num_turns for o in outputs],
-        reward_score=[o.reward_score for o in outputs],
-        records=[o.record for o in outputs],
+        uid=[str(row["uid"]) for row in sample_rows],
+        rows=sample_rows,
+        agent_name=[str(row["agent_name"]) for row in sample_rows],
+        num_turns=[o.num_turns for o in samples],
+        reward_score=[o.reward_score for o in samples],
+        records=[o.record for o in samples],
+        segment=segment,
     )
 
 
@@ -145,20 +189,29 @@ def _spread(prefix: str, values: list[float]) -> dict[str, float]:
 
 
 def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, float]:
-    """Per-phase timing spread over samples, the slowest sample's breakdown, turn and tool
-    counts. ``timing_s/gen`` is the wall time of the whole rollout."""
+    """Per-phase timing spread over sessions (``outputs``), the slowest session's breakdown;
+    turn, length and tool counts over training samples (each output and its ``segments``,
+    the rows of the batch); sessions, samples and segments per session.
+    ``timing_s/gen`` is the wall time of the whole rollout."""
     if not outputs:
         return {"timing_s/gen": wall_s}
     metrics = {"timing_s/gen": wall_s}
     for key in ("generate_s", "tool_s", "total_s"):
         metrics |= _spread(f"agent_loop/{key}", [o.metrics.get(key, 0.0) for o in outputs])
-    metrics |= _spread("agent_loop/num_turns", [o.num_turns for o in outputs])
-    metrics |= _spread("agent_loop/response_length", [len(o.response_ids) for o in outputs])
-    metrics |= _spread("agent_loop/tool_calls", [o.record.tool_calls for o in outputs])
-    metrics["agent_loop/tool_errors/mean"] = float(np.mean([o.record.tool_errors for o in outputs]))
+    samples = session_samples(outputs)
+    metrics["agent_loop/sessions"] = float(len(outputs))
+    metrics["agent_loop/samples"] = float(len(samples))
+    segments = [1 + len(o.segments) for o in outputs]
+    metrics["agent_loop/segments_per_session/mean"] = float(np.mean(segments))
+    metrics["agent_loop/segments_per_session/max"] = float(max(segments))
+    metrics["agent_loop/zero_weight_samples"] = float(sum(o.record.weight == 0 for o in samples))
+    metrics |= _spread("agent_loop/num_turns", [o.num_turns for o in samples])
+    metrics |= _spread("agent_loop/response_length", [len(o.response_ids) for o in samples])
+    metrics |= _spread("agent_loop/tool_calls", [o.record.tool_calls for o in samples])
+    metrics["agent_loop/tool_errors/mean"] = float(np.mean([o.record.tool_errors for o in samples]))
     # Per sample: calls written = succeeded (tool_calls) + malformed + failed; model turns
     # (num_turns counts messages, verl's way: the prompt's, the model's and the tools').
-    records = [o.record for o in outputs]
+    records = [o.record for o in samples]
     for name in ("attempted", "malformed", "failed"):
         counts = [getattr(r, f"calls_{name}") for r in records]
         metrics[f"agent_loop/calls_{name}/mean"] = float(np.mean(counts))
@@ -168,7 +221,7 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
     metrics |= _spread("agent_loop/assistant_turns", [r.assistant_turns for r in records])
     # Calls whose JSON only parsed after repair (multi_turn.repair_tool_calls): the step's
     # count, and their share of the calls that ran.
-    ran = [c for o in outputs for c in o.record.calls]
+    ran = [c for r in records for c in r.calls]
     repaired = sum(c.repaired for c in ran)
     metrics["agent_loop/repaired_calls"] = float(repaired)
     metrics["agent_loop/repaired_calls/frac"] = repaired / len(ran) if ran else 0.0

@@ -32,7 +32,8 @@ class FinishedGroup:
     key: Any
     """What the caller submitted the group with (e.g. the prompt's sampler position)."""
     batch: RolloutBatch
-    """The group's samples, padded; ``metrics`` are the group's rollout metrics."""
+    """The group's samples, padded (a session's ``segments`` each a row after it);
+    ``metrics`` are the group's rollout metrics."""
     outputs: list[AgentLoopOutput]
 
 

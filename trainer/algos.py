@@ -11,6 +11,25 @@ Advantage estimators (outcome rewards: one score per sample):
   the reward of the last sampled token), then whitened over all masked tokens of the batch.
 Deviation from verl: verl gives a size-1 GRPO group A = s_i (mean 0, std 1); here it is 0,
 since a lone sample carries no relative signal.
+
+Sample weights (``SampleRecord.weight``; all 1 unless a gateway session split into several
+training samples). A session of k segments gives k samples of weight 1/k (or 1 each with
+``gateway.segment_weight=segment``), a dropped failed session weight 0. With weights w:
+- group statistics are weighted: the group's count is W_g = sum w_i, its mean
+  sum w_i s_i / W_g, its std sqrt(sum w_i (s_i - mean_g)^2 / (W_g - 1)); RLOO's baseline
+  leaves out one unit of weight, A_i = W_g / (W_g - 1) (s_i - mean_g). So k segments of
+  weight 1/k with the session's score give exactly the statistics of one sample, and weight
+  0 leaves a sample out of them. A group weighing one sample or less gets A = 0.
+- each sample's advantage is then multiplied by its weight (``reinforce_plus_plus``: its
+  whitened returns, whitened over the tokens of samples of weight > 0). For the PPO clipped
+  term, scaling A by w > 0 is the same as weighting that sample's loss by w: max and min
+  commute with a positive factor, so the clipped and dual-clipped losses are w times the
+  unweighted ones (and the clip fractions do not change). So a session's segments weigh one
+  session in the policy gradient. KL and entropy terms stay per token (a segment's tokens
+  are real tokens of the policy).
+- ``seq-mean-*`` loss aggregation divides by the summed weights of the sequences instead of
+  their number (``agg_denominator``), so a session counts once there as well.
+With all weights 1 every result is bit-identical to the unweighted formulas.
 """
 
 from __future__ import annotations
@@ -60,15 +79,39 @@ def _group_index(group_ids: Sequence[str] | torch.Tensor) -> torch.Tensor:
     return torch.tensor([first.setdefault(g, len(first)) for g in group_ids], dtype=torch.long)
 
 
+_ONE_SAMPLE = 1.0 + 1e-4
+"""A group must weigh more than this to have a baseline (segment weights 1/k sum to 1 only
+up to rounding)."""
+
+
+def _weights(weights: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+    """The sample weights as float32 [batch] (all 1 when None), checked."""
+    if weights is None:
+        return torch.ones_like(scores)
+    if weights.shape != scores.shape:
+        raise ValueError(
+            f"weights have shape {list(weights.shape)}, the scores {list(scores.shape)}: "
+            "one weight per sample"
+        )
+    weights = weights.to(scores.dtype)
+    if not bool((weights >= 0).all()):
+        bad = weights[~(weights >= 0)][0].item()
+        raise ValueError(f"sample weights must be >= 0 (a dropped sample has 0), got {bad}")
+    return weights
+
+
 def _group_stats(
-    scores: torch.Tensor, index: torch.Tensor
+    scores: torch.Tensor, index: torch.Tensor, weights: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample group size, mean and unbiased std (std 0 for groups of one)."""
+    """Per-sample group weight (its count when every weight is 1), weighted mean and unbiased
+    weighted std (std 0 for groups of one)."""
     n_groups = int(index.max()) + 1 if index.numel() else 0
-    count = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, torch.ones_like(scores))
-    total = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, scores)
+    count = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, weights)
+    total = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, weights * scores)
     mean = total / count
-    sq = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, (scores - mean[index]) ** 2)
+    sq = torch.zeros(n_groups, dtype=scores.dtype).index_add_(
+        0, index, weights * (scores - mean[index]) ** 2
+    )
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
     return count[index], mean[index], std[index]
 
@@ -78,24 +121,32 @@ def grpo_advantages(
     group_ids: Sequence[str] | torch.Tensor,
     norm_by_std: bool = True,
     eps: float = 1e-6,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO outcome advantages, one per sample: ``(s - mean_g) / (std_g + eps)`` with the
     unbiased std of the sample's group (``s - mean_g`` when ``norm_by_std`` is False); 0 for
-    a group of one. ``scores``: [batch] -> [batch]."""
+    a group of one. ``weights``: see the module docstring. ``scores``: [batch] -> [batch]."""
     scores = scores.to(torch.float32)
-    count, mean, std = _group_stats(scores, _group_index(group_ids))
+    w = _weights(weights, scores)
+    count, mean, std = _group_stats(scores, _group_index(group_ids), w)
     adv = scores - mean
     if norm_by_std:
         adv = adv / (std + eps)
-    return torch.where(count > 1, adv, torch.zeros_like(adv))
+    return torch.where(count > _ONE_SAMPLE, adv, torch.zeros_like(adv)) * w
 
 
-def rloo_advantages(scores: torch.Tensor, group_ids: Sequence[str] | torch.Tensor) -> torch.Tensor:
-    """Leave-one-out baseline: ``s_i - mean_{j != i} s_j``; 0 for a group of one. [batch]."""
+def rloo_advantages(
+    scores: torch.Tensor,
+    group_ids: Sequence[str] | torch.Tensor,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Leave-one-out baseline: ``s_i - mean_{j != i} s_j``; 0 for a group of one. [batch].
+    ``weights``: see the module docstring."""
     scores = scores.to(torch.float32)
-    count, mean, _ = _group_stats(scores, _group_index(group_ids))
+    w = _weights(weights, scores)
+    count, mean, _ = _group_stats(scores, _group_index(group_ids), w)
     adv = (scores - mean) * count / (count - 1).clamp(min=1)
-    return torch.where(count > 1, adv, torch.zeros_like(adv))
+    return torch.where(count > _ONE_SAMPLE, adv, torch.zeros_like(adv)) * w
 
 
 def scores_to_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -117,17 +168,25 @@ def _masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) 
 
 
 def reinforce_plus_plus_advantages(
-    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Discounted returns over sampled tokens (tool tokens carry nothing and are skipped),
-    whitened over every masked token of the batch. [batch, response] -> same."""
+    whitened over every masked token of the batch. [batch, response] -> same.
+    ``weights`` [batch]: whitened over the samples of weight > 0 only, then each sample's
+    advantages times its weight."""
     returns = torch.zeros_like(token_rewards, dtype=torch.float32)
     running = torch.zeros(token_rewards.shape[0], dtype=torch.float32)
     m = mask.to(torch.float32)
     for t in reversed(range(token_rewards.shape[1])):  # over positions, vectorised over batch
         running = token_rewards[:, t] + gamma * running * m[:, t] + running * (1 - m[:, t])
         returns[:, t] = running * m[:, t]
-    return _masked_whiten(returns, mask)
+    if weights is None:
+        return _masked_whiten(returns, mask)
+    w = _weights(weights, running)
+    return _masked_whiten(returns, mask * (w > 0).unsqueeze(1)) * w.unsqueeze(1)
 
 
 def compute_advantages(
@@ -139,21 +198,23 @@ def compute_advantages(
     norm_by_std: bool = True,
     gamma: float = 1.0,
     token_rewards: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token-level advantages [batch, response] (0 where ``mask`` is 0).
 
     ``token_rewards`` (e.g. scores with a per-token KL penalty) replace the scores when given:
-    ``reinforce_plus_plus`` uses them per token, ``grpo``/``rloo`` their per-sample sum."""
+    ``reinforce_plus_plus`` uses them per token, ``grpo``/``rloo`` their per-sample sum.
+    ``weights`` [batch]: each sample's weight (None: all 1; see the module docstring)."""
     if token_rewards is not None and estimator != "reinforce_plus_plus":
         scores = (token_rewards * mask.to(token_rewards.dtype)).sum(-1)
     if estimator == "grpo":
-        per_sample = grpo_advantages(scores, group_ids, norm_by_std)
+        per_sample = grpo_advantages(scores, group_ids, norm_by_std, weights=weights)
     elif estimator == "rloo":
-        per_sample = rloo_advantages(scores, group_ids)
+        per_sample = rloo_advantages(scores, group_ids, weights)
     elif estimator == "reinforce_plus_plus":
         if token_rewards is None:
             token_rewards = scores_to_token_rewards(scores, mask)
-        return reinforce_plus_plus_advantages(token_rewards, mask, gamma)
+        return reinforce_plus_plus_advantages(token_rewards, mask, gamma, weights)
     else:
         known = ", ".join(ADV_ESTIMATORS)
         raise ValueError(
@@ -162,7 +223,9 @@ def compute_advantages(
     return per_sample.unsqueeze(1) * mask.to(torch.float32)
 
 
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+def agg_loss(
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """Reduce a per-token loss [batch, response] under ``mask`` to a scalar:
 
     - ``token-mean``: sum(L * m) / sum(m)  (every sampled token weighs the same);
@@ -170,8 +233,11 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Ten
     - ``seq-mean-token-mean``: mean over sequences with tokens of (sum_t L_it m_it / sum_t m_it);
     - ``seq-mean-token-sum-norm``: sum_i sum_t L_it m_it / response_length (Dr. GRPO: a
       constant normaliser, no length bias).
+
+    ``weights`` [batch]: the ``seq-mean-*`` means count each sequence by its weight (a
+    session's segments count once); the numerator is not weighted (the advantages are).
     """
-    denominator = agg_denominator(mask, mode, loss_mat.shape[-1])
+    denominator = agg_denominator(mask, mode, loss_mat.shape[-1], weights)
     return agg_numerator(loss_mat, mask, mode) / max(denominator, 1.0)
 
 
@@ -189,15 +255,21 @@ def agg_numerator(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torc
     )
 
 
-def agg_denominator(mask: torch.Tensor, mode: str, response_length: int) -> float:
+def agg_denominator(
+    mask: torch.Tensor, mode: str, response_length: int, weights: torch.Tensor | None = None
+) -> float:
     """Normaliser of ``agg_loss`` for ``mask`` (sum it over micro-batches and ranks, except the
-    constant ``response_length`` of ``seq-mean-token-sum-norm``)."""
+    constant ``response_length`` of ``seq-mean-token-sum-norm``). ``weights`` [batch]: the
+    ``seq-mean-*`` modes count each sequence by its weight (None: 1 each)."""
     if mode == "token-mean":
         return float(mask.sum())
     if mode == "seq-mean-token-sum":
-        return float(mask.shape[0])
+        return float(mask.shape[0]) if weights is None else float(weights.sum())
     if mode == "seq-mean-token-mean":
-        return float((mask.sum(dim=-1) > 0).sum())
+        has_tokens = mask.sum(dim=-1) > 0
+        if weights is None:
+            return float(has_tokens.sum())
+        return float(weights[has_tokens].sum())
     if mode == "seq-mean-token-sum-norm":
         return float(response_length)
     raise ValueError(

@@ -43,7 +43,7 @@ from trainer.loop.assembly import RunParts
 from trainer.loop.ray_trainer import RayPPOTrainer
 from trainer.rewards.manager import RewardOutput
 
-__all__ = ["AsyncPPOTrainer", "FilterGroupsError"]
+__all__ = ["AsyncPPOTrainer", "FilterGroupsError", "no_signal"]
 
 logger = logging.getLogger("agentloop.train")
 
@@ -152,8 +152,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         seconds = time.perf_counter() - start
         with self._lock:
             admitted = self._pending.pop(group.key)
-            scores = reward.scores
-            if self.filter.enable and len(scores) > 1 and bool((scores == scores[0]).all()):
+            if self.filter.enable and no_signal(group.batch, reward.scores):
                 self._dropped += 1
                 self._dropped_this_step += 1
             else:
@@ -330,3 +329,13 @@ def staleness_metrics(rollout: RolloutBatch, version: int) -> dict[str, float]:
             .mean()
         ),
     }
+
+
+def no_signal(batch: RolloutBatch, scores: torch.Tensor) -> bool:
+    """A group to filter out (``algorithm.filter_groups``): of two sessions or more, every
+    sample of weight > 0 scored alike (a session's segments are one session; samples of
+    weight 0 are no part of the group's statistics)."""
+    if batch.num_sessions < 2:
+        return False
+    kept = scores[torch.tensor(batch.weights) > 0]
+    return bool((kept == kept[0]).all()) if len(kept) else True

@@ -16,6 +16,12 @@ verl's ``val-core``/``val-aux`` metrics (``trainer.metrics.validation``) beside 
 Old log-probs are recomputed by the trainer (not taken from the engine), so the PPO ratio
 is exact; the gap between the two is logged (``rollout/logprob_gap_*``) as a health check.
 
+A rollout batch has one row per training sample: a session (one sample of one prompt) is
+one row, or several when a gateway agent's session split into segments. Each row carries
+its record's weight into the advantages (``trainer.algos``: a session's segments weigh one
+session), and the update runs as many optimizer steps as it would without segments: the
+batch is cut into ``sessions / (ppo_mini_batch_size x rollout.n)`` equal mini-batches.
+
 The trainer builds nothing: ``trainer.loop.assembly.build_run`` starts the servers, ranks, rewards
 and weight sync once and hands them over as ``RunParts``; the trainer drives them and stops
 them in ``close``.
@@ -253,6 +259,8 @@ class RayPPOTrainer:
             response_mask=rollout.response_mask,
         )
         mask = batch.response_mask
+        weights = torch.tensor(rollout.weights, dtype=torch.float32)  # [batch]
+        batch.weights = weights
         correction = cfg.algorithm.rollout_correction
         if cfg.async_training.use_rollout_log_probs:
             batch.old_log_probs = rollout.rollout_log_probs
@@ -296,6 +304,7 @@ class RayPPOTrainer:
                 norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
                 gamma=cfg.algorithm.gamma,
                 token_rewards=token_rewards,
+                weights=weights,
             )
         metrics |= _masked_stats("critic/advantages", batch.advantages, mask)
         metrics |= data_metrics(
@@ -308,15 +317,25 @@ class RayPPOTrainer:
             response_mask=mask,
             estimator=cfg.algorithm.adv_estimator,
         )
-        mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
+        mini_batches = self.mini_batches(rollout.num_sessions)
         with _timer(metrics, "update_actor"):
-            metrics |= self.workers.update_actor(batch, mini, seed=cfg.trainer.seed + step)
+            metrics |= self.workers.update_actor(
+                batch, seed=cfg.trainer.seed + step, mini_batches=mini_batches
+            )
         tokens = float(batch.attention_mask.sum())
         metrics["perf/total_tokens"] = tokens
         metrics["perf/trainer_tokens_per_s"] = tokens / max(
             metrics.get("timing_s/old_log_prob", 0.0) + metrics["timing_s/update_actor"], 1e-9
         )
         return metrics
+
+    def mini_batches(self, sessions: int) -> int:
+        """Optimizer steps per PPO epoch for a batch of ``sessions`` sessions: mini-batches
+        of ``ppo_mini_batch_size`` prompts x ``rollout.n`` sessions (the last may be short),
+        whatever number of samples (segments) the sessions brought."""
+        cfg = self.config.actor_rollout_ref
+        per_mini = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
+        return max(1, -(-sessions // per_mini))
 
     @staticmethod
     def _gap_metrics(
@@ -334,30 +353,34 @@ class RayPPOTrainer:
     def _validate(self, step: int) -> dict[str, float]:
         """``rollout.val_kwargs.n`` responses per validation prompt, sampled with
         ``val_kwargs`` (greedy by default); mean reward overall and per data_source, and
-        verl's ``val-core``/``val-aux`` metrics."""
+        verl's ``val-core``/``val-aux`` metrics, one value per session (its last segment)."""
         start = time.perf_counter()
         n = self.config.actor_rollout_ref.rollout.val_kwargs.n
         batch = self.manager.generate_sequences(
             self.val_rows, n=n, trace=TraceContext(step=step, validate=True)
         )
         reward = self.rewards.score(batch)
-        scores = reward.scores
         if self.tagger is not None:
-            self.tagger.submit(batch.records, scores.tolist(), reward.components)
+            self.tagger.submit(batch.records, reward.scores.tolist(), reward.components)
+        # One value per session: a session's last segment (it holds the final answer).
+        last = [i for i in range(len(batch)) if i + 1 == len(batch) or batch.segment[i + 1] == 0]
+        scores = reward.scores[last]
+        num_turns = [batch.num_turns[i] for i in last]
+        tool_calls = [batch.tool_calls[i] for i in last]
+        extra_info = {k: [v[i] for i in last] for k, v in reward.extra_info.items()}
         out = {
             "val/reward/mean": float(scores.mean()),
-            "val/num_turns/mean": float(sum(batch.num_turns) / len(batch)),
-            "val/tool_calls/mean": float(sum(batch.tool_calls) / len(batch)),
+            "val/num_turns/mean": float(sum(num_turns) / len(last)),
+            "val/tool_calls/mean": float(sum(tool_calls) / len(last)),
         }
-        sources = [str(row.get("data_source", "unknown")) for row in batch.rows]
+        sources = [str(batch.rows[i].get("data_source", "unknown")) for i in last]
         by_source: dict[str, list[float]] = {}
         for source, score in zip(sources, scores.tolist(), strict=True):
             by_source.setdefault(source, []).append(score)
         for source, values in by_source.items():
             out[f"val/{source}/reward/mean"] = sum(values) / len(values)
-        out |= validation_metrics(
-            sources, batch.uid, scores.tolist(), reward.extra_info, batch.num_turns
-        )
+        uid = [batch.uid[i] for i in last]
+        out |= validation_metrics(sources, uid, scores.tolist(), extra_info, num_turns)
         out["timing_s/validate"] = time.perf_counter() - start
         return out
 

@@ -5,6 +5,12 @@ Layout (from ``agentloop.RolloutBatch``): prompts left-padded to P, responses ri
 R, so ``input_ids[:, P:]`` is the response and ``logits[:, P-1:P+R-1]`` predict it. A
 micro-batch is trimmed to the longest prompt and response it holds, which keeps the layout
 and drops columns that are padding in every row.
+
+Every rank must run the same number of forwards and optimizer steps (FSDP's collectives), so
+a batch is shared out in equal parts. A batch whose sample count does not split evenly over
+the ranks and mini-batches (a gateway session's segments add samples) is filled up with
+filler rows (``pad_for_ranks``): one prompt token, nothing to train (response mask 0,
+weight 0, advantage 0), so they change no loss, gradient or normaliser.
 """
 
 from __future__ import annotations
@@ -14,7 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TrainBatch", "balanced_micro_batches", "fixed_micro_batches"]
+__all__ = [
+    "TrainBatch",
+    "balanced_micro_batches",
+    "fixed_micro_batches",
+    "pad_for_ranks",
+    "spread_rows",
+]
 
 
 @dataclass(slots=True)
@@ -35,6 +47,10 @@ class TrainBatch:
     """[batch, R]"""
     rollout_log_probs: torch.Tensor | None = None
     """[batch, R] the engine's log-probs (behaviour policy; only with a rollout correction)."""
+    weights: torch.Tensor | None = None
+    """[batch] float32 sample weights (``SampleRecord.weight``: a gateway session's k
+    segments 1/k each, filler rows 0); None: 1 each. The advantages already carry them; the
+    ``seq-mean-*`` loss normalisers count sequences by them."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -82,6 +98,27 @@ class TrainBatch:
             }
         )
 
+    def with_fillers(self, index: torch.Tensor) -> TrainBatch:
+        """Rows ``index`` of this batch, with a filler row wherever ``index`` is -1: one
+        prompt token (the first row's last), no response, every mask, log-prob, advantage and
+        weight 0. ``self`` itself when ``index`` is ``arange(len(self))``."""
+        real = index >= 0
+        if bool(real.all()) and torch.equal(index, torch.arange(len(self))):
+            return self
+        picked = self.select(index.clamp(min=0))
+        fill = ~real
+        p = self.prompt_length
+        weights = picked.weights if picked.weights is not None else torch.ones(len(index))
+        picked.weights = torch.where(real, weights.to(torch.float32), 0.0)
+        for name in ("attention_mask", "position_ids", "response_mask"):
+            getattr(picked, name)[fill] = 0
+        picked.attention_mask[fill, p - 1] = 1
+        for name in ("old_log_probs", "ref_log_probs", "advantages", "rollout_log_probs"):
+            value = getattr(picked, name)
+            if value is not None:
+                value[fill] = 0
+        return picked
+
     def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Real (prompt, response) token counts per row."""
         p = self.prompt_length
@@ -95,6 +132,8 @@ class TrainBatch:
         seq = slice(p - keep_p, p + keep_r)
 
         def cut(t: torch.Tensor) -> torch.Tensor:
+            if t.dim() == 1:  # per-sample values (weights)
+                return t
             return t[:, seq] if t.shape[1] == p + r else t[:, :keep_r]
 
         return self._map(cut)
@@ -138,3 +177,35 @@ def balanced_micro_batches(
         if all(h <= max_tokens for h in held) or count >= n:
             return [torch.tensor(sorted(g)) for g in groups if g]
         count += 1
+
+
+def spread_rows(n: int, cells: int) -> torch.Tensor:
+    """[cells * size] row index that cuts ``n`` rows into ``cells`` consecutive parts of
+    near-equal size (the first ``n % cells`` one row longer, as ``numpy.array_split``), each
+    filled up to ``size = ceil(n / cells)`` with -1 (a filler row). ``arange(n)`` when
+    ``cells`` divides ``n``."""
+    if n < 1 or cells < 1:
+        raise ValueError(f"cannot spread {n} rows over {cells} parts")
+    size = -(-n // cells)
+    base, extra = divmod(n, cells)
+    out = torch.full((cells, size), -1, dtype=torch.long)
+    start = 0
+    for c in range(cells):
+        k = base + int(c < extra)
+        out[c, :k] = torch.arange(start, start + k)
+        start += k
+    return out.reshape(-1)
+
+
+def pad_for_ranks(
+    batch: TrainBatch, world_size: int, mini_batches: int = 1
+) -> tuple[TrainBatch, torch.Tensor, int]:
+    """``batch`` laid out for ``world_size`` ranks that each run ``mini_batches`` equal
+    mini-batches: returns (the batch with filler rows, to ``chunk(world_size)``; [rows] True
+    on its real rows, in the original order; rows per rank and mini-batch). Rank r's share
+    is the r-th equal part, and its j-th mini-batch (unshuffled) the j-th run of rows of it.
+    Without fillers (``world_size * mini_batches`` divides the batch) the batch is returned
+    as it is."""
+    index = spread_rows(len(batch), world_size * mini_batches)
+    per_mini = len(index) // (world_size * mini_batches)
+    return batch.with_fillers(index), index >= 0, per_mini

@@ -1,6 +1,8 @@
 """``WorkerGroup``: the driver's handle on the trainer ranks. Starts one ``FSDPWorker`` Ray
 actor per rank, splits each batch into equal contiguous shares (rank order), and joins the
-results back in order."""
+results back in order. A batch that does not split evenly (a gateway session's segments add
+samples) is filled up with filler rows that train nothing (``pad_for_ranks``): every rank
+runs the same forwards and optimizer steps, whatever the sample count."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import torch
 
-from trainer.workers.batch import TrainBatch
+from trainer.workers.batch import TrainBatch, pad_for_ranks
 from trainer.workers.fsdp import free_port
 from trainer.workers.fsdp_worker import FSDPWorker, WorkerSpec
 
@@ -111,16 +113,35 @@ class WorkerGroup:
         return None
 
     def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = self._scatter("compute_log_prob", batch)
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        padded, real, _ = pad_for_ranks(batch, self.world_size)
+        parts = self._scatter("compute_log_prob", padded)
+        return torch.cat([p[0] for p in parts])[real], torch.cat([p[1] for p in parts])[real]
 
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
-        return torch.cat(self._scatter("compute_ref_log_prob", batch))
+        padded, real, _ = pad_for_ranks(batch, self.world_size)
+        return torch.cat(self._scatter("compute_ref_log_prob", padded))[real]
 
-    def update_actor(self, batch: TrainBatch, samples_per_mini_batch: int, seed: int) -> dict:
-        """``samples_per_mini_batch`` is global; each rank takes its share of it."""
-        per_rank = samples_per_mini_batch // self.world_size
-        return self._scatter("update_actor", batch, per_rank, seed)[0]
+    def update_actor(
+        self,
+        batch: TrainBatch,
+        samples_per_mini_batch: int | None = None,
+        seed: int = 0,
+        *,
+        mini_batches: int | None = None,
+    ) -> dict:
+        """PPO epochs over ``mini_batches`` equal mini-batches of ``batch`` (one optimizer
+        step each), or over mini-batches of ``samples_per_mini_batch`` samples (global; the
+        last may be short); each rank takes its share of every mini-batch. Logs
+        ``actor/filler_samples``: the filler rows that made the shares equal."""
+        if (mini_batches is None) == (samples_per_mini_batch is None):
+            raise ValueError("update_actor takes one of samples_per_mini_batch and mini_batches")
+        if mini_batches is None:
+            assert samples_per_mini_batch is not None
+            mini_batches = -(-len(batch) // samples_per_mini_batch)
+        padded, real, per_rank = pad_for_ranks(batch, self.world_size, mini_batches)
+        metrics = self._scatter("update_actor", padded, per_rank, seed)[0]
+        metrics["actor/filler_samples"] = float((~real).sum())
+        return metrics
 
     def update_sft(
         self,

@@ -167,9 +167,12 @@ def log_probs_in_micro_batches(
     return log_probs, entropy
 
 
-def global_denominator(mask: torch.Tensor, mode: str, response_length: int) -> float:
-    """``agg_denominator`` of a mini-batch whose rows are spread over all ranks."""
-    value = agg_denominator(mask, mode, response_length)
+def global_denominator(
+    mask: torch.Tensor, mode: str, response_length: int, weights: torch.Tensor | None = None
+) -> float:
+    """``agg_denominator`` of a mini-batch whose rows are spread over all ranks (``weights``:
+    the rows' sample weights, which the ``seq-mean-*`` modes count)."""
+    value = agg_denominator(mask, mode, response_length, weights)
     if mode != "seq-mean-token-sum-norm":  # that one is a constant, not a count
         value = _all_reduce([value])[0]
     return value
@@ -337,7 +340,7 @@ def update_policy(
         for start in range(0, len(batch), samples_per_mini_batch):
             mini = batch.select(order[start : start + samples_per_mini_batch])
             denominator = global_denominator(
-                mini.response_mask, spec.loss_agg_mode, batch.response_length
+                mini.response_mask, spec.loss_agg_mode, batch.response_length, mini.weights
             )
             groups = _micro_batches(
                 mini,

@@ -34,6 +34,7 @@ from trainer.metrics.tracking import Tracking
 from trainer.metrics.validation import validation_metrics
 from trainer.rewards import RewardManager
 from trainer.workers import TrainBatch
+from trainer.workers.batch import pad_for_ranks
 from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
 
 PROMPTS, N, P, R = 4, 2, 8, 12  # prompts per step, samples per prompt, prompt/response budget
@@ -130,21 +131,24 @@ class OneProcessPolicy:
         self.events.append("ref")
         return self._log_probs(self.ref_model, batch, entropy=False)[0]
 
-    def update_actor(self, batch: TrainBatch, samples_per_mini_batch: int, seed: int) -> dict:
+    def update_actor(self, batch: TrainBatch, seed: int, *, mini_batches: int) -> dict:
+        """``WorkerGroup.update_actor`` with one rank: the same layout (``pad_for_ranks``)."""
         self.events.append("update")
         self.updates.append(
-            {"batch": batch.select(torch.arange(len(batch))), "mini": samples_per_mini_batch}
+            {"batch": batch.select(torch.arange(len(batch))), "mini_batches": mini_batches}
             | {"seed": seed}
         )
-        return update_policy(
+        padded, real, per_mini = pad_for_ranks(batch, 1, mini_batches)
+        metrics = update_policy(
             self.model,
             self.optimizer,
             None,
-            batch,
+            padded,
             self.actor,
-            samples_per_mini_batch=samples_per_mini_batch,
+            samples_per_mini_batch=per_mini,
             seed=seed,
         )
+        return metrics | {"actor/filler_samples": float((~real).sum())}
 
     def shutdown(self) -> None:
         self.shut_down = True
@@ -301,6 +305,7 @@ STEP_KEYS = {
     "actor/grad_norm",
     "actor/lr",
     "actor/optimizer_steps",
+    "actor/filler_samples",
     "timing_s/weight_sync",
     "weight_sync/mb",
     "weight_sync/version",
@@ -421,7 +426,7 @@ def test_update_gets_the_advantages_of_the_scores_and_groups(make_run, use_kl_lo
     assert (batch.ref_log_probs is not None) == use_kl_loss
 
     # mini-batches of ppo_mini_batch_size prompts x rollout.n samples: 2 optimizer steps
-    assert update["mini"] == 2 * N
+    assert update["mini_batches"] == PROMPTS // 2
     assert metrics["actor/optimizer_steps"] == 2.0
     assert update["seed"] == run.config.trainer.seed + 2
 
