@@ -8,6 +8,7 @@ import pytest
 from agentloop import (
     AgentLoopOutput,
     MultiTurnConfig,
+    RolloutBatch,
     RolloutConfig,
     SampleRecord,
     collate,
@@ -190,3 +191,94 @@ def test_from_dict_errors_name_the_key(data, message):
     with pytest.raises(ValueError) as info:
         from_dict(RolloutConfig, data, path="rollout")
     assert str(info.value).startswith(message)
+
+
+# ---- a session's segments (gateway): one row each, right after the session ---------------
+def segmented(weight: float = 1 / 3) -> AgentLoopOutput:
+    """A session of three segments: its first sample and two with their own prompts."""
+    first = output([1, 2], [3, 4], [1, 1], total_s=3.0)
+    first.segments = [output([5], [6, 7, 8], [1, 0, 1]), output([9, 10, 11], [12], [1])]
+    for j, sample in enumerate([first, *first.segments]):
+        sample.record.weight, sample.record.segment = weight, j
+    return first
+
+
+def test_collate_puts_each_segment_right_after_its_session_with_the_sessions_row():
+    outs = [segmented(), output([13], [14, 15], [1, 1])]
+    rows = [
+        {"uid": "a", "agent_name": "gw", "rollout_n": 0, "data_source": "s"},
+        {"uid": "a", "agent_name": "gw", "rollout_n": 1, "data_source": "s"},
+    ]
+    b = collate(outs, rows, prompt_length=3, response_length=3, pad_token_id=0)
+    assert len(b) == 4 and b.num_sessions == 2
+    assert b.segment == [0, 1, 2, 0]
+    assert b.prompts.tolist() == [[0, 1, 2], [0, 0, 5], [9, 10, 11], [0, 0, 13]]
+    assert b.responses.tolist() == [[3, 4, 0], [6, 7, 8], [12, 0, 0], [14, 15, 0]]
+    assert b.response_mask.tolist() == [[1, 1, 0], [1, 0, 1], [1, 0, 0], [1, 1, 0]]
+    assert b.attention_mask.sum(-1).tolist() == [4, 4, 4, 3]
+    assert b.position_ids[1].tolist() == [0, 0, 0, 1, 2, 3]
+    assert b.uid == ["a"] * 4 and b.agent_name == ["gw"] * 4
+    assert [r["rollout_n"] for r in b.rows] == [0, 0, 0, 1]
+    assert b.rows[1] == rows[0] and b.rows[1] is not rows[0]  # a copy per segment
+    assert b.records == [outs[0].record, *(s.record for s in outs[0].segments), outs[1].record]
+    assert b.weights == pytest.approx([1 / 3, 1 / 3, 1 / 3, 1.0])
+    assert b.num_turns == [2, 2, 2, 2] and b.reward_score == [None] * 4
+
+
+def test_concatenated_batches_keep_their_segments():
+    rows = [{"uid": "a", "agent_name": "gw"}]
+    one = collate([segmented()], rows, prompt_length=3, response_length=3, pad_token_id=0)
+    two = collate([output([1], [2], [1])], rows, prompt_length=3, response_length=3, pad_token_id=0)
+    both = RolloutBatch.cat([one, two])
+    assert both.segment == [0, 1, 2, 0] and both.num_sessions == 2 and len(both) == 4
+
+
+def test_collate_names_the_segment_over_the_budget():
+    with pytest.raises(ValueError) as err:
+        collate(
+            [segmented()],
+            [{"uid": "a", "agent_name": "x"}],
+            prompt_length=2,
+            response_length=3,
+            pad_token_id=0,
+        )
+    assert str(err.value) == (
+        "sample 0 segment 2 has 3 prompt / 1 response tokens, over the "
+        "prompt_length=2 / response_length=3 budget"
+    )
+
+
+def test_collate_rejects_segments_of_a_segment():
+    session = segmented()
+    session.segments[0].segments = [output([1], [2], [1])]
+    with pytest.raises(ValueError) as err:
+        collate(
+            [session],
+            [{"uid": "a", "agent_name": "x"}],
+            prompt_length=3,
+            response_length=3,
+            pad_token_id=0,
+        )
+    assert str(err.value) == (
+        "sample 0 segment 1 has segments of its own: a session's further samples are one "
+        "flat list, AgentLoopOutput.segments of its first"
+    )
+
+
+def test_rollout_metrics_count_sessions_and_segments_and_samples():
+    dropped = output([1], [2, 3], [1, 1], total_s=1.0)
+    dropped.record.weight = 0.0
+    outs = [segmented(), dropped]
+    m = rollout_metrics(outs, wall_s=5.0)
+    assert m["agent_loop/sessions"] == 2.0 and m["agent_loop/samples"] == 4.0
+    assert m["agent_loop/segments_per_session/mean"] == 2.0
+    assert m["agent_loop/segments_per_session/max"] == 3.0
+    assert m["agent_loop/zero_weight_samples"] == 1.0
+    # lengths and turns per training sample (the batch's rows), timings per session
+    assert m["agent_loop/response_length/mean"] == (2 + 3 + 1 + 2) / 4
+    assert m["agent_loop/response_length/min"] == 1.0
+    assert m["agent_loop/tool_calls/mean"] == (0 + 1 + 0 + 0) / 4
+    assert m["agent_loop/total_s/mean"] == 2.0 and m["agent_loop/slowest/index"] == 0.0
+    plain = rollout_metrics([output([1], [2], [1])], 1.0)
+    assert plain["agent_loop/segments_per_session/mean"] == 1.0
+    assert plain["agent_loop/sessions"] == plain["agent_loop/samples"] == 1.0

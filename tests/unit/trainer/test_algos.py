@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from trainer.algos import (
+    ADV_ESTIMATORS,
+    LOSS_AGG_MODES,
     agg_loss,
     apply_kl_in_reward,
     compute_advantages,
@@ -154,3 +156,130 @@ def test_unknown_estimator_is_named():
     assert str(info.value) == (
         "algorithm.adv_estimator='gae' is not supported; use one of grpo, rloo, reinforce_plus_plus"
     )
+
+
+# ---- sample weights (a gateway session's segments, dropped sessions) --------------------------
+def _unweighted_grpo(scores, groups, norm_by_std=True, eps=1e-6):
+    """The GRPO advantages as computed before sample weights existed (the reference)."""
+    scores = scores.to(torch.float32)
+    first: dict[str, int] = {}
+    index = torch.tensor([first.setdefault(g, len(first)) for g in groups], dtype=torch.long)
+    n = int(index.max()) + 1
+    count = torch.zeros(n).index_add_(0, index, torch.ones_like(scores))
+    mean = torch.zeros(n).index_add_(0, index, scores) / count
+    sq = torch.zeros(n).index_add_(0, index, (scores - mean[index]) ** 2)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    count, mean, std = count[index], mean[index], std[index]
+    grpo = scores - mean
+    if norm_by_std:
+        grpo = grpo / (std + eps)
+    rloo = (scores - mean) * count / (count - 1).clamp(min=1)
+    zero = torch.zeros_like(scores)
+    return torch.where(count > 1, grpo, zero), torch.where(count > 1, rloo, zero)
+
+
+def test_all_weights_one_give_bit_identical_advantages():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(64, generator=g)
+    groups = [f"g{i % 11}" for i in range(60)] + ["solo", "pair", "pair", "x"]
+    ones = torch.ones(64)
+    for norm in (True, False):
+        expected_grpo, expected_rloo = _unweighted_grpo(scores, groups, norm)
+        assert torch.equal(grpo_advantages(scores, groups, norm, weights=ones), expected_grpo)
+        assert torch.equal(grpo_advantages(scores, groups, norm), expected_grpo)
+    assert torch.equal(rloo_advantages(scores, groups, ones), expected_rloo)
+    mask = (torch.rand(64, 9, generator=g) > 0.3).long()
+    for estimator in ADV_ESTIMATORS:
+        assert torch.equal(
+            compute_advantages(estimator, scores, mask, groups, weights=ones),
+            compute_advantages(estimator, scores, mask, groups),
+        ), estimator
+    rewards = scores_to_token_rewards(scores, mask)
+    assert torch.equal(
+        reinforce_plus_plus_advantages(rewards, mask, 0.9, ones),
+        reinforce_plus_plus_advantages(rewards, mask, 0.9),
+    )
+
+
+# group g: session A split in 3 segments of weight 1/3 (score 1), sessions B (0) and C (0.25)
+SEGMENTED = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.25])
+SEGMENT_WEIGHTS = torch.tensor([1 / 3, 1 / 3, 1 / 3, 1.0, 1.0])
+ONE_EACH = torch.tensor([1.0, 0.0, 0.25])
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_three_segments_at_a_third_weigh_exactly_one_sample(estimator):
+    weighted = {"grpo": grpo_advantages, "rloo": rloo_advantages}[estimator]
+    adv = weighted(SEGMENTED, ["g"] * 5, weights=SEGMENT_WEIGHTS)
+    sessions = weighted(ONE_EACH, ["g"] * 3)
+    # the other sessions see the statistics of three samples; each segment gets 1/3 of A's
+    torch.testing.assert_close(adv[3:], sessions[1:])
+    torch.testing.assert_close(adv[:3], sessions[:1].expand(3) / 3)
+    assert sessions.abs().min() > 0
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_weight_zero_leaves_a_sample_out_of_its_group(estimator):
+    weighted = {"grpo": grpo_advantages, "rloo": rloo_advantages}[estimator]
+    adv = weighted(
+        torch.tensor([1.0, 0.0, 7.0, 0.25]), ["g"] * 4, weights=torch.tensor([1.0, 1.0, 0.0, 1.0])
+    )
+    torch.testing.assert_close(adv[[0, 1, 3]], weighted(ONE_EACH, ["g"] * 3))
+    assert adv[2] == 0.0
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_a_group_with_one_live_session_has_no_baseline(estimator):
+    weighted = {"grpo": grpo_advantages, "rloo": rloo_advantages}[estimator]
+    # a segmented session alone (weights sum to 1 up to rounding), and one beside a dropped one
+    alone = weighted(torch.tensor([1.0, 0.2, 0.3]), ["a"] * 3, weights=torch.full((3,), 1 / 3))
+    dropped = weighted(torch.tensor([1.0, 0.0]), ["b"] * 2, weights=torch.tensor([1.0, 0.0]))
+    assert alone.tolist() == [0.0] * 3 and dropped.tolist() == [0.0, 0.0]
+
+
+def test_reinforce_plus_plus_whitens_over_live_samples_and_scales_by_weight():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    rewards = scores_to_token_rewards(torch.tensor([1.0, 0.0, 9.0]), mask)
+    adv = reinforce_plus_plus_advantages(rewards, mask, 1.0, torch.tensor([0.5, 1.0, 0.0]))
+    live = reinforce_plus_plus_advantages(rewards[:2], mask[:2], 1.0)
+    torch.testing.assert_close(adv[0], live[0] * 0.5)
+    torch.testing.assert_close(adv[1], live[1])
+    assert adv[2].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_compute_advantages_multiplies_token_advantages_by_the_weight():
+    mask = torch.ones(5, 2, dtype=torch.long)
+    adv = compute_advantages("grpo", SEGMENTED, mask, ["g"] * 5, weights=SEGMENT_WEIGHTS)
+    per_sample = grpo_advantages(SEGMENTED, ["g"] * 5, weights=SEGMENT_WEIGHTS)
+    torch.testing.assert_close(adv, per_sample.unsqueeze(1).expand(5, 2))
+
+
+def test_weights_of_the_wrong_shape_are_an_error():
+    with pytest.raises(ValueError) as err:
+        grpo_advantages(torch.zeros(3), ["g"] * 3, weights=torch.ones(2))
+    assert str(err.value) == "weights have shape [2], the scores [3]: one weight per sample"
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan")])
+def test_negative_or_nan_weights_are_an_error(bad):
+    with pytest.raises(ValueError) as err:
+        rloo_advantages(torch.zeros(2), ["g"] * 2, torch.tensor([1.0, bad]))
+    assert str(err.value) == (f"sample weights must be >= 0 (a dropped sample has 0), got {bad}")
+
+
+def test_seq_mean_modes_count_sequences_by_their_weight():
+    loss = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1], [0, 0]])
+    weights = torch.tensor([0.5, 0.5, 1.0, 0.0])  # a 2-segment session, one more, a filler
+    assert float(agg_loss(loss, mask, "seq-mean-token-sum", weights)) == pytest.approx(
+        (3 + 3 + 11) / 2.0
+    )
+    assert float(agg_loss(loss, mask, "seq-mean-token-mean", weights)) == pytest.approx(
+        (1.5 + 3 + 5.5) / 2.0
+    )
+    # token-mean and the constant normaliser do not count sequences
+    for mode in ("token-mean", "seq-mean-token-sum-norm"):
+        assert float(agg_loss(loss, mask, mode, weights)) == float(agg_loss(loss, mask, mode))
+    ones = torch.ones(4)
+    for mode in LOSS_AGG_MODES:
+        assert float(agg_loss(loss, mask, mode, ones)) == float(agg_loss(loss, mask, mode))

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
+from trainer.workers.batch import (
+    TrainBatch,
+    balanced_micro_batches,
+    fixed_micro_batches,
+    pad_for_ranks,
+    spread_rows,
+)
 
 
 def make_batch(prompt_lens: list[int], resp_lens: list[int], p: int = 8, r: int = 10):
@@ -110,3 +116,60 @@ def test_a_sample_over_the_budget_is_a_clear_error():
         "a sample has 30 tokens, over actor.ppo_max_token_len_per_gpu=25: "
         "raise it to at least prompt_length + response_length"
     )
+
+
+# ---- filler rows: any sample count over ranks x mini-batches --------------------------------
+def test_spread_rows_is_the_identity_when_the_parts_divide():
+    assert torch.equal(spread_rows(12, 4), torch.arange(12))
+
+
+def test_spread_rows_cuts_near_equal_consecutive_parts_and_fills_each():
+    # 10 rows in 4 parts: 3, 3, 2, 2 -> each filled to 3
+    assert spread_rows(10, 4).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, -1, 8, 9, -1]
+    assert spread_rows(2, 3).tolist() == [0, 1, -1]
+
+
+@pytest.mark.parametrize(("n", "cells"), [(0, 2), (3, 0)])
+def test_spread_rows_of_nothing_is_an_error(n, cells):
+    with pytest.raises(ValueError) as err:
+        spread_rows(n, cells)
+    assert str(err.value) == f"cannot spread {n} rows over {cells} parts"
+
+
+def test_filler_rows_train_nothing_and_keep_the_real_rows_in_order():
+    batch = make_batch([3, 2, 5, 1, 4], [4, 6, 2, 3, 5])
+    batch.weights = torch.tensor([0.5, 0.5, 1.0, 1.0, 1.0])
+    padded, real, per_mini = pad_for_ranks(batch, world_size=2, mini_batches=2)
+    # 5 rows over 2 ranks x 2 mini-batches: parts of 2, 1, 1, 1, each filled to 2
+    assert per_mini == 2 and len(padded) == 8
+    assert real.tolist() == [True, True, True, False, True, False, True, False]
+    for name in ("input_ids", "attention_mask", "response_mask", "advantages", "weights"):
+        assert torch.equal(getattr(padded, name)[real], getattr(batch, name)), name
+    fill = ~real
+    assert padded.attention_mask[fill].sum(-1).tolist() == [1, 1, 1]  # one prompt token
+    assert padded.attention_mask[fill, batch.prompt_length - 1].tolist() == [1, 1, 1]
+    assert padded.position_ids[fill].abs().sum() == 0
+    assert padded.response_mask[fill].abs().sum() == 0
+    assert padded.advantages[fill].abs().sum() == 0 and padded.old_log_probs[fill].abs().sum() == 0
+    assert padded.weights[fill].tolist() == [0.0, 0.0, 0.0]
+    assert padded.ref_log_probs is None
+    assert [len(share) for share in padded.chunk(2)] == [4, 4]
+    # the batch itself is untouched
+    assert batch.attention_mask.sum() > 0 and len(batch) == 5
+
+
+def test_pad_for_ranks_returns_a_batch_that_splits_evenly_as_it_is():
+    batch = make_batch([1, 2, 3, 4], [1, 2, 3, 4])
+    padded, real, per_mini = pad_for_ranks(batch, world_size=2, mini_batches=2)
+    assert padded is batch and bool(real.all()) and per_mini == 1
+
+
+def test_filler_rows_of_a_batch_without_weights_weigh_zero_and_the_rest_one():
+    padded, _, _ = pad_for_ranks(make_batch([1, 2, 3], [1, 2, 3]), world_size=2)
+    assert padded.weights is not None and padded.weights.tolist() == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_trimmed_keeps_per_sample_weights_whole():
+    batch = make_batch([2, 3], [1, 2])
+    batch.weights = torch.tensor([0.25, 1.0])
+    assert torch.equal(batch.trimmed().weights, batch.weights)

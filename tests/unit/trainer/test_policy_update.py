@@ -20,7 +20,7 @@ from trainer.algos import (
     policy_loss,
 )
 from trainer.config.actor import ActorConfig
-from trainer.workers.batch import TrainBatch, balanced_micro_batches
+from trainer.workers.batch import TrainBatch, balanced_micro_batches, pad_for_ranks
 from trainer.workers.policy_math import (
     LossSpec,
     _micro_loss,
@@ -265,3 +265,28 @@ def test_rollout_correction_weights_each_tokens_loss_by_the_truncated_ratio(mode
     half = batch.select(slice(None))  # 1.5x: under the cap, the full weight
     half.rollout_log_probs = batch.old_log_probs - torch.log(torch.tensor(1.5))
     assert loss(half, decoupled) == pytest.approx(1.5 * loss(batch, spec), rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_filler_rows_change_no_update(model, batch, mode):
+    """5 samples in 2 mini-batches: filled to 3 + 3 (``pad_for_ranks``), the update is the one
+    of mini-batches 3 + 2; with one row per micro-batch the filler runs a forward and
+    backward of its own, with nothing to train."""
+    five = batch.select(torch.arange(5))
+    five.weights = torch.ones(5)
+    padded, real, per_mini = pad_for_ranks(five, world_size=1, mini_batches=2)
+    assert per_mini == 3 and real.tolist() == [True] * 5 + [False]
+    for micro in (1, 3):
+        cfg = actor_config(
+            loss_agg_mode=mode,
+            ppo_micro_batch_size_per_gpu=micro,
+            entropy_coeff=0.01,
+            use_kl_loss=True,
+        )
+        expected_metrics, expected = updated(model, five, cfg, samples_per_mini_batch=3)
+        metrics, weights = updated(model, padded, cfg, samples_per_mini_batch=per_mini)
+        assert metrics["actor/optimizer_steps"] == 2.0
+        for key in ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "actor/ppo_kl"):
+            assert metrics[key] == pytest.approx(expected_metrics[key], abs=1e-6), key
+        for key in expected:
+            torch.testing.assert_close(weights[key], expected[key], atol=1e-6, rtol=0)
