@@ -21,6 +21,7 @@ from agentloop.formats.llama3 import LLAMA3, Llama3JsonToolParser
 from agentloop.parsers import ToolCall, ToolCallError
 from agentloop.tokens import mask_spans
 from agentloop.tool_agent import ToolAgentLoop
+from agentloop.tools import BaseTool, ToolResult
 from tests.chat_families import family_tokenizer, template_text
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
@@ -190,7 +191,7 @@ def test_text_after_the_calls_is_content():
     [
         "The answer is 5.",
         f"Calling now: {call('calc', a=1, b=1)}",
-        '<|python_tag|>brave_search.call(query="weather")',
+        'Search with brave_search.call(query="weather")',
         "   ",
         "",
     ],
@@ -439,3 +440,125 @@ async def test_tool_agent_loop_runs_two_tool_turns_then_answers(llama):
     assert all({eot_id, eom_id} <= set(r["stop_token_ids"]) for r in server.requests)
     assert out.record.stop_reason == "no_tool_call"
     assert out.record.tool_calls == 3 and out.record.tool_errors == 0
+
+
+# ---- built-in tools (builtin_tools) -----------------------------------------------------------
+BUILTIN_HINT = 'call a built-in tool as <|python_tag|>TOOL.call(key="value", ...)'
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "arguments"),
+    [
+        (
+            '<|python_tag|>brave_search.call(query="weather in Menlo Park")',
+            "brave_search",
+            {"query": "weather in Menlo Park"},
+        ),
+        (
+            ' <|python_tag|> wolfram_alpha.call(query="2+2", n=3) \n',
+            "wolfram_alpha",
+            {"query": "2+2", "n": 3},
+        ),
+        ("<|python_tag|>brave_search.call()", "brave_search", {}),
+        (
+            "<|python_tag|>import math\nprint(math.pi)",
+            "code_interpreter",
+            {"code": "import math\nprint(math.pi)"},
+        ),
+    ],
+)
+def test_a_builtin_tool_call_is_a_call_of_the_tool_it_names(text, name, arguments):
+    turn = parse(text)
+    assert turn.content == ""
+    assert [(c.name, c.arguments) for c in turn.items] == [(name, arguments)]
+    assert turn.items[0].raw == text.strip().removeprefix("<|python_tag|>").strip()
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('brave_search.call(query="x"', "not a complete Python call"),
+        ('brave_search.call("x")', "only key=value arguments are allowed"),
+        ("brave_search.call(**q)", "only key=value arguments are allowed"),
+        ("brave_search.call(query=x)", "the value of query is not a literal"),
+        ('brave_search.call(query="a", query="b")', "argument query is given twice"),
+        ('brave_search.call(query="x") and more', "text follows the call"),
+    ],
+)
+def test_each_malformed_builtin_call_is_one_error(text, problem):
+    (error,) = parse(f"<|python_tag|>{text}").items
+    assert (error.kind, error.name, error.raw) == ("bad_arguments", "brave_search", text)
+    assert error.message == (
+        f'built-in tool call 1 (brave_search) is not brave_search.call(key="value", ...) '
+        f"({problem}); {BUILTIN_HINT}"
+    )
+
+
+def test_a_bare_python_tag_is_an_error():
+    (error,) = parse("<|python_tag|>  ").items
+    assert (error.kind, error.message) == (
+        "bad_json",
+        f"the python tag is not followed by a call; {BUILTIN_HINT}",
+    )
+
+
+class SearchTool(BaseTool):
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "brave_search",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+        },
+    }
+
+    async def execute(self, instance_id, arguments):
+        return ToolResult(f"Sunny in {arguments['query']}")
+
+
+async def test_tool_agent_runs_a_builtin_tool_call_ended_with_eom(llama):
+    turns = [
+        '<|python_tag|>brave_search.call(query="Menlo Park")' + EOM,
+        "It is sunny." + EOT,
+    ]
+    server = ScriptedServer(llama, turns, end_turn=False)
+    kwargs = {"builtin_tools": ["brave_search", "wolfram_alpha"]}
+    config = RolloutConfig(
+        prompt_length=1024,
+        response_length=512,
+        multi_turn=MultiTurnConfig(format="llama3"),
+        chat_template_kwargs=kwargs,
+    )
+    loop = ToolAgentLoop(AgentLoopContext(server, llama, config, {"brave_search": SearchTool()}))
+    prompt = [{"role": "user", "content": "Weather in Menlo Park?"}]
+    out = await loop.run({"temperature": 1.0}, raw_prompt=prompt)
+
+    tools = [SearchTool().tool_schema]
+    assert out.prompt_ids == full_ids(llama, prompt, tools, **kwargs)
+    assert "Environment: ipython\nTools: brave_search, wolfram_alpha" in decode(
+        llama, out.prompt_ids
+    )
+    (delta,) = mask_spans(out.response_ids, out.response_mask, 0)
+    assert decode(llama, delta) == f'{IPYTHON}"Sunny in Menlo Park"{EOT}{ASSISTANT}'
+    history = [*prompt, {"role": "assistant", "content": turns[0].removesuffix(EOM)}]
+    new = [{"role": "tool", "content": "Sunny in Menlo Park"}]
+    assert delta == encode_delta(
+        llama, history, new, tools, eot_token=[EOT, EOM], chat_template_kwargs=kwargs
+    )
+    assert [decode(llama, s) for s in mask_spans(out.response_ids, out.response_mask, 1)] == turns
+    assert out.record.tool_calls == 1 and out.record.tool_errors == 0
+    assert out.record.stop_reason == "no_tool_call"
+
+
+async def test_a_builtin_call_of_a_tool_not_registered_is_the_unknown_tool_error(llama):
+    turns = ['<|python_tag|>wolfram_alpha.call(query="2+2")' + EOM, "4." + EOT]
+    server = ScriptedServer(llama, turns, end_turn=False)
+    config = RolloutConfig(
+        prompt_length=1024, response_length=512, multi_turn=MultiTurnConfig(format="llama3")
+    )
+    loop = ToolAgentLoop(AgentLoopContext(server, llama, config, {"brave_search": SearchTool()}))
+    out = await loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": "2+2?"}])
+    (delta,) = mask_spans(out.response_ids, out.response_mask, 0)
+    assert json.dumps("Error: unknown tool 'wolfram_alpha'; available tools: brave_search") in (
+        decode(llama, delta)
+    )
+    assert out.record.tool_error_kinds == ["unknown_tool"]
