@@ -32,8 +32,9 @@ from agentloop.parsers import (
     loads_tolerant,
 )
 
-# One name per parser class: aliases share their format's parser (its own name is used).
-_OWN_NAMES = {fmt.name for fmt in all_formats()}
+# One name per parser class: aliases and variants share their format's parser (its own name
+# is used).
+_OWN_NAMES = {fmt.name for fmt in all_formats() if not fmt.variant_of}
 FORMATS = sorted(
     {
         type(get_parser(name)): name
