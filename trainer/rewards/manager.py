@@ -7,7 +7,9 @@ one background event loop. Logged per step: ``reward/{mean,max,min}`` of the sum
 results, and the counters of the judge/verify components), ``reward/errors`` and
 ``reward/<name>/errors`` (calls that raised or timed out: scored 0, the step goes on).
 
-A sample whose agent loop set ``reward_score`` keeps it as its ``rule`` reward. With
+A sample whose agent loop set ``reward_score`` keeps it as its ``rule`` reward (each row of
+a gateway session's segments carries the session's reward); a sample without one, segment or
+not, is scored by the configured reward on its own response. With
 ``process_reward_coef > 0``, each tool call's reward is added (x coef) at the last token of the
 model turn that made the call; those token rewards feed the advantage estimator.
 """

@@ -16,6 +16,7 @@ import transformers
 
 from agentloop import AgentLoopOutput, FinishedGroup, RolloutBatch, collate, rollout_metrics
 from agentloop.manager import expand_rows
+from agentloop.records import SampleRecord
 from tests.unit.trainer.test_train_step import (
     OneProcessPolicy,
     RecordingWeightSync,
@@ -26,7 +27,7 @@ from trainer.config.async_training import AsyncTrainingConfig
 from trainer.config.schema import Config
 from trainer.data.sampler import PromptSampler
 from trainer.loop.assembly import RunParts
-from trainer.loop.async_trainer import AsyncPPOTrainer, staleness_metrics
+from trainer.loop.async_trainer import AsyncPPOTrainer, no_signal, staleness_metrics
 from trainer.loop.checkpoint import CheckpointManager
 from trainer.loop.ray_trainer import RayPPOTrainer
 from trainer.metrics.tracking import Tracking
@@ -268,6 +269,37 @@ def test_staleness_metrics_measure_the_oldest_token_of_each_sample():
         "rollout/staleness_max": 2.0,
         "rollout/mixed_version_frac": pytest.approx(2 / 3),
     }
+
+
+def _group(scores: list[float], segment: list[int], weights: list[float]):
+    """A collated group whose samples are sessions (segment 0) and their segments."""
+    sessions: list[AgentLoopOutput] = []
+    for j, w in zip(segment, weights, strict=True):
+        sample = AgentLoopOutput([1], [2], [1], [0.0], 2, record=SampleRecord(weight=w))
+        if j == 0:
+            sessions.append(sample)
+        else:
+            sessions[-1].segments.append(sample)
+    rows = [{"uid": "g", "agent_name": "gw"} for _ in sessions]
+    batch = collate(sessions, rows, prompt_length=1, response_length=1, pad_token_id=0)
+    return batch, torch.tensor(scores)
+
+
+@pytest.mark.parametrize(
+    "scores,segment,weights,dropped",
+    [
+        ([1.0, 1.0], [0, 0], [1.0, 1.0], True),  # two sessions scored alike
+        ([1.0, 0.0], [0, 0], [1.0, 1.0], False),
+        ([1.0], [0], [1.0], False),  # one session: nothing to filter
+        ([1.0, 1.0, 1.0], [0, 1, 2], [1 / 3] * 3, False),  # one session in three segments
+        ([1.0, 1.0, 1.0], [0, 1, 0], [0.5, 0.5, 1.0], True),
+        ([1.0, 0.0, 1.0], [0, 0, 0], [1.0, 0.0, 1.0], True),  # the odd one was dropped
+    ],
+)
+def test_filter_groups_counts_sessions_and_leaves_out_weight_zero(
+    scores, segment, weights, dropped
+):
+    assert no_signal(*_group(scores, segment, weights)) is dropped
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainer.workers import WorkerGroup
 from trainer.workers.batch import (
     TrainBatch,
     balanced_micro_batches,
@@ -173,3 +174,14 @@ def test_trimmed_keeps_per_sample_weights_whole():
     batch = make_batch([2, 3], [1, 2])
     batch.weights = torch.tensor([0.25, 1.0])
     assert torch.equal(batch.trimmed().weights, batch.weights)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"samples_per_mini_batch": 2, "mini_batches": 2}], ids=["neither", "both"]
+)
+def test_update_actor_takes_one_mini_batch_size(kwargs):
+    group = WorkerGroup.__new__(WorkerGroup)  # no ranks: the arguments fail first
+    group.world_size = 2
+    with pytest.raises(ValueError) as err:
+        group.update_actor(make_batch([1, 2], [1, 2]), seed=0, **kwargs)
+    assert str(err.value) == "update_actor takes one of samples_per_mini_batch and mini_batches"

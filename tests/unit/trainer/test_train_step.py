@@ -54,6 +54,11 @@ class ScriptedRollout:
         self.traces: list[TraceContext | None] = []
         self.batches: list[RolloutBatch] = []
         self.shut_down = False
+        self.segments: dict[int, int] = {}
+        """Sample index -> further segments its session returns (as a gateway session
+        whose agent edited its history), each of weight 1/k of the session's k samples."""
+        self.preset: dict[int, float] = {}
+        """Sample index -> reward_score its loop set on every one of its samples."""
 
     def generate_sequences(
         self,
@@ -66,7 +71,7 @@ class ScriptedRollout:
         self.events.append("rollout")
         self.traces.append(trace)
         samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
-        outputs = [self._output(k, len(row["raw_prompt"])) for k, row in enumerate(samples)]
+        outputs = [self._session(k, len(row["raw_prompt"])) for k, row in enumerate(samples)]
         batch = collate(
             outputs,
             samples,
@@ -78,6 +83,17 @@ class ScriptedRollout:
         batch.metrics |= {"rollout/server_restarts": 0.0, "rollout/requests_retried": 0.0}
         self.batches.append(batch)
         return batch
+
+    def _session(self, k: int, turns: int) -> AgentLoopOutput:
+        out = self._output(k, turns)
+        out.segments = [
+            self._output(k + 100 * j, turns) for j in range(1, 1 + self.segments.get(k, 0))
+        ]
+        for j, sample in enumerate([out, *out.segments]):
+            sample.record.weight = 1 / (1 + len(out.segments))
+            sample.record.segment = j
+            sample.reward_score = self.preset.get(k)
+        return out
 
     @staticmethod
     def _output(k: int, turns: int) -> AgentLoopOutput:
@@ -435,6 +451,56 @@ def test_update_gets_the_advantages_of_the_scores_and_groups(make_run, use_kl_lo
     assert any(not torch.equal(pushed[k], run.initial[k]) for k in run.initial)
     for key, value in run.model.state_dict().items():
         assert torch.equal(pushed[key], value), key
+
+
+def test_a_step_with_segmented_sessions_weighs_each_session_once(make_run):
+    run = make_run()
+    run.rollout.segments = {0: 2, 5: 1}  # sample 0: a session of 3 segments, sample 5 of 2
+    run.rollout.preset = {5: 0.9}  # sample 5's loop gave its session reward to both
+    metrics = run.trainer.train_step(1)
+    rollout, scored = run.rollout.batches[0], run.scored[0]
+    (update,) = run.policy.updates
+    batch: TrainBatch = update["batch"]
+
+    # one row per segment, right after its session, in the session's group
+    assert len(rollout) == PROMPTS * N + 3 and rollout.num_sessions == PROMPTS * N
+    assert rollout.segment == [0, 1, 2, 0, 0, 0, 0, 0, 1, 0, 0]
+    assert rollout.uid[:3] == [rollout.uid[3]] * 3 and rollout.uid[8] == rollout.uid[7]
+    assert metrics["agent_loop/segments_per_session/max"] == 3.0
+    assert metrics["agent_loop/samples"] == 11.0 and metrics["agent_loop/sessions"] == 8.0
+
+    # a preset reward is each segment's rule reward; the others are scored on their own text
+    assert scored.scores[[7, 8]].tolist() == pytest.approx([0.9, 0.9])
+    assert len(set(scored.scores[:3].tolist())) > 1
+
+    # advantages weighted by the records' weights; the weights travel with the batch
+    weights = torch.tensor([1 / 3] * 3 + [1.0] * 4 + [0.5] * 2 + [1.0] * 2)
+    assert batch.weights is not None
+    torch.testing.assert_close(batch.weights, weights)
+    expected = compute_advantages(
+        "grpo", scored.scores, rollout.response_mask, rollout.uid, weights=weights
+    )
+    torch.testing.assert_close(batch.advantages, expected)
+    assert batch.advantages is not None and batch.advantages[:3].abs().sum() > 0
+
+    # the optimizer steps of the batch without segments: 11 samples in 2 mini-batches of
+    # 6 + 5, the second filled up with one row that trains nothing
+    assert update["mini_batches"] == PROMPTS // 2
+    assert metrics["actor/optimizer_steps"] == 2.0
+    assert metrics["actor/filler_samples"] == 1.0
+    assert metrics["perf/total_tokens"] == float(rollout.attention_mask.sum())
+
+
+def test_validation_of_segmented_sessions_counts_each_session_once(make_run):
+    run = make_run()
+    run.rollout.segments = {0: 1, 2: 2}
+    out = run.trainer._validate(1)
+
+    batch, scores = run.rollout.batches[0], run.scored[0].scores
+    assert len(batch) == 3 + 3 and batch.segment == [0, 1, 0, 0, 1, 2]
+    last = [1, 2, 5]  # each session's last segment
+    assert out["val/reward/mean"] == pytest.approx(float(scores[last].mean()))
+    assert out["val-core/toy/reward/mean@1"] == pytest.approx(out["val/reward/mean"])
 
 
 def test_fit_logs_every_step_and_closes_the_parts(make_run):

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agentloop.base import AgentLoopOutput
+from agentloop.batch import collate
 from agentloop.records import SampleRecord
 from tests.unit.trainer.rewards.batch import make_batch, tool_call
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig, RuleRewardConfig
@@ -175,6 +177,42 @@ def test_a_score_set_by_the_agent_loop_is_kept(tokenizer):
     batch = make_batch(tokenizer, ["a", "b"], reward_scores=[0.75, None])
     scores, metrics = score(manager_with(fn, tokenizer), batch)
     assert scores == [0.75, 0.25] and metrics["reward/errors"] == 0.0
+
+
+def test_each_segment_of_a_session_is_a_sample_of_the_reward(tokenizer):
+    """Rows of a gateway session's segments: a preset session reward is each one's rule
+    reward; without one, each segment is scored on its own text like any sample."""
+
+    def sample(text: str, reward: float | None) -> AgentLoopOutput:
+        ids = tokenizer.encode(text)
+        return AgentLoopOutput(
+            prompt_ids=tokenizer.encode("Q?"),
+            response_ids=ids,
+            response_mask=[1] * len(ids),
+            response_log_probs=[0.0] * len(ids),
+            num_turns=2,
+            reward_score=reward,
+        )
+
+    rewarded, unrewarded = sample("a", 0.75), sample("bb", None)
+    rewarded.segments = [sample("c", 0.75)]
+    unrewarded.segments = [sample("dddd", None), sample("eee", None)]
+    rows = [
+        {"uid": "u", "agent_name": "gw", "data_source": "s", "extra_info": {"index": i}}
+        for i in range(2)
+    ]
+    batch = collate(
+        [rewarded, unrewarded], rows, prompt_length=8, response_length=8, pad_token_id=0
+    )
+    seen: list[str] = []
+
+    def fn(data_source, solution_str, ground_truth, extra_info):
+        seen.append(solution_str)
+        return len(solution_str) / 10
+
+    scores, metrics = score(manager_with(fn, tokenizer), batch)
+    assert scores == pytest.approx([0.75, 0.75, 0.2, 0.4, 0.3])
+    assert {"bb", "dddd", "eee"} <= set(seen) and metrics["reward/errors"] == 0.0
 
 
 # --- faults ------------------------------------------------------------------------------
