@@ -82,13 +82,15 @@ class GatewayAgentLoop(AgentLoopBase):
         if isinstance(agent, str):  # "pkg.module:function" or "pkg.module.function"
             agent = import_target(agent.replace(":", "."), "gateway agent")
         self.agent = agent
+        self.session: Session | None = None
+        """The sample's session once ``run`` has opened it (its segments, calls, rewards)."""
         self.command = command
         self.external = external
         self.agent_kwargs = agent_kwargs
 
     async def run(self, sampling_params: dict[str, Any], **row: Any) -> AgentLoopOutput:
         gateway = await gateway_of(self.context)
-        session = Session(self)
+        session = self.session = Session(self)
         gateway.open(session)
         endpoint = LLMEndpoint(
             gateway.base_url(session), gateway.api_key, gateway.model, session.id

@@ -12,12 +12,13 @@ import yaml
 from transformers import AutoTokenizer
 
 from agentloop import AgentConfig, AgentLoopContext, AgentLoopManager, RolloutConfig
+from agentloop.gateway import GatewayAgentLoop
 from agentloop.tokens import encode_prompt
 from examples.gateway.calc_tools import TOOLS
 from examples.gateway.data import gateway_rows
 from servers import AsyncLLMServerManager
 from tests.integration.agentloop.helpers import max_logprob_gap
-from tests.unit.agentloop.gateway.test_frameworks import RecordingLoop, check_exact
+from tests.unit.agentloop.gateway.test_frameworks import check_exact
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +70,7 @@ async def test_each_framework_agent_scores_an_exact_session_on_the_engine(
     row["raw_prompt"] = row.pop("prompt")
     client = RecordingClient(AsyncLLMServerManager([tiny_server]))
     context = AgentLoopContext(client, tokenizer, config())
-    loop = RecordingLoop(context, agent=f"examples.gateway.{name}:agent", **AGENTS[name])
+    loop = GatewayAgentLoop(context, agent=f"examples.gateway.{name}:agent", **AGENTS[name])
     try:
         out = await loop.run(context.config.sampling_params(), **row)
     finally:

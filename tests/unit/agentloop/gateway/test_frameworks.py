@@ -124,16 +124,6 @@ class FamilyServer(ScriptedServer):
         return await super().generate(request_id, **kwargs)
 
 
-class RecordingLoop(GatewayAgentLoop):
-    """Keeps the finished session, so a test can read its segments."""
-
-    session: Session | None = None
-
-    def _outputs(self, session, reward):
-        self.session = session
-        return super()._outputs(session, reward)
-
-
 async def run_agent(tok, family: Family, agent: str, turns: list[Turn], **agent_kwargs):
     server = FamilyServer(tok, turns)
     config = RolloutConfig(
@@ -142,7 +132,7 @@ async def run_agent(tok, family: Family, agent: str, turns: list[Turn], **agent_
         multi_turn=MultiTurnConfig(format=family.format),
         chat_template_kwargs=dict(family.template_kwargs),
     )
-    loop = RecordingLoop(
+    loop = GatewayAgentLoop(
         AgentLoopContext(server, tok, config), agent=f"examples.gateway.{agent}", **agent_kwargs
     )
     try:
