@@ -50,8 +50,10 @@ class MultiTurnConfig:
     format: str | None = None
     """The model family's chat format (``agentloop.registered_formats()``): tool-call syntax,
     end-of-turn tokens, history messages. ``hermes``/``qwen`` (Qwen2.5, Qwen3),
-    ``llama3_json`` (Llama 3.1-3.3), ``mistral``, ``gpt-oss``, ``glm45``; None: derived from
-    the chat template at start-up (hermes when no family matches)."""
+    ``llama3_json`` (Llama 3.1-3.3), ``mistral`` (v3 tool results), ``mistral_v7`` (v7+:
+    results as given), ``gpt-oss``, ``glm45``, ``glm47``; None: derived from the chat template
+    at start-up (hermes when no family matches); a template of a later version of the named
+    family (``mistral`` -> ``mistral_v7``, ``glm45`` -> ``glm47``) picks that version."""
     delta_check: Literal["suffix", "full"] = "suffix"
     """How template deltas are rendered: ``suffix`` renders only the prompt, the last model
     turn and the new messages (cost flat in history length; exact on the registered
