@@ -36,7 +36,7 @@ from agentloop.parsers import (
     split_top,
 )
 
-__all__ = ["MISTRAL", "TOOLS_BLOCK", "MistralToolParser", "mistral_tool_content"]
+__all__ = ["MISTRAL", "TOOLS_BLOCK", "MistralToolParser", "mistral_tool_content", "tool_reply"]
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -208,17 +208,22 @@ def mistral_tool_content(content: str) -> str:
         return json.dumps(content, ensure_ascii=False)
 
 
-def tool_message(
-    content: str, item: ToolCall | ToolCallError, index: int, assistant: dict[str, Any]
-) -> dict[str, Any]:
-    """The result of call ``index``: its id and name, content as the JSON value text."""
+def tool_reply(text: str, index: int, assistant: dict[str, Any]) -> dict[str, Any]:
+    """The tool message answering call ``index`` of ``assistant``: its id and name, ``text``."""
     call = assistant["tool_calls"][index]
     return {
         "role": "tool",
         "tool_call_id": call["id"],
         "name": call["function"]["name"],
-        "content": mistral_tool_content(content),
+        "content": text,
     }
+
+
+def tool_message(
+    content: str, item: ToolCall | ToolCallError, index: int, assistant: dict[str, Any]
+) -> dict[str, Any]:
+    """The result of call ``index``: its id and name, content as the JSON value text."""
+    return tool_reply(mistral_tool_content(content), index, assistant)
 
 
 def prompt_parts_moved(text: str) -> str:

@@ -26,6 +26,7 @@ from agentloop.formats.mistral import (
     TOOLS_BLOCK,
     MistralToolParser,
     assistant_message,
+    tool_reply,
 )
 from agentloop.parsers import ToolCall, ToolCallError
 
@@ -36,13 +37,7 @@ def tool_message(
     content: str, item: ToolCall | ToolCallError, index: int, assistant: dict[str, Any]
 ) -> dict[str, Any]:
     """The result of call ``index``: its id and name, the tool's text as given."""
-    call = assistant["tool_calls"][index]
-    return {
-        "role": "tool",
-        "tool_call_id": call["id"],
-        "name": call["function"]["name"],
-        "content": content,
-    }
+    return tool_reply(content, index, assistant)
 
 
 def tool_list_moved(text: str) -> str:

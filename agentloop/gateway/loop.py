@@ -155,6 +155,9 @@ class GatewayAgentLoop(AgentLoopBase):
                 turn_ends=list(seg.turn_ends),
                 assistant_turns=seg.calls,
                 user_turns=seg.user_turns,
+                tool_calls=seg.tool_calls,  # returned to the agent, which runs them
+                tool_errors=len(seg.error_kinds),
+                tool_error_kinds=list(seg.error_kinds),
                 weight=weight,
                 session_id=session.id,
                 segment=seg.index,

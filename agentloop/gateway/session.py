@@ -89,6 +89,10 @@ class Segment:
     user_turns: int = 0
     finish_reasons: list[str] = field(default_factory=list)
     turn_ends: list[int] = field(default_factory=list)
+    tool_calls: int = 0
+    """Well-formed tool calls returned to the agent (the agent runs them)."""
+    error_kinds: list[str] = field(default_factory=list)
+    """The kind of each call the model wrote wrongly (returned as text, not as a call)."""
     answers: dict[str, tuple[int, ToolCall | ToolCallError, dict[str, Any]]] = field(
         default_factory=dict
     )
@@ -304,6 +308,8 @@ class Session:
                 function = {"name": item.name, "arguments": arguments}
                 tool_calls.append({"id": tc_id, "type": "function", "function": function})
                 seg.answers[tc_id] = (i, item, history_message)
+        seg.tool_calls += len(tool_calls)
+        seg.error_kinds += [e.kind for e in parsed.errors]
         content = parsed.content if not parsed.errors else text
         message = {"role": "assistant", "content": content or None}
         if tool_calls:

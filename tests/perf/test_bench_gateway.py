@@ -26,23 +26,14 @@ import openai
 from agentloop import AgentLoopContext, RolloutConfig
 from agentloop.gateway import GatewayAgentLoop, Session
 from agentloop.gateway.loop import gateway_of
+from agentloop.tools.calculator import CALCULATOR_SCHEMA
 from servers import AsyncLLMServerManager, ServerConfig, launch_servers
 from tests.ray_local import init_local_ray
 from trainer.models import prepare
 
 ROUNDS, WARMUP = 200, 20
-PROMPT = [{"role": "user", "content": "Add 17 and 25, then say the sum."}]
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        },
-    },
-}
+PROMPT = [{"role": "user", "content": "What is 17 * 25? Use the calculator."}]
+TOOL = CALCULATOR_SCHEMA
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -55,3 +55,8 @@ async def hung_agent(row: dict[str, Any], llm: Any) -> float:
 
     await asyncio.sleep(60)
     return 1.0
+
+
+async def raising_agent(row: dict[str, Any], llm: Any) -> float:
+    """Fails before any model call."""
+    raise RuntimeError("the agent's own bug")

@@ -30,6 +30,7 @@ async def test_tool_loop_is_one_segment_of_sampled_ids_and_deltas(tokenizer):
     # the second call's prompt was exactly the first segment so far
     assert server.requests[1]["prompt_ids"] == out.prompt_ids + out.response_ids[: n0 + len(delta)]
     assert out.record.session_id and out.record.weight == 1.0 and out.record.assistant_turns == 2
+    assert (out.record.tool_calls, out.record.tool_errors) == (1, 0)  # returned to the agent
 
 
 async def test_summarized_history_starts_a_segment_with_its_branch(tokenizer):

@@ -1,6 +1,7 @@
 """A traced gateway session is one MLflow trace (real sqlite store) with a ``chat_call`` span
 per call beside its ``generate`` and ``parse_tool_calls`` spans, and an ``agent_error`` span
-holding the traceback when the agent fails."""
+holding the traceback when the agent fails; the failing agent's batch keeps its other
+samples."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ async def test_a_traced_session_has_a_span_per_call_and_the_agent_error(tokenize
         {"name": f"gw_{name}", "_target_": "agentloop.gateway.GatewayAgentLoop", "agent": target}
         for name, target in (
             ("weather", "tests.unit.agentloop.gateway.agents:weather_agent"),
-            ("failing", "tests.unit.agentloop.gateway.agents:failing_agent"),
+            ("failing", "tests.unit.agentloop.gateway.agents:raising_agent"),
         )
     ]
     (tmp_path / "loops.yaml").write_text(yaml.safe_dump(loops))
@@ -40,17 +41,18 @@ async def test_a_traced_session_has_a_span_per_call_and_the_agent_error(tokenize
         trace=trace,
         agent=AgentConfig(agent_loop_config_path=str(tmp_path / "loops.yaml")),
     )
-    turns = [hermes_call("weather", city="Paris"), "It is sunny.", "oops"]
+    turns = [hermes_call("weather", city="Paris"), "It is sunny."]
     server = ScriptedServer(tokenizer, turns, end_token="<|im_end|>")
     worker = AgentLoopWorker(config, server, tokenizer, tools={})
     rows = [
         {"raw_prompt": PROMPT, "agent_name": "gw_weather", "data_source": "t"},
         {"raw_prompt": PROMPT, "agent_name": "gw_failing", "data_source": "t"},
     ]
-    ok, failed = await worker.generate_sequences(rows[:1], None, TraceContext(step=1)) + (
-        await worker.generate_sequences(rows[1:], None, TraceContext(step=1), offset=1)
-    )
+    # one batch: the failing agent fails its own sample, the other's is whole
+    ok, failed = await worker.generate_sequences(rows, None, TraceContext(step=1))
     worker.tracer.flush()
+    assert ok.reward_score == 1.0 and ok.record.stop_reason == "stop"
+    assert failed.reward_score == 0.0 and failed.record.stop_reason == "agent_error"
 
     spans = mlflow.get_trace(ok.record.trace_id).data.spans
     root = next(s for s in spans if s.parent_id is None)
