@@ -203,3 +203,14 @@ async def test_hung_command_agent_is_killed_at_its_time_limit(tokenizer, tmp_pat
     assert asyncio.get_running_loop().time() - start < 5
     assert "agent_timeout_s=0.5" in out.extra["agent_error"] and out.reward_score == 0.0
     assert out.response_ids == [] and out.record.weight == 1.0
+
+
+@pytest.mark.parametrize("agent_sets", [False, True])
+async def test_temperature_follows_the_rollout_unless_the_agent_may_choose(tokenizer, agent_sets):
+    gw, session, server = await open_session(tokenizer, ["hi"], agent_sets_temperature=agent_sets)
+    body = {"messages": PROMPT, "temperature": 0.0, "top_p": 0.5}
+    assert (await post(f"{gw.base_url(session)}/chat/completions", body))[0] == 200
+    sent = server.requests[0]
+    rollout = session.loop.config  # RolloutConfig defaults: temperature 1.0, top_p 1.0
+    expected = (0.0, 0.5) if agent_sets else (rollout.temperature, rollout.top_p)
+    assert (sent["temperature"], sent["top_p"]) == expected
