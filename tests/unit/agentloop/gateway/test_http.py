@@ -214,3 +214,15 @@ async def test_temperature_follows_the_rollout_unless_the_agent_may_choose(token
     rollout = session.loop.config  # RolloutConfig defaults: temperature 1.0, top_p 1.0
     expected = (0.0, 0.5) if agent_sets else (rollout.temperature, rollout.top_p)
     assert (sent["temperature"], sent["top_p"]) == expected
+
+
+async def test_models_lists_the_served_model_of_an_open_session(tokenizer):
+    gw, session, _ = await open_session(tokenizer, [])
+    client = openai.AsyncOpenAI(base_url=gw.base_url(session), api_key="k", max_retries=0)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [gw.model]
+    gone = openai.AsyncOpenAI(
+        base_url=gw.base_url(session).replace(session.id, "nope"), api_key="k", max_retries=0
+    )
+    with pytest.raises(openai.NotFoundError, match="no open session 'nope'"):
+        await gone.models.list()
