@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta
+from tests.chat_families import FAMILY_TOKENS
 from tests.unit.agentloop.scripted import CALC_SCHEMA
 
-SPECIAL = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
+SPECIAL = FAMILY_TOKENS["qwen25"].special  # Qwen3 has the same chat tokens
 ASSISTANT = "<|im_start|>assistant\n"
 TOOLS = [CALC_SCHEMA]
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"a": 2, "b": 3}}\n</tool_call>'

@@ -24,7 +24,6 @@ from agentloop.langgraph.messages import takes_string_arguments, to_chat_dicts
 from agentloop.tokens import encode_prompt, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from tests.chat_families import family_tokenizer, template_text
-from tests.unit.agentloop.formats.mistral_official import SPECIAL_V7
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 PROMPT = [{"role": "user", "content": "What is 2 + 3 + 1?"}]
@@ -48,15 +47,13 @@ class Family:
 
     format: str
     template: str
-    special: list[str]
-    eos: str
+    """The test template; its tokens are the ``FAMILY_TOKENS`` entry."""
     turns: list[tuple[str, str]]
     """(text, end token) of each model turn."""
     deltas: list[str]
     """The decoded template deltas of the episode (a regex)."""
     answer: str
     """The content of the final AIMessage."""
-    bos: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,21 +70,6 @@ _RESULT = r'\[TOOL_RESULTS\] \{{"content": {}, "call_id": "[A-Za-z0-9]{{9}}"}}\[
 MISTRAL = Family(
     format="mistral",
     template="mistral",
-    special=[
-        "<s>",
-        "</s>",
-        "[INST]",
-        "[/INST]",
-        "[TOOL_CALLS]",
-        "[AVAILABLE_TOOLS]",
-        "[/AVAILABLE_TOOLS]",
-        "[TOOL_RESULTS]",
-        "[/TOOL_RESULTS]",
-        "[ARGS]",
-        "[CALL_ID]",
-    ],
-    eos="</s>",
-    bos="<s>",
     turns=[
         _mistral_calls(_calc_json(2, 3)),
         _mistral_calls(_calc_json(5, 1), '{"name": "calc", "arguments": {"a": 1 2}}'),
@@ -105,17 +87,6 @@ _OSS_RESULT = "<|start|>functions.calc to=assistant<|channel|>commentary<|messag
 GPT_OSS = Family(
     format="gpt-oss",
     template="gpt_oss",
-    special=[
-        "<|start|>",
-        "<|end|>",
-        "<|message|>",
-        "<|channel|>",
-        "<|constrain|>",
-        "<|return|>",
-        "<|call|>",
-        "<|endoftext|>",
-    ],
-    eos="<|return|>",
     turns=[
         (
             "<|channel|>analysis<|message|>Add 2 and 3 first.<|end|><|start|>assistant"
@@ -149,27 +120,6 @@ def _glm_call(a: int, b: int) -> str:
 GLM = Family(
     format="glm45",
     template="glm45",
-    special=[
-        "[gMASK]",
-        "<sop>",
-        "<|system|>",
-        "<|user|>",
-        "<|assistant|>",
-        "<|observation|>",
-        "<|endoftext|>",
-        "<think>",
-        "</think>",
-        "<tool_call>",
-        "</tool_call>",
-        "<arg_key>",
-        "</arg_key>",
-        "<arg_value>",
-        "</arg_value>",
-        "<tool_response>",
-        "</tool_response>",
-        "/nothink",
-    ],
-    eos="<|endoftext|>",
     turns=[
         ("\n<think>First add.</think>\nLet me add.\n" + _glm_call(2, 3), "<|observation|>"),
         ("\n<think>Now + 1.</think>\n" + _glm_call(5, 1), "<|observation|>"),
@@ -185,9 +135,6 @@ _V7_RESULT = r"\[TOOL_RESULTS\][A-Za-z0-9]{{9}}\[TOOL_CONTENT\]{}\[/TOOL_RESULTS
 MISTRAL_V7 = Family(
     format="mistral_v7",
     template="mistral_v7",
-    special=SPECIAL_V7,
-    eos="</s>",
-    bos="<s>",
     turns=MISTRAL.turns,
     deltas=[
         _V7_RESULT.format(5),
@@ -207,8 +154,6 @@ def _glm47_call(a: int, b: int) -> str:
 GLM47 = Family(
     format="glm47",
     template="glm47",
-    special=GLM.special,
-    eos="<|endoftext|>",
     turns=[  # the generation prompt opens the reasoning: <|assistant|><think>
         ("First add.</think>Let me add." + _glm47_call(2, 3), "<|observation|>"),
         ("Now + 1.</think>" + _glm47_call(5, 1), "<|observation|>"),
@@ -225,12 +170,7 @@ FAMILIES = {f.format: f for f in (MISTRAL, MISTRAL_V7, GPT_OSS, GLM, GLM47)}
 
 @pytest.fixture(scope="module")
 def tokenizers(tiny_qwen3_path):
-    return {
-        f.format: family_tokenizer(
-            tiny_qwen3_path, f.template, special_tokens=f.special, eos_token=f.eos, bos_token=f.bos
-        )
-        for f in FAMILIES.values()
-    }
+    return {f.format: family_tokenizer(tiny_qwen3_path, f.template) for f in FAMILIES.values()}
 
 
 class TurnServer(ScriptedServer):

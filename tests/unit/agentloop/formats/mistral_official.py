@@ -22,23 +22,10 @@ from mistral_common.protocol.instruct.request import ChatCompletionRequest
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
+from tests.chat_families import FAMILY_TOKENS
+
 # the special tokens of the v7+ test templates (each one id in the family test tokenizer)
-SPECIAL_V7 = [
-    "<s>",
-    "</s>",
-    "[INST]",
-    "[/INST]",
-    "[TOOL_CALLS]",
-    "[AVAILABLE_TOOLS]",
-    "[/AVAILABLE_TOOLS]",
-    "[TOOL_RESULTS]",
-    "[/TOOL_RESULTS]",
-    "[TOOL_CONTENT]",
-    "[SYSTEM_PROMPT]",
-    "[/SYSTEM_PROMPT]",
-    "[ARGS]",
-    "[CALL_ID]",
-]
+SPECIAL_V7 = FAMILY_TOKENS["mistral_v7"].special
 _LATER_SPECIAL = ["[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"]
 
 

@@ -22,27 +22,6 @@ from agentloop.tool_agent import ToolAgentLoop
 from tests.chat_families import family_tokenizer, template_text
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
-# GLM-4.5's tokenizer has all of these as single special tokens (eos <|endoftext|>).
-SPECIAL = [
-    "[gMASK]",
-    "<sop>",
-    "<|system|>",
-    "<|user|>",
-    "<|assistant|>",
-    "<|observation|>",
-    "<|endoftext|>",
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    "<arg_key>",
-    "</arg_key>",
-    "<arg_value>",
-    "</arg_value>",
-    "<tool_response>",
-    "</tool_response>",
-    "/nothink",
-]
 LOOKUP_SCHEMA = {
     "type": "function",
     "function": {
@@ -82,9 +61,7 @@ PROPERTY = settings(
 @pytest.fixture(scope="module")
 def glm(tiny_qwen3_path):
     # tiny-qwen3's unk token is <|endoftext|>, one of GLM's end tokens: kept, not "unknown"
-    return family_tokenizer(
-        tiny_qwen3_path, "glm45", special_tokens=SPECIAL, eos_token="<|endoftext|>"
-    )
+    return family_tokenizer(tiny_qwen3_path, "glm45")
 
 
 def call(name: str, **arguments: Any) -> str:

@@ -19,7 +19,7 @@ from agentloop.formats.glm import GLM45, GLM47, GlmToolParser, drop_earlier_reas
 from agentloop.tokens import TemplateDeltaError, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from tests.chat_families import family_tokenizer, template_text
-from tests.unit.agentloop.formats.test_glm import SCHEMAS, SPECIAL, TOOLS
+from tests.unit.agentloop.formats.test_glm import SCHEMAS, TOOLS
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 ENDS = ("<|observation|>", "<|user|>", "<|endoftext|>")
@@ -33,9 +33,7 @@ PROPERTY = settings(
 
 @pytest.fixture(scope="module")
 def glm(tiny_qwen3_path):
-    return family_tokenizer(
-        tiny_qwen3_path, "glm47", special_tokens=SPECIAL, eos_token="<|endoftext|>"
-    )
+    return family_tokenizer(tiny_qwen3_path, "glm47")
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -78,9 +76,7 @@ def test_the_glm47_template_selects_glm47_also_when_glm45_is_configured(glm, tin
     assert detect_format(template_text("glm45")) == "glm45"
     for name in (None, "glm45", "glm4.5", "glm46", "glm47", "glm4.7"):
         assert resolve_format(name, glm) is GLM47
-    glm45 = family_tokenizer(
-        tiny_qwen3_path, "glm45", special_tokens=SPECIAL, eos_token="<|endoftext|>"
-    )
+    glm45 = family_tokenizer(tiny_qwen3_path, "glm45")
     assert resolve_format("glm45", glm45) is GLM45
     assert get_format("glm4.7") is GLM47
 

@@ -41,11 +41,11 @@ from agentloop.formats.gpt_oss import (
 from agentloop.parsers import ToolCall, ToolCallError
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta, encode_prompt, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import TEMPLATES, family_tokenizer, template_text
+from tests.chat_families import FAMILY_TOKENS, TEMPLATES, family_tokenizer, template_text
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 START, END, CALL, RETURN = "<|start|>", "<|end|>", "<|call|>", "<|return|>"
-SPECIAL = [START, END, "<|message|>", "<|channel|>", "<|constrain|>", RETURN, CALL, "<|endoftext|>"]
+SPECIAL = FAMILY_TOKENS["gpt_oss"].special
 ASSISTANT = "<|start|>assistant"
 DATE = "2025-06-28"
 KW = {"current_date": DATE}
@@ -59,7 +59,7 @@ PROPERTY = settings(
 
 @pytest.fixture(scope="module")
 def tok(tiny_qwen3_path):
-    return family_tokenizer(tiny_qwen3_path, "gpt_oss", special_tokens=SPECIAL, eos_token=RETURN)
+    return family_tokenizer(tiny_qwen3_path, "gpt_oss")
 
 
 @pytest.fixture(scope="module")

@@ -22,18 +22,10 @@ from agentloop.parsers import ToolCall, ToolCallError
 from agentloop.tokens import mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from agentloop.tools import BaseTool, ToolResult
-from tests.chat_families import family_tokenizer, template_text
+from tests.chat_families import FAMILY_TOKENS, family_tokenizer, template_text
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
-SPECIAL = [
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|python_tag|>",
-]
+SPECIAL = FAMILY_TOKENS["llama3"].special
 EOT, EOM = "<|eot_id|>", "<|eom_id|>"
 ASSISTANT = "<|start_header_id|>assistant<|end_header_id|>\n\n"
 IPYTHON = "<|start_header_id|>ipython<|end_header_id|>\n\n"
@@ -49,9 +41,7 @@ PROPERTY = settings(
 
 
 def llama_tokenizer(base_path, eos: str = EOT) -> Any:
-    return family_tokenizer(
-        base_path, "llama3", special_tokens=SPECIAL, eos_token=eos, bos_token="<|begin_of_text|>"
-    )
+    return family_tokenizer(base_path, "llama3", eos_token=eos)
 
 
 @pytest.fixture(scope="module")

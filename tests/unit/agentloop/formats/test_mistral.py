@@ -24,22 +24,10 @@ from agentloop.formats.mistral import MistralToolParser, mistral_tool_content
 from agentloop.parsers import ToolCall, ToolCallError
 from agentloop.tokens import TemplateDeltaError, encode_delta, encode_prompt, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import family_tokenizer, template_text
+from tests.chat_families import FAMILY_TOKENS, family_tokenizer, template_text
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
-SPECIAL = [
-    "<s>",
-    "</s>",
-    "[INST]",
-    "[/INST]",
-    "[TOOL_CALLS]",
-    "[AVAILABLE_TOOLS]",
-    "[/AVAILABLE_TOOLS]",
-    "[TOOL_RESULTS]",
-    "[/TOOL_RESULTS]",
-    "[ARGS]",
-    "[CALL_ID]",
-]
+SPECIAL = FAMILY_TOKENS["mistral"].special
 FMT = get_format("mistral")
 HINT = (
     'write a JSON list of {"name": <tool name>, "arguments": {...}} objects right after the '
@@ -55,9 +43,7 @@ PROPERTY = settings(
 
 @pytest.fixture(scope="module")
 def tok(tiny_qwen3_path):
-    return family_tokenizer(
-        tiny_qwen3_path, "mistral", special_tokens=SPECIAL, eos_token="</s>", bos_token="<s>"
-    )
+    return family_tokenizer(tiny_qwen3_path, "mistral")
 
 
 def render(tokenizer, messages, tools=None) -> str:

@@ -51,12 +51,7 @@ VERSIONS = {"mistral_v7": ("v7", "sp-v7", "v11"), "mistral_v13": ("v13",)}
 
 @pytest.fixture(scope="module")
 def toks(tiny_qwen3_path) -> dict[str, Any]:
-    return {
-        name: family_tokenizer(
-            tiny_qwen3_path, name, special_tokens=SPECIAL_V7, eos_token="</s>", bos_token="<s>"
-        )
-        for name in VERSIONS
-    }
+    return {name: family_tokenizer(tiny_qwen3_path, name) for name in VERSIONS}
 
 
 def render(tokenizer, messages, tools=None) -> str:
@@ -92,9 +87,7 @@ def test_v7_and_later_templates_are_detected_as_mistral_v7_and_v3_stays_mistral(
 
 
 def test_multi_turn_format_mistral_follows_the_template_version(toks, tiny_qwen3_path):
-    v3 = family_tokenizer(
-        tiny_qwen3_path, "mistral", special_tokens=SPECIAL_V7, eos_token="</s>", bos_token="<s>"
-    )
+    v3 = family_tokenizer(tiny_qwen3_path, "mistral")
     assert resolve_format("mistral", v3).name == "mistral"
     assert resolve_format(None, v3).name == "mistral"
     for tok in toks.values():

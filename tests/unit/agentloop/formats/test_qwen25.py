@@ -17,10 +17,10 @@ from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig, encode_d
 from agentloop.formats import detect_format, end_tokens, get_format
 from agentloop.tokens import mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import family_tokenizer, template_text
+from tests.chat_families import FAMILY_TOKENS, family_tokenizer, template_text
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+SPECIAL = FAMILY_TOKENS["qwen25"].special
 END = "<|im_end|>"
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 HERMES = get_format("hermes")
@@ -34,7 +34,7 @@ PROPERTY = settings(
 
 @pytest.fixture(scope="module")
 def qwen25(tiny_qwen3_path):
-    return family_tokenizer(tiny_qwen3_path, "qwen25", special_tokens=SPECIAL, eos_token=SPECIAL[2])
+    return family_tokenizer(tiny_qwen3_path, "qwen25")
 
 
 def call(name: str, **arguments: Any) -> str:

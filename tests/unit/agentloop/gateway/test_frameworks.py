@@ -22,11 +22,8 @@ from agentloop.messages import takes_string_arguments
 from agentloop.tokens import encode_prompt, mask_spans
 from examples.gateway.calc_tools import TOOLS
 from recipes.calculator.data import make_rows
-from tests.chat_families import family_tokenizer
-from tests.unit.agentloop.formats.test_llama3 import SPECIAL as LLAMA3_SPECIAL
-from tests.unit.agentloop.formats.test_qwen25 import SPECIAL as QWEN25_SPECIAL
+from tests.chat_families import FAMILY_TOKENS, family_tokenizer
 from tests.unit.agentloop.scripted import ScriptedServer
-from tests.unit.agentloop.test_react_agent_formats import GLM, GPT_OSS, MISTRAL
 
 ROW = {**make_rows(1, seed=1, split="val")[0], "agent_name": "gateway"}
 ROW["raw_prompt"] = ROW.pop("prompt")
@@ -37,24 +34,18 @@ Turn = tuple[str, str]  # (text the engine samples, the end token it stops with)
 
 @dataclass(frozen=True)
 class Family:
-    """A chat family's test tokenizer and how its model writes a call and an answer."""
+    """A chat family's test template and how its model writes a call and an answer."""
 
-    format: str | None
-    """``multi_turn.format`` (None: detected from the template, as for Qwen3)."""
-    make_tokenizer: Callable[[Any, Any], Any]
-    """(tiny-qwen3 path, the shared tokenizer) -> the family's tokenizer."""
+    template: str | None
+    """The test template (its tokenizer from ``FAMILY_TOKENS``); None: Qwen3's own."""
     call: Callable[[str, dict[str, Any]], Turn]
     answer: Callable[[str], Turn]
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
-
-def _tokenizer(template: str, special: list[str], eos: str, bos: str | None = None):
-    def make(path, _shared):
-        return family_tokenizer(
-            path, template, special_tokens=special, eos_token=eos, bos_token=bos
-        )
-
-    return make
+    @property
+    def format(self) -> str | None:
+        """``multi_turn.format`` (None: detected from the template, as for Qwen3)."""
+        return FAMILY_TOKENS[self.template].format if self.template else None
 
 
 def _hermes_call(name: str, args: dict[str, Any]) -> Turn:
@@ -70,47 +61,37 @@ def _glm_call(name: str, args: dict[str, Any]) -> Turn:
 
 
 FAMILIES = {
-    "qwen3": Family(None, lambda _path, shared: shared, _hermes_call, lambda t: (t, "<|im_end|>")),
-    "qwen25": Family(
-        "hermes",
-        _tokenizer("qwen25", QWEN25_SPECIAL, "<|endoftext|>"),
-        _hermes_call,
-        lambda t: (t, "<|im_end|>"),
-    ),
+    "qwen3": Family(None, _hermes_call, lambda t: (t, "<|im_end|>")),
+    "qwen25": Family("qwen25", _hermes_call, lambda t: (t, "<|im_end|>")),
     "llama3": Family(
-        "llama3_json",
-        _tokenizer("llama3", LLAMA3_SPECIAL, "<|eot_id|>", "<|begin_of_text|>"),
+        "llama3",
         lambda n, a: (json.dumps({"name": n, "parameters": a}), "<|eom_id|>"),
         lambda t: (t, "<|eot_id|>"),
     ),
     "mistral": Family(
         "mistral",
-        _tokenizer(MISTRAL.template, MISTRAL.special, MISTRAL.eos, MISTRAL.bos),
         lambda n, a: ("[TOOL_CALLS] [" + json.dumps({"name": n, "arguments": a}) + "]", "</s>"),
         lambda t: (t, "</s>"),
     ),
     "gpt-oss": Family(
-        "gpt-oss",
-        _tokenizer(GPT_OSS.template, GPT_OSS.special, GPT_OSS.eos),
+        "gpt_oss",
         lambda n, a: (
             f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{json.dumps(a)}",
             "<|call|>",
         ),
         lambda t: (f"<|channel|>final<|message|>{t}", "<|return|>"),
-        GPT_OSS.template_kwargs,
+        {"current_date": "2025-06-28"},
     ),
-    "glm45": Family(
-        "glm45",
-        _tokenizer(GLM.template, GLM.special, GLM.eos),
-        _glm_call,
-        lambda t: (t, "<|user|>"),
-    ),
+    "glm45": Family("glm45", _glm_call, lambda t: (t, "<|user|>")),
 }
 
 
 @pytest.fixture(scope="module")
 def tokenizers(tiny_qwen3_path, tokenizer):
-    return {name: f.make_tokenizer(tiny_qwen3_path, tokenizer) for name, f in FAMILIES.items()}
+    return {
+        name: family_tokenizer(tiny_qwen3_path, f.template) if f.template else tokenizer
+        for name, f in FAMILIES.items()
+    }
 
 
 class FamilyServer(ScriptedServer):
