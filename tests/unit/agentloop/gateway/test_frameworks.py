@@ -2,13 +2,15 @@
 LangGraph over ChatOpenAI, smolagents, a summarizing agent) through the real gateway HTTP app
 on a scripted engine, on the calculator task's rows: each session's segments hold exactly the
 sampled ids, in order, after a prompt that is the full render of the segment's first
-messages, and every engine request was exactly its segment's trajectory so far. The openai
-SDK agent runs on the test templates of all six chat families, every agent on Qwen3."""
+messages, and every engine request was exactly its segment's trajectory so far. Every agent
+runs on Qwen3 and on the test templates of the other five chat families (``FAMILY_TOKENS``);
+the tool result each template renders is checked to the letter."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +42,8 @@ class Family:
     """The test template (its tokenizer from ``FAMILY_TOKENS``); None: Qwen3's own."""
     call: Callable[[str, dict[str, Any]], Turn]
     answer: Callable[[str], Turn]
+    result: str
+    """The template's rendering of the calculator's result (the delta), a regex."""
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -60,18 +64,29 @@ def _glm_call(name: str, args: dict[str, Any]) -> Turn:
     return f"<tool_call>{name}\n{pairs}</tool_call>", "<|observation|>"
 
 
+_HERMES_RESULT = re.escape(
+    f"\n<|im_start|>user\n<tool_response>\n{TRUTH}\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 FAMILIES = {
-    "qwen3": Family(None, _hermes_call, lambda t: (t, "<|im_end|>")),
-    "qwen25": Family("qwen25", _hermes_call, lambda t: (t, "<|im_end|>")),
+    "qwen3": Family(None, _hermes_call, lambda t: (t, "<|im_end|>"), _HERMES_RESULT),
+    "qwen25": Family("qwen25", _hermes_call, lambda t: (t, "<|im_end|>"), _HERMES_RESULT),
     "llama3": Family(
         "llama3",
         lambda n, a: (json.dumps({"name": n, "parameters": a}), "<|eom_id|>"),
         lambda t: (t, "<|eot_id|>"),
+        re.escape(
+            f'<|start_header_id|>ipython<|end_header_id|>\n\n"{TRUTH}"<|eot_id|>'
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        ),
     ),
     "mistral": Family(
         "mistral",
         lambda n, a: ("[TOOL_CALLS] [" + json.dumps({"name": n, "arguments": a}) + "]", "</s>"),
         lambda t: (t, "</s>"),
+        re.escape(f'[TOOL_RESULTS] {{"content": {TRUTH}, "call_id": "')
+        + '[A-Za-z0-9]{9}"}'
+        + re.escape("[/TOOL_RESULTS]"),
     ),
     "gpt-oss": Family(
         "gpt_oss",
@@ -80,9 +95,18 @@ FAMILIES = {
             "<|call|>",
         ),
         lambda t: (f"<|channel|>final<|message|>{t}", "<|return|>"),
+        re.escape(
+            "<|start|>functions.calculator to=assistant<|channel|>commentary<|message|>"
+            f'"{TRUTH}"<|end|><|start|>assistant'
+        ),
         {"current_date": "2025-06-28"},
     ),
-    "glm45": Family("glm45", _glm_call, lambda t: (t, "<|user|>")),
+    "glm45": Family(
+        "glm45",
+        _glm_call,
+        lambda t: (t, "<|user|>"),
+        re.escape(f"\n<tool_response>\n{TRUTH}\n</tool_response><|assistant|>"),
+    ),
 }
 
 
@@ -196,13 +220,21 @@ def first_prompt(tok, family: Family, tools=TOOLS) -> list[int]:
     return encode_prompt(tok, ROW["raw_prompt"], tools=tools, chat_template_kwargs=kwargs)
 
 
-# ---- the openai SDK agent on every family ------------------------------------------------
+# ---- every framework on every family ------------------------------------------------------
+# the 20 non-Qwen3 cases of the four frameworks add about 2.5 s: not marked slow
+ON_EVERY_FAMILY = pytest.mark.parametrize("name", list(FAMILIES))
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+def calc_turns(family: Family, final: Turn | None = None) -> list[Turn]:
+    """The model calls the calculator, then answers (or writes ``final``)."""
+    call = family.call("calculator", {"expression": EXPRESSION})
+    return [call, final or family.answer(f"#### {TRUTH}")]
+
+
+@ON_EVERY_FAMILY
 async def test_openai_sdk_agent_is_one_exact_segment_on_every_family(tokenizers, name):
     family, tok = FAMILIES[name], tokenizers[name]
-    turns = [family.call("calculator", {"expression": EXPRESSION}), family.answer(f"#### {TRUTH}")]
+    turns = calc_turns(family)
     out, server, session, _ = await run_agent(tok, family, "openai_sdk_agent:agent", turns)
 
     assert out.reward_score == 1.0 and out.segments == []
@@ -210,74 +242,78 @@ async def test_openai_sdk_agent_is_one_exact_segment_on_every_family(tokenizers,
     (deltas,) = check_exact(out, scripted_calls(server), session, tok, family.template_kwargs)
     (delta,) = deltas
     assert TRUTH in decode(tok, delta)  # the tool's result, rendered by the template
+    assert re.fullmatch(family.result, decode(tok, delta)), decode(tok, delta)
     assert out.response_ids == server.sampled[0] + delta + server.sampled[1]
     assert out.record.assistant_turns == 2 and out.record.user_turns == 1
 
 
-# ---- every framework on Qwen3 ------------------------------------------------------------
-
-QWEN3 = FAMILIES["qwen3"]
-CALL = _hermes_call("calculator", {"expression": EXPRESSION})
-ANSWER = (f"#### {TRUTH}", "<|im_end|>")
-
-
-async def test_agents_sdk_agent_on_the_responses_api_is_one_exact_segment(tokenizer):
-    out, server, session, _ = await run_agent(
-        tokenizer, QWEN3, "agents_sdk_agent:agent", [CALL, ANSWER]
-    )
+async def one_exact_segment_with_both_tools(tok, family: Family, agent: str) -> str:
+    """Runs ``agent`` (which declares calculator and multiply) for a call and an answer:
+    one segment after the full render of the row with both tools; returns the delta."""
+    out, server, session, _ = await run_agent(tok, family, agent, calc_turns(family))
     assert out.reward_score == 1.0 and out.segments == []
     (seg,) = session.segments
     assert [t["function"]["name"] for t in seg.tools] == ["calculator", "multiply"]
-    assert out.prompt_ids == first_prompt(tokenizer, QWEN3, seg.tools)
-    ((delta,),) = check_exact(out, scripted_calls(server), session, tokenizer, {})
-    assert decode(tokenizer, delta) == (
-        f"\n<|im_start|>user\n<tool_response>\n{TRUTH}\n</tool_response><|im_end|>\n"
-        "<|im_start|>assistant\n"
+    assert out.prompt_ids == first_prompt(tok, family, seg.tools)
+    calls = scripted_calls(server)
+    ((delta,),) = check_exact(out, calls, session, tok, family.template_kwargs)
+    return decode(tok, delta)
+
+
+@ON_EVERY_FAMILY
+async def test_agents_sdk_agent_on_the_responses_api_is_one_exact_segment(tokenizers, name):
+    family = FAMILIES[name]
+    delta = await one_exact_segment_with_both_tools(
+        tokenizers[name], family, "agents_sdk_agent:agent"
     )
+    assert re.fullmatch(family.result, delta), delta
 
 
-async def test_langgraph_react_agent_over_chat_openai_is_one_exact_segment(tokenizer):
-    out, server, session, _ = await run_agent(
-        tokenizer, QWEN3, "langgraph_agent:agent", [CALL, ANSWER]
+@ON_EVERY_FAMILY
+async def test_langgraph_react_agent_over_chat_openai_is_one_exact_segment(tokenizers, name):
+    family = FAMILIES[name]
+    delta = await one_exact_segment_with_both_tools(
+        tokenizers[name], family, "langgraph_agent:agent"
     )
-    assert out.reward_score == 1.0 and out.segments == []
-    (seg,) = session.segments
-    assert [t["function"]["name"] for t in seg.tools] == ["calculator", "multiply"]
-    assert out.prompt_ids == first_prompt(tokenizer, QWEN3, seg.tools)
-    ((delta,),) = check_exact(out, scripted_calls(server), session, tokenizer, {})
-    assert f"<tool_response>\n{TRUTH}\n</tool_response>" in decode(tokenizer, delta)
+    assert re.fullmatch(family.result, delta), delta
+    assert TRUTH in delta
 
 
-async def test_smolagents_rewrites_its_history_so_each_call_is_a_segment(tokenizer):
-    final = _hermes_call("final_answer", {"answer": f"#### {TRUTH}"})
-    out, server, session, _ = await run_agent(
-        tokenizer, QWEN3, "smolagents_agent:agent", [CALL, final]
-    )
+@ON_EVERY_FAMILY
+async def test_smolagents_rewrites_its_history_so_each_call_is_a_segment(tokenizers, name):
+    family, tok = FAMILIES[name], tokenizers[name]
+    final = family.call("final_answer", {"answer": f"#### {TRUTH}"})
+    turns = calc_turns(family, final)
+    out, server, session, _ = await run_agent(tok, family, "smolagents_agent:agent", turns)
     assert out.reward_score == 1.0 and len(out.segments) == 1
-    deltas = check_exact(out, scripted_calls(server), session, tokenizer, {})
+    deltas = check_exact(out, scripted_calls(server), session, tok, family.template_kwargs)
     assert deltas == [[], []]  # nothing appended: each call starts from a full render
     assert [o.response_ids for o in (out, *out.segments)] == server.sampled
     second = session.segments[1]
     assert second.branch_point is not None and second.branch_reason.startswith(
         "the history differs from segment 0's"
     )
-    text = decode(tokenizer, out.segments[0].prompt_ids)
+    text = decode(tok, out.segments[0].prompt_ids)
     assert "Calling tools:" in text and f"Observation:\n{TRUTH}" in text
     assert out.record.weight == out.segments[0].record.weight == 0.5
 
 
-async def test_summarizing_agent_starts_a_segment_from_its_summary(tokenizer):
+@ON_EVERY_FAMILY
+async def test_summarizing_agent_starts_a_segment_from_its_summary(tokenizers, name):
+    family, tok = FAMILIES[name], tokenizers[name]
     out, server, session, _ = await run_agent(
-        tokenizer, QWEN3, "summarizing_agent:agent", [CALL, ANSWER], summarize_after=1
+        tok, family, "summarizing_agent:agent", calc_turns(family), summarize_after=1
     )
     assert out.reward_score == 1.0 and len(out.segments) == 1
-    check_exact(out, scripted_calls(server), session, tokenizer, {})
+    check_exact(out, scripted_calls(server), session, tok, family.template_kwargs)
     assert out.response_ids == server.sampled[0]
     second = out.segments[0]
     assert second.response_ids == server.sampled[1]
     arguments = json.dumps({"expression": EXPRESSION})
     summarized = [dict(m) for m in ROW["raw_prompt"]]
     summarized[-1]["content"] += f"\n\nResults so far:\n- calculator({arguments}) = {TRUTH}"
-    assert second.prompt_ids == encode_prompt(tokenizer, summarized, tools=TOOLS)
+    assert second.prompt_ids == encode_prompt(
+        tok, summarized, tools=TOOLS, chat_template_kwargs=family.template_kwargs
+    )
     assert second.record.branch_point == 1  # the system message is shared
     assert out.record.weight == second.record.weight == 0.5
