@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, settings
 from transformers import AutoTokenizer
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
@@ -168,3 +169,26 @@ def split_special_tokens(tokenizer: Any, tokens: list[str]) -> dict[str, list[st
                 if ids.count(token_id) != 1 or tokenizer.decode([token_id]) != token:
                     split[token] = tokenizer.tokenize(left + token + right)
     return split
+
+
+def property_settings(max_examples: int) -> settings:
+    """The hypothesis settings of the format property tests: reproducible examples, no
+    deadline (a render takes milliseconds), a module-scoped tokenizer allowed."""
+    return settings(
+        deadline=None,
+        max_examples=max_examples,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+
+
+def render(tokenizer: Any, messages, tools=None, *, add_generation_prompt=True, **kwargs) -> str:
+    """The chat template's text of ``messages`` (with the generation prompt by default)."""
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
+    )
+
+
+def decode(tokenizer: Any, ids: list[int]) -> str:
+    """``ids`` as text, special tokens and spaces exactly as encoded."""
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

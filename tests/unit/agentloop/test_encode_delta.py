@@ -10,24 +10,19 @@ import unicodedata
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta
-from tests.chat_families import FAMILY_TOKENS
+from tests.chat_families import FAMILY_TOKENS, decode, property_settings, render
 from tests.unit.agentloop.scripted import CALC_SCHEMA
 
 SPECIAL = FAMILY_TOKENS["qwen25"].special  # Qwen3 has the same chat tokens
 ASSISTANT = "<|im_start|>assistant\n"
 TOOLS = [CALC_SCHEMA]
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
-PROPERTY = settings(
-    deadline=None,
-    max_examples=60,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROPERTY = property_settings(60)
 
 
 @pytest.fixture(scope="module")
@@ -49,20 +44,6 @@ def full_ids(tokenizer, messages, tools=None, **kwargs) -> list[int]:
         return_dict=False,
         **kwargs,
     )
-
-
-def render(tokenizer, messages, tools=None, *, add_generation_prompt=True, **kwargs) -> str:
-    return tokenizer.apply_chat_template(
-        messages,
-        tools=tools,
-        add_generation_prompt=add_generation_prompt,
-        tokenize=False,
-        **kwargs,
-    )
-
-
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def suffix_after_history(before: str, after: str) -> str:

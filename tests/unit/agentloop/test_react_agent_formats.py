@@ -23,7 +23,7 @@ from agentloop.langgraph import AgentLoopChatModel, ReactAgentLoop, from_chat_di
 from agentloop.langgraph.messages import takes_string_arguments, to_chat_dicts
 from agentloop.tokens import encode_prompt, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import family_tokenizer, template_text
+from tests.chat_families import decode, family_tokenizer, template_text
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 PROMPT = [{"role": "user", "content": "What is 2 + 3 + 1?"}]
@@ -183,10 +183,6 @@ class TurnServer(ScriptedServer):
     async def generate(self, request_id, **kwargs):
         self.eot = self.turn_ends.pop(0)
         return await super().generate(request_id, **kwargs)
-
-
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def make_config(family: Family, **multi_turn: Any) -> RolloutConfig:

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
@@ -19,7 +19,7 @@ from agentloop.formats.glm import GLM45, GlmToolParser, empty_earlier_reasoning
 from agentloop.parsers import ToolCall, ToolCallError, check_calls, get_parser
 from agentloop.tokens import TemplateDeltaError, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import family_tokenizer, template_text
+from tests.chat_families import decode, family_tokenizer, property_settings, render, template_text
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 LOOKUP_SCHEMA = {
@@ -50,12 +50,7 @@ TOOLS_BLOCK = (
     "<arg_value>{arg-value-1}</arg_value>\n<arg_key>{arg-key-2}</arg_key>\n"
     "<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call>"
 )
-PROPERTY = settings(
-    deadline=None,
-    max_examples=50,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROPERTY = property_settings(50)
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +70,6 @@ def call(name: str, **arguments: Any) -> str:
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
-
-
-def render(tokenizer, messages, tools=None, *, add_generation_prompt=True, **kwargs) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
-    )
-
-
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def delta(tokenizer, history, new, tools=TOOLS, *, sampled_end, **kwargs) -> list[int]:

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig
@@ -18,17 +18,12 @@ from agentloop.formats import detect_format, end_tokens, get_format, resolve_for
 from agentloop.formats.glm import GLM45, GLM47, GlmToolParser, drop_earlier_reasoning
 from agentloop.tokens import TemplateDeltaError, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import family_tokenizer, template_text
+from tests.chat_families import decode, family_tokenizer, property_settings, render, template_text
 from tests.unit.agentloop.formats.test_glm import SCHEMAS, TOOLS
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 ENDS = ("<|observation|>", "<|user|>", "<|endoftext|>")
-PROPERTY = settings(
-    deadline=None,
-    max_examples=40,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROPERTY = property_settings(40)
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +39,6 @@ def call(name: str, **arguments: Any) -> str:
         for k, v in arguments.items()
     )
     return f"<tool_call>{name}{pairs}</tool_call>"
-
-
-def render(tokenizer, messages, tools=None, *, add_generation_prompt=True, **kwargs) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
-    )
-
-
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def delta(tokenizer, history, new, tools=TOOLS, *, sampled_end, fmt=GLM47, **kwargs) -> list[int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from openai_harmony import (
     Author,
@@ -41,7 +41,14 @@ from agentloop.formats.gpt_oss import (
 from agentloop.parsers import ToolCall, ToolCallError
 from agentloop.tokens import TemplateDeltaError, Trajectory, encode_delta, encode_prompt, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import FAMILY_TOKENS, TEMPLATES, family_tokenizer, template_text
+from tests.chat_families import (
+    FAMILY_TOKENS,
+    TEMPLATES,
+    decode,
+    family_tokenizer,
+    property_settings,
+    template_text,
+)
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 START, END, CALL, RETURN = "<|start|>", "<|end|>", "<|call|>", "<|return|>"
@@ -49,12 +56,7 @@ SPECIAL = FAMILY_TOKENS["gpt_oss"].special
 ASSISTANT = "<|start|>assistant"
 DATE = "2025-06-28"
 KW = {"current_date": DATE}
-PROPERTY = settings(
-    deadline=None,
-    max_examples=50,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROPERTY = property_settings(50)
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +71,6 @@ def harmony():
 
 def parse(text: str, repair: bool = True):
     return GptOssToolParser(repair=repair).parse(text)
-
-
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def render(tokenizer, messages, tools=None, *, add_generation_prompt=True) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig, encode_delta
@@ -22,7 +22,14 @@ from agentloop.parsers import ToolCall, ToolCallError
 from agentloop.tokens import mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from agentloop.tools import BaseTool, ToolResult
-from tests.chat_families import FAMILY_TOKENS, family_tokenizer, template_text
+from tests.chat_families import (
+    FAMILY_TOKENS,
+    decode,
+    family_tokenizer,
+    property_settings,
+    render,
+    template_text,
+)
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 SPECIAL = FAMILY_TOKENS["llama3"].special
@@ -32,12 +39,7 @@ IPYTHON = "<|start_header_id|>ipython<|end_header_id|>\n\n"
 HINT = (
     'reply with only {"name": <tool name>, "parameters": {...}} (several calls separated by "; ")'
 )
-PROPERTY = settings(
-    deadline=None,
-    max_examples=50,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROPERTY = property_settings(50)
 
 
 def llama_tokenizer(base_path, eos: str = EOT) -> Any:
@@ -55,16 +57,6 @@ def call(name: str, key: str = "parameters", **arguments: Any) -> str:
 
 def parse(text: str, repair: bool = True):
     return Llama3JsonToolParser(repair=repair).parse(text)
-
-
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
-def render(tokenizer, messages, tools=None, *, add_generation_prompt=True, **kwargs) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
-    )
 
 
 def full_ids(tokenizer, messages, tools=None, *, add_generation_prompt=True, **kwargs):

@@ -12,7 +12,7 @@ import unicodedata
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from jinja2 import TemplateError
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
@@ -24,7 +24,14 @@ from agentloop.formats.mistral import MistralToolParser, mistral_tool_content
 from agentloop.parsers import ToolCall, ToolCallError
 from agentloop.tokens import TemplateDeltaError, encode_delta, encode_prompt, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import FAMILY_TOKENS, family_tokenizer, template_text
+from tests.chat_families import (
+    FAMILY_TOKENS,
+    decode,
+    family_tokenizer,
+    property_settings,
+    render,
+    template_text,
+)
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 SPECIAL = FAMILY_TOKENS["mistral"].special
@@ -33,27 +40,12 @@ HINT = (
     'write a JSON list of {"name": <tool name>, "arguments": {...}} objects right after the '
     "tool-calls token"
 )
-PROPERTY = settings(
-    deadline=None,
-    max_examples=80,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROPERTY = property_settings(80)
 
 
 @pytest.fixture(scope="module")
 def tok(tiny_qwen3_path):
     return family_tokenizer(tiny_qwen3_path, "mistral")
-
-
-def render(tokenizer, messages, tools=None) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=False
-    )
-
-
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def calls(*objects: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import unicodedata
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig
@@ -21,7 +21,7 @@ from agentloop.formats.mistral import MistralToolParser
 from agentloop.formats.mistral_v7 import MISTRAL_V7
 from agentloop.tokens import encode_delta, encode_prompt, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import family_tokenizer, template_text
+from tests.chat_families import decode, family_tokenizer, property_settings, render, template_text
 from tests.unit.agentloop.formats.mistral_official import (
     SPECIAL_V7,
     official_ids,
@@ -31,12 +31,7 @@ from tests.unit.agentloop.formats.mistral_official import (
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 FMT = get_format("mistral_v7")
-PROPERTY = settings(
-    deadline=None,
-    max_examples=40,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROPERTY = property_settings(40)
 # plain text, compact JSON, pretty JSON, non-ASCII, empty: each must stay as the tool wrote it
 RESULTS = [
     "Goethe",
@@ -52,16 +47,6 @@ VERSIONS = {"mistral_v7": ("v7", "sp-v7", "v11"), "mistral_v13": ("v13",)}
 @pytest.fixture(scope="module")
 def toks(tiny_qwen3_path) -> dict[str, Any]:
     return {name: family_tokenizer(tiny_qwen3_path, name) for name in VERSIONS}
-
-
-def render(tokenizer, messages, tools=None) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=False
-    )
-
-
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def calls(*objects: dict[str, Any]) -> str:

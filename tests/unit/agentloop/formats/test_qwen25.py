@@ -10,26 +10,27 @@ import unicodedata
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig, encode_delta
 from agentloop.formats import detect_format, end_tokens, get_format
 from agentloop.tokens import mask_spans
 from agentloop.tool_agent import ToolAgentLoop
-from tests.chat_families import FAMILY_TOKENS, family_tokenizer, template_text
+from tests.chat_families import (
+    FAMILY_TOKENS,
+    decode,
+    family_tokenizer,
+    property_settings,
+    template_text,
+)
 from tests.unit.agentloop.scripted import CALC_SCHEMA, CalcTool, ScriptedServer
 
 SPECIAL = FAMILY_TOKENS["qwen25"].special
 END = "<|im_end|>"
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 HERMES = get_format("hermes")
-PROPERTY = settings(
-    deadline=None,
-    max_examples=40,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+PROPERTY = property_settings(40)
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +40,6 @@ def qwen25(tiny_qwen3_path):
 
 def call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def full_ids(tokenizer, messages, tools=None, *, add_generation_prompt=True) -> list[int]:

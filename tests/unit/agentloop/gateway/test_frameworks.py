@@ -24,7 +24,7 @@ from agentloop.messages import takes_string_arguments
 from agentloop.tokens import encode_prompt, mask_spans
 from examples.gateway.calc_tools import TOOLS
 from recipes.calculator.data import make_rows
-from tests.chat_families import FAMILY_TOKENS, family_tokenizer
+from tests.chat_families import FAMILY_TOKENS, decode, family_tokenizer
 from tests.unit.agentloop.scripted import ScriptedServer
 
 ROW = {**make_rows(1, seed=1, split="val")[0], "agent_name": "gateway"}
@@ -211,10 +211,6 @@ def scripted_calls(server: ScriptedServer) -> list[tuple[list[int], list[int], l
     ]
 
 
-def decode(tok, ids: list[int]) -> str:
-    return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
 def first_prompt(tok, family: Family, tools=TOOLS) -> list[int]:
     kwargs = family.template_kwargs
     return encode_prompt(tok, ROW["raw_prompt"], tools=tools, chat_template_kwargs=kwargs)
@@ -247,9 +243,17 @@ async def test_openai_sdk_agent_is_one_exact_segment_on_every_family(tokenizers,
     assert out.record.assistant_turns == 2 and out.record.user_turns == 1
 
 
-async def one_exact_segment_with_both_tools(tok, family: Family, agent: str) -> str:
-    """Runs ``agent`` (which declares calculator and multiply) for a call and an answer:
-    one segment after the full render of the row with both tools; returns the delta."""
+@ON_EVERY_FAMILY
+@pytest.mark.parametrize(
+    "agent",
+    ["agents_sdk_agent:agent", "langgraph_agent:agent"],
+    ids=["agents_sdk_responses_api", "langgraph_chat_openai"],
+)
+async def test_agent_declaring_both_tools_is_one_exact_segment(tokenizers, name, agent):
+    """The Agents SDK (Responses API) and LangGraph's ReAct agent over ChatOpenAI declare
+    calculator and multiply: one segment after the full render of the row with both tools,
+    the result delta as the family's template writes it."""
+    family, tok = FAMILIES[name], tokenizers[name]
     out, server, session, _ = await run_agent(tok, family, agent, calc_turns(family))
     assert out.reward_score == 1.0 and out.segments == []
     (seg,) = session.segments
@@ -257,26 +261,8 @@ async def one_exact_segment_with_both_tools(tok, family: Family, agent: str) -> 
     assert out.prompt_ids == first_prompt(tok, family, seg.tools)
     calls = scripted_calls(server)
     ((delta,),) = check_exact(out, calls, session, tok, family.template_kwargs)
-    return decode(tok, delta)
-
-
-@ON_EVERY_FAMILY
-async def test_agents_sdk_agent_on_the_responses_api_is_one_exact_segment(tokenizers, name):
-    family = FAMILIES[name]
-    delta = await one_exact_segment_with_both_tools(
-        tokenizers[name], family, "agents_sdk_agent:agent"
-    )
-    assert re.fullmatch(family.result, delta), delta
-
-
-@ON_EVERY_FAMILY
-async def test_langgraph_react_agent_over_chat_openai_is_one_exact_segment(tokenizers, name):
-    family = FAMILIES[name]
-    delta = await one_exact_segment_with_both_tools(
-        tokenizers[name], family, "langgraph_agent:agent"
-    )
-    assert re.fullmatch(family.result, delta), delta
-    assert TRUTH in delta
+    assert TRUTH in decode(tok, delta)
+    assert re.fullmatch(family.result, decode(tok, delta)), decode(tok, delta)
 
 
 @ON_EVERY_FAMILY
