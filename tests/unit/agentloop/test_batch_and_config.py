@@ -233,16 +233,21 @@ def test_concatenated_batches_keep_their_segments():
     assert both.segment == [0, 1, 2, 0] and both.num_sessions == 2 and len(both) == 4
 
 
-def test_collate_names_the_segment_over_the_budget():
+def collate_error(session, prompt_length: int) -> str:
+    """The ValueError ``collate`` raises for one session (response_length 3)."""
     with pytest.raises(ValueError) as err:
         collate(
-            [segmented()],
+            [session],
             [{"uid": "a", "agent_name": "x"}],
-            prompt_length=2,
+            prompt_length=prompt_length,
             response_length=3,
             pad_token_id=0,
         )
-    assert str(err.value) == (
+    return str(err.value)
+
+
+def test_collate_names_the_segment_over_the_budget():
+    assert collate_error(segmented(), prompt_length=2) == (
         "sample 0 segment 2 has 3 prompt / 1 response tokens, over the "
         "prompt_length=2 / response_length=3 budget"
     )
@@ -251,15 +256,7 @@ def test_collate_names_the_segment_over_the_budget():
 def test_collate_rejects_segments_of_a_segment():
     session = segmented()
     session.segments[0].segments = [output([1], [2], [1])]
-    with pytest.raises(ValueError) as err:
-        collate(
-            [session],
-            [{"uid": "a", "agent_name": "x"}],
-            prompt_length=3,
-            response_length=3,
-            pad_token_id=0,
-        )
-    assert str(err.value) == (
+    assert collate_error(session, prompt_length=3) == (
         "sample 0 segment 1 has segments of its own: a session's further samples are one "
         "flat list, AgentLoopOutput.segments of its first"
     )
