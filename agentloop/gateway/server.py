@@ -41,9 +41,13 @@ from agentloop.gateway.session import ChatCall, Completion, Session
 if TYPE_CHECKING:
     from agentloop.config import GatewayConfig
 
-__all__ = ["Gateway", "SessionEnded"]
+__all__ = ["Gateway", "SessionEnded", "UnknownSession"]
 
 logger = logging.getLogger(__name__)
+
+
+class UnknownSession(Exception):
+    """A route names a session this gateway does not hold (404)."""
 
 
 class SessionEnded(Exception):
@@ -72,7 +76,7 @@ class Gateway:
         """Listen on ``host:port`` (a free port for 0); returns the root URL."""
         if self._runner is not None:
             return self.url
-        app = web.Application(client_max_size=64 * 1024**2)
+        app = web.Application(client_max_size=64 * 1024**2, middlewares=[self._auth])
         v1 = "/sessions/{sid}/v1"
         app.router.add_post(f"{v1}/chat/completions", self._chat)
         app.router.add_post(f"{v1}/responses", self._responses)
@@ -125,16 +129,19 @@ class Gateway:
         return done
 
     # ---- handlers ------------------------------------------------------------------------
-    def _authorized(self, request: web.Request) -> bool:
-        if self.config.api_key is None:
-            return True
-        return request.headers.get("Authorization", "") == f"Bearer {self.config.api_key}"
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every route wants the bearer key when ``gateway.api_key`` is set (401 otherwise)."""
+        key = self.config.api_key
+        if key is not None and request.headers.get("Authorization", "") != f"Bearer {key}":
+            return _error(401, "wrong API key (rollout.gateway.api_key)", None, "auth_error")
+        return await handler(request)
 
     def _session(self, request: web.Request) -> Session:
         sid = request.match_info["sid"]
         session = self.sessions.get(sid)
         if session is None:
-            raise KeyError(sid)
+            raise UnknownSession(sid)
         if session.ended:
             raise SessionEnded(sid)
         return session
@@ -145,8 +152,6 @@ class Gateway:
         parse: Callable[[Any], ChatCall],
         respond: Callable[[Completion, dict[str, Any]], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
-        if not self._authorized(request):
-            return _error(401, "wrong API key (rollout.gateway.api_key)", None, "auth_error")
         try:
             session = self._session(request)
             try:
@@ -155,7 +160,7 @@ class Gateway:
                 raise GatewayInputError("the request body is not valid JSON", None) from None
             call = parse(body)
             completion = await session.complete(call)
-        except KeyError as exc:
+        except UnknownSession as exc:
             return _error(404, f"no session {exc.args[0]!r} on this gateway", "sid")
         except SessionEnded as exc:
             return _error(409, f"session {exc.args[0]!r} has ended; start a new one", "sid")
@@ -184,14 +189,12 @@ class Gateway:
     async def _models(self, request: web.Request) -> web.Response:
         try:
             self._session(request)
-        except (KeyError, SessionEnded) as exc:
+        except (UnknownSession, SessionEnded) as exc:
             return _error(404, f"no open session {exc.args[0]!r} on this gateway", "sid")
         model = {"id": self.model, "object": "model", "created": 0, "owned_by": "agentloop"}
         return web.json_response({"object": "list", "data": [model]})
 
     async def _claim(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return _error(401, "wrong API key (rollout.gateway.api_key)", None, "auth_error")
         try:
             session, row = self.waiting.get_nowait()
         except asyncio.QueueEmpty:
@@ -213,7 +216,7 @@ class Gateway:
             reward = body.get("reward") if isinstance(body, dict) else None
             if isinstance(reward, bool) or not isinstance(reward, (int, float)):
                 raise GatewayInputError("reward must be a number", "reward")
-        except KeyError as exc:
+        except UnknownSession as exc:
             return _error(404, f"no session {exc.args[0]!r} on this gateway", "sid")
         except SessionEnded as exc:
             return _error(409, f"session {exc.args[0]!r} has ended", "sid")

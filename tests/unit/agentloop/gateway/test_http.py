@@ -81,12 +81,16 @@ async def test_session_limits_name_their_keys(tokenizer):
     assert "actor_rollout_ref.rollout.gateway.max_tokens_per_session" in error["error"]["message"]
 
 
-async def test_wrong_api_key_is_401(tokenizer):
+async def test_wrong_api_key_is_401_on_every_route(tokenizer):
     gw, session, _ = await open_session(tokenizer, ["hi"], api_key="secret")
     status, error = await post(f"{gw.base_url(session)}/chat/completions", {"messages": PROMPT})
     assert status == 401 and "rollout.gateway.api_key" in error["error"]["message"]
     url = f"{gw.base_url(session)}/chat/completions"
     assert (await post(url, {"messages": PROMPT}, key="secret"))[0] == 200
+    for route in ("reward", "end"):  # every route wants the key
+        status, error = await post(f"{gw.url}/sessions/{session.id}/{route}", {"reward": 1})
+        assert status == 401 and error["error"]["type"] == "auth_error"
+    assert (await post(f"{gw.url}/sessions", {}))[0] == 401
 
 
 async def test_streamed_chat_gives_the_same_tool_calls(tokenizer):
