@@ -22,6 +22,7 @@ __all__ = [
     "encode_prompt",
     "mask_spans",
     "render_chat",
+    "render_size",
 ]
 
 # A reasoning block and the "\n\n" the template writes after it; only the text right after
@@ -51,6 +52,20 @@ def render_chat(
         tokenize=False,
         **(chat_template_kwargs or {}),
     )
+
+
+def render_size(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+) -> int:
+    """About how many characters a render of ``messages`` with ``tools`` handles: the
+    messages' text (a content list or tool calls by their length as text) and the tools'."""
+    size = 0
+    for message in messages:
+        for key in ("content", "tool_calls", "reasoning_content"):
+            value = message.get(key)
+            if value:
+                size += len(value) if isinstance(value, str) else len(str(value))
+    return size + (len(str(tools)) if tools else 0)
 
 
 def encode_prompt(

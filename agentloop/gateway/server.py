@@ -11,7 +11,7 @@ Routes (``{base} = /sessions/{sid}/v1``):
   ``POST /sessions/{sid}/end``.
 Errors use the OpenAI error shape: 404 unknown session, 409 a call after the session ended,
 400 a malformed body or a call over a session limit (naming the field or config key), 401 a
-wrong key.
+wrong key, 500 a fault behind the gateway (the engine's error, also logged).
 """
 
 from __future__ import annotations
@@ -166,6 +166,9 @@ class Gateway:
             return _error(409, f"session {exc.args[0]!r} has ended; start a new one", "sid")
         except GatewayInputError as exc:
             return _error(400, str(exc), exc.param)
+        except Exception as exc:  # a fault behind the gateway (the engine): the agent's 500
+            logger.exception("gateway call on session %s failed", request.match_info["sid"])
+            return _error(500, f"{type(exc).__name__}: {exc}", None, "server_error")
         return await respond(completion, body)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:

@@ -314,3 +314,40 @@ async def test_each_turn_is_sent_with_a_priority_that_ranks_stragglers_first(tok
     assert 1000 <= second - third < 1000 + 200  # one turn and a fast tool
     later, _ = make_loop(tokenizer, ["done"])
     assert later.priority() >= first  # admitted later, no turns yet: behind the first
+
+
+class _ThreadOfRender:
+    """The shared tokenizer, recording the thread each chat-template render runs on."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.threads: list[int] = []
+
+    def apply_chat_template(self, *args, **kwargs):
+        import threading
+
+        self.threads.append(threading.get_ident())
+        return self._tokenizer.apply_chat_template(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+async def test_short_renders_run_on_the_loop_and_long_ones_in_a_thread(tokenizer):
+    import threading
+
+    from agentloop.base import INLINE_RENDER_CHARS
+
+    recording = _ThreadOfRender(tokenizer)
+    loop, _ = make_loop(recording, [])
+    here = threading.get_ident()
+    long = [{"role": "user", "content": "x" * (INLINE_RENDER_CHARS + 1)}]
+    await loop.encode_prompt(PROMPT)
+    await loop.encode_prompt(long)
+    assert recording.threads[0] == here and recording.threads[1] != here  # one render each
+    history = [*PROMPT, {"role": "assistant", "content": "Hi."}]
+    recording.threads.clear()
+    await loop.encode_delta(history, [{"role": "user", "content": "More."}], head=1)
+    await loop.encode_delta(history, long, head=1)
+    assert set(recording.threads[:2]) == {here}  # each delta renders twice
+    assert len(recording.threads) == 4 and all(t != here for t in recording.threads[2:])

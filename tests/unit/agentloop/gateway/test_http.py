@@ -93,6 +93,21 @@ async def test_wrong_api_key_is_401_on_every_route(tokenizer):
     assert (await post(f"{gw.url}/sessions", {}))[0] == 401
 
 
+async def test_an_engine_fault_is_a_500_in_the_openai_shape(tokenizer, caplog):
+    gw, session, server = await open_session(tokenizer, ["hi"])
+
+    async def down(*args, **kwargs):
+        raise RuntimeError("no healthy server")
+
+    server.generate = down
+    status, error = await post(f"{gw.base_url(session)}/chat/completions", {"messages": PROMPT})
+    assert status == 500 and error["error"]["type"] == "server_error"
+    assert error["error"]["message"] == "RuntimeError: no healthy server"
+    assert "gateway call on session" in caplog.text  # logged with its traceback
+    server.generate = type(server).generate.__get__(server)
+    assert (await post(f"{gw.base_url(session)}/chat/completions", {"messages": PROMPT}))[0] == 200
+
+
 async def test_streamed_chat_gives_the_same_tool_calls(tokenizer):
     turns = [hermes_call("weather", city="Paris")] * 2
     gw, session, _ = await open_session(tokenizer, turns)
