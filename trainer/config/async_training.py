@@ -34,6 +34,12 @@ class AsyncTrainingConfig:
     null: ``data.train_batch_size`` prompts."""
     use_rollout_log_probs: bool = False
     """Use the engine's log-probs as the old policy's (skips the trainer's recompute)."""
+    score_concurrency: int = 8
+    """Finished groups scored at once, each on its own thread beside the rollout (a slow
+    judge or sandbox delays only its group)."""
+    wait_log_s: float = 60.0
+    """A step that waits this long for its groups logs what it waits for (groups scored, in
+    flight and due, their versions, the admission room), and again every as long."""
 
     def __post_init__(self) -> None:
         if self.staleness_threshold < 0:
@@ -43,6 +49,10 @@ class AsyncTrainingConfig:
             )
         if self.trigger_parameter_sync_step < 1:
             raise ValueError("async_training.trigger_parameter_sync_step must be >= 1")
+        if self.score_concurrency < 1:
+            raise ValueError("async_training.score_concurrency must be >= 1")
+        if self.wait_log_s <= 0:
+            raise ValueError("async_training.wait_log_s must be > 0 (seconds)")
         if self.require_batches is not None and self.require_batches < 1:
             raise ValueError("async_training.require_batches must be >= 1 (or null)")
         if self.staleness_threshold < self.trigger_parameter_sync_step - 1:

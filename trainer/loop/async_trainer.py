@@ -8,15 +8,15 @@ trainer, and the trainer consumes finished GRPO groups.
                       partial_rollout, else let them finish) -> push weights -> resume
 
 Staleness. Versions count updates: the trainer at step k holds version k-1, and every token
-carries the version of the weights that sampled it. With ``G`` groups per step and threshold
-``s``, a group is admitted at version ``v`` only while fewer than ``(v + s + 1) * G`` groups
-(plus the ones filtered out) were admitted over the run, and step ``k`` trains every group
-admitted at a version ``<= k - 1 - s`` first (it waits for them), then the finished ones of
-the lowest versions, none newer than ``k - s`` (a newer group trained early would take the
-slot an older one needs). So no group is trained more than ``s`` versions after its
-admission and finished work is never thrown away. At ``s = 0`` the groups of step k are
-exactly the prompts the sync trainer would draw, in the same order: the two trainers compute
-the same update.
+carries the version of the weights that sampled it. A group admitted at version ``v`` is
+trained by step ``v + s + 1`` at the latest, and a step takes the scored groups earliest
+deadline first without taking a slot an older group needs (``trainer.loop.async_schedule``:
+the rule, and why it always makes progress). So no group is trained more than ``s`` versions
+after its admission and finished work is never thrown away. At ``s = 0`` the groups of step k
+are exactly the prompts the sync trainer would draw, in the same order: the two trainers
+compute the same update. Scoring runs on its own threads (``async_training.score_concurrency``
+at once), so a slow judge delays only its group; a step that waits longer than
+``async_training.wait_log_s`` logs what it waits for.
 
 Every step appends the prompts it trained (sampler keys) to ``trained_prompts.jsonl`` in
 the run folder.
@@ -31,6 +31,7 @@ import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +39,13 @@ import torch
 
 from agentloop import FinishedGroup, RolloutBatch, RolloutStream, TraceContext, rollout_metrics
 from trainer.config.schema import Config
-from trainer.data.sampler import PromptSampler, RowKey
+from trainer.data.sampler import PromptSampler
 from trainer.loop.assembly import RunParts
+from trainer.loop.async_schedule import Admitted, GroupSchedule
 from trainer.loop.ray_trainer import RayPPOTrainer
 from trainer.rewards.manager import RewardOutput
 
-__all__ = ["AsyncPPOTrainer", "FilterGroupsError", "no_signal"]
+__all__ = ["AsyncPPOTrainer", "FilterGroupsError", "StalledError", "no_signal"]
 
 logger = logging.getLogger("agentloop.train")
 
@@ -52,18 +54,12 @@ class FilterGroupsError(RuntimeError):
     """Too many groups were filtered out for one step (``max_num_gen_batches``)."""
 
 
-@dataclass(slots=True)
-class _Admitted:
-    key: RowKey
-    seq: int
-    """Admission order over the run (the sampler's order)."""
-    version: int
-    """Version the servers held when admitted."""
+class StalledError(RuntimeError):
+    """The run can make no more progress (a state the schedule should never reach)."""
 
 
 @dataclass(slots=True)
 class _Scored:
-    admitted: _Admitted
     group: FinishedGroup
     reward: RewardOutput
     reward_s: float
@@ -74,7 +70,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
     """``RayPPOTrainer`` whose ``train_step`` consumes a rollout stream; everything else
     (update math, validation, checkpoints, faults) is the sync trainer's. Only the main
     thread drives the trainer ranks and restarts servers (``heal_if_due``); the producer
-    thread only admits, polls and scores."""
+    thread only admits and polls, and scoring runs on its own threads."""
 
     def __init__(
         self,
@@ -89,44 +85,51 @@ class AsyncPPOTrainer(RayPPOTrainer):
         run = config.async_training
         self.stream = stream if stream is not None else RolloutStream(parts.manager)
         self.groups_per_step = config.async_groups_per_step
+        if config.trainer.total_training_steps is None:  # epochs of this step's group count
+            per_epoch = len(sampler.rows) // self.groups_per_step
+            if per_epoch < 1:
+                raise ValueError(
+                    f"an async step trains {self.groups_per_step} prompts but the dataset has "
+                    f"{len(sampler.rows)}: lower async_training.require_batches (or "
+                    "data.train_batch_size), or set trainer.total_training_steps"
+                )
+            self.total_steps = config.trainer.total_steps(per_epoch)
         self.staleness = run.staleness_threshold
         self.partial = run.partial_rollout
         self.sync_every = run.trigger_parameter_sync_step
+        self.wait_log_s = run.wait_log_s
         self.filter = config.algorithm.filter_groups
         self.version = 0
         """Updates done: the version of the trainer's weights."""
-        self.served = 0
-        """The version the servers hold (the last pushed); admission counts from it."""
+        self.schedule: GroupSchedule[_Scored] = GroupSchedule(
+            self.groups_per_step, self.staleness, self.total_steps * self.groups_per_step
+        )
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._pending: dict[RowKey, _Admitted] = {}  # admitted, not yet finished
-        self._ready: list[_Scored] = []  # finished and scored, not yet trained
-        self._admitted = 0
-        self._dropped = 0
+        self._scoring = ThreadPoolExecutor(run.score_concurrency, thread_name_prefix="score")
         self._dropped_this_step = 0
-        self._limit_groups = self.total_steps * self.groups_per_step
         self._rollout_idle_s = 0.0
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._producer: threading.Thread | None = None
         self._counters: dict[str, int] | None = None
 
-    # ---- the producer ---------------------------------------------------------------------
-    def _admission_limit(self) -> int:
-        bound = (self.served + self.staleness + 1) * self.groups_per_step + self._dropped
-        return min(bound, self._limit_groups + self._dropped)
+    @property
+    def served(self) -> int:
+        """The version the servers hold (the last pushed); admission counts from it."""
+        return self.schedule.served
 
+    # ---- the producer ---------------------------------------------------------------------
     def _produce(self) -> None:
-        """Admit, poll, score: until stopped; an error is kept for the main thread."""
+        """Admit and poll until stopped; each finished group is scored on the scoring threads.
+        An error is kept for the main thread."""
         try:
             last = time.perf_counter()
             while not self._stop.is_set():
                 with self._lock:
-                    while self._admitted < self._admission_limit():
+                    while self.schedule.room() > 0:
                         key, row = self.sampler.next_row()
-                        admitted = _Admitted(key, self._admitted, self.served)
-                        self._pending[key] = admitted
-                        self._admitted += 1
+                        self.schedule.admit(key)
                         trace = TraceContext(step=self.served + 1)
                         self.stream.submit(key, row, trace=trace)
                 idle = self.stream.in_flight == 0
@@ -139,30 +142,38 @@ class AsyncPPOTrainer(RayPPOTrainer):
                         self._rollout_idle_s += now - last
                 last = now
                 for group in finished:
-                    self._score(group)
+                    self._scoring.submit(self._score, group)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             logger.exception("the rollout stream failed")
-            with self._lock:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
                 self._error = exc
-                self._wake.notify_all()
+            self._wake.notify_all()
 
     def _score(self, group: FinishedGroup) -> None:
-        start = time.perf_counter()
-        reward = self.rewards.score(group.batch)
-        seconds = time.perf_counter() - start
-        with self._lock:
-            admitted = self._pending.pop(group.key)
-            if self.filter.enable and no_signal(group.batch, reward.scores):
-                self._dropped += 1
-                self._dropped_this_step += 1
-            else:
-                self._ready.append(_Scored(admitted, group, reward, seconds))
-            self._wake.notify_all()
+        """On a scoring thread: score one group, then hand it to the schedule (or drop it
+        when ``filter_groups`` finds no signal in it)."""
+        try:
+            start = time.perf_counter()
+            reward = self.rewards.score(group.batch)
+            seconds = time.perf_counter() - start
+            keep = not (self.filter.enable and no_signal(group.batch, reward.scores))
+            with self._lock:
+                self.schedule.finish(group.key, _Scored(group, reward, seconds), keep=keep)
+                if not keep:
+                    self._dropped_this_step += 1
+                self._wake.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            logger.exception("scoring a finished group failed")
+            self._fail(exc)
 
     def _start_producer(self) -> None:
         if self._producer is None:
             self._counters = self.stream.counters()
-            self.served = self.version
+            self.schedule.pushed(self.version)
             self.stream.resume(self.version)
             self._producer = threading.Thread(target=self._produce, name="rollout", daemon=True)
             self._producer.start()
@@ -171,37 +182,47 @@ class AsyncPPOTrainer(RayPPOTrainer):
         self._stop.set()
         if self._producer is not None:
             self._producer.join(timeout=60)
+        self._scoring.shutdown(wait=False, cancel_futures=True)
 
     # ---- the consumer ---------------------------------------------------------------------
-    def _take_groups(self) -> list[_Scored]:
-        """The step's groups (see the module docstring); waits for them, checking the
-        servers meanwhile (a restart pushes the trainer's weights: this thread's work)."""
-        must_before = self.version - self.staleness  # admitted at a version <= this: now
-        # Newer groups may fill the step only up to one version past that: training a
-        # newer group first would take the slot an older one needs to stay in the bound.
-        eligible = max(must_before + 1, 0)
+    def _check_filter_cap(self) -> None:
+        cap = self.filter.max_num_gen_batches
+        if cap and self._dropped_this_step >= cap * self.groups_per_step:
+            raise FilterGroupsError(
+                f"{self._dropped_this_step} groups in a row scored alike and were dropped "
+                f"(algorithm.filter_groups.max_num_gen_batches={cap}): the task is too easy "
+                "or too hard for the model; raise the cap (0: no cap) or change the data. The "
+                "last checkpoint resumes the run (trainer.resume_mode=auto)"
+            )
+
+    def _take_groups(self, step: int) -> list[tuple[Admitted, _Scored]]:
+        """Step ``step``'s groups (``GroupSchedule.take``); waits for them, checking the
+        servers meanwhile (a restart pushes the trainer's weights: this thread's work), and
+        logs what it waits for every ``async_training.wait_log_s``."""
+        start = logged = time.perf_counter()
         while True:
             with self._lock:
                 if self._error is not None:
                     raise self._error
-                cap = self.filter.max_num_gen_batches
-                if cap and self._dropped_this_step >= cap * self.groups_per_step:
-                    raise FilterGroupsError(
-                        f"{self._dropped_this_step} groups in a row scored alike and were "
-                        f"dropped (algorithm.filter_groups.max_num_gen_batches={cap}): the "
-                        "task is too easy or too hard for the model; raise the cap or change "
-                        "the data"
-                    )
-                waiting = any(a.version <= must_before for a in self._pending.values())
-                usable = [s for s in self._ready if s.admitted.version <= eligible]
-                if not waiting and len(usable) >= self.groups_per_step:
-                    usable.sort(key=lambda s: (s.admitted.version, s.admitted.seq))
-                    chosen = sorted(usable[: self.groups_per_step], key=lambda s: s.admitted.seq)
-                    taken = {id(s) for s in chosen}
-                    self._ready = [s for s in self._ready if id(s) not in taken]
+                self._check_filter_cap()
+                chosen = self.schedule.take(step)
+                if chosen is not None:
                     self._dropped_this_step = 0
                     return chosen
+                if not self.schedule.pending and self.schedule.room() == 0:
+                    raise StalledError(
+                        f"async training cannot go on: {self.schedule.describe(step)}. "
+                        f"Settings: async_training.staleness_threshold={self.staleness}, "
+                        f"trigger_parameter_sync_step={self.sync_every}, "
+                        f"{self.groups_per_step} groups per step (require_batches or "
+                        "data.train_batch_size); please report this with the run's config"
+                    )
                 self._wake.wait(timeout=1.0)
+                if time.perf_counter() - logged >= self.wait_log_s:
+                    logged = time.perf_counter()
+                    logger.warning(
+                        "waited %.0f s: %s", logged - start, self.schedule.describe(step)
+                    )
             self.stream.heal_if_due()
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -213,7 +234,8 @@ class AsyncPPOTrainer(RayPPOTrainer):
         start = time.perf_counter()
         with self._lock:
             idle_before = self._rollout_idle_s
-        groups = self._take_groups()
+        taken = self._take_groups(step)
+        groups = [scored for _, scored in taken]
         waited = time.perf_counter() - start
         rollout = RolloutBatch.cat([s.group.batch for s in groups])
         reward = RewardOutput.cat([s.reward for s in groups])
@@ -226,7 +248,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
             self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
         metrics |= staleness_metrics(rollout, self.version)
         metrics |= self.update(step, rollout, reward)
-        self._log_prompts(step, groups)
+        self._log_prompts(step, [admitted for admitted, _ in taken])
         self.version += 1
         if self.version % self.sync_every == 0 or step == self.total_steps:
             metrics |= self._push()
@@ -234,25 +256,25 @@ class AsyncPPOTrainer(RayPPOTrainer):
             metrics["async/rollout_idle_frac"] = (self._rollout_idle_s - idle_before) / max(
                 time.perf_counter() - start, 1e-9
             )
-            metrics["async/groups_ready"] = float(len(self._ready))
-            metrics["async/groups_in_flight"] = float(len(self._pending))
-            metrics["async/groups_dropped"] = float(self._dropped)
+            metrics["async/groups_ready"] = float(len(self.schedule.ready))
+            metrics["async/groups_in_flight"] = float(len(self.schedule.pending))
+            metrics["async/groups_dropped"] = float(self.schedule.dropped)
         metrics |= self._counter_metrics()
         metrics["timing_s/wait_rollout"] = waited
         metrics["async/trainer_idle_frac"] = waited / max(time.perf_counter() - start, 1e-9)
         metrics["timing_s/step"] = time.perf_counter() - start
-        epoch = max(s.admitted.key[0] for s in groups)  # the sampler's epoch of the prompts
+        epoch = max(admitted.key[0] for admitted, _ in taken)  # the sampler's epoch of the prompts
         metrics |= self._verl_step_metrics(metrics, rollout, epoch)
         return metrics
 
-    def _log_prompts(self, step: int, groups: list[_Scored]) -> None:
+    def _log_prompts(self, step: int, groups: list[Admitted]) -> None:
         """``trained_prompts.jsonl`` in the run folder: the sampler keys (epoch, position)
         each step trained on, with the version each group was admitted at. After a resume
         the last line of a step is the one in the checkpoint lineage."""
         entry = {
             "step": step,
-            "prompts": [list(s.admitted.key) for s in groups],
-            "admitted_versions": [s.admitted.version for s in groups],
+            "prompts": [list(a.key) for a in groups],
+            "admitted_versions": [a.version for a in groups],
         }
         path = self.checkpoints.root / "trained_prompts.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,7 +298,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
             self.stream.resume(self.version)
         paused = time.perf_counter() - start
         with self._lock:
-            self.served = self.version  # admission opens for the new version's groups
+            self.schedule.pushed(self.version)  # admission opens for the new version's groups
             if self.stream.in_flight:  # the turns could not sample meanwhile
                 self._rollout_idle_s += paused
             self._wake.notify_all()
@@ -287,8 +309,9 @@ class AsyncPPOTrainer(RayPPOTrainer):
     # ---- checkpoints, validation, stop ------------------------------------------------------
     def _save(self, step: int) -> None:
         with self._lock:
+            schedule = self.schedule
             in_flight = sorted(
-                [a for a in self._pending.values()] + [s.admitted for s in self._ready],
+                [*schedule.pending.values(), *(a for a, _ in schedule.ready)],
                 key=lambda a: a.seq,
             )
             state = self.sampler.state_dict([a.key for a in in_flight])
@@ -305,7 +328,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         admitted (the sampler hands out the untrained ones again first)."""
         with self._lock:
             self.version = step
-            self._admitted = step * self.groups_per_step
+            self.schedule.restore(step)
 
     def close(self) -> None:
         self._stop_producer()

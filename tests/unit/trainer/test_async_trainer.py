@@ -138,10 +138,19 @@ def rows(count: int) -> list[dict[str, Any]]:
 
 
 class Built:
-    def __init__(self, tmp_path: Path, tokenizer: Any, async_cfg: AsyncTrainingConfig | None):
+    def __init__(
+        self,
+        tmp_path: Path,
+        tokenizer: Any,
+        async_cfg: AsyncTrainingConfig | None,
+        *,
+        steps: int | None = STEPS,
+        epochs: int = 1,
+    ):
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.config = config = make_config(tmp_path, Path(tokenizer.name_or_path))
-        config.trainer.total_training_steps = STEPS
+        config.trainer.total_training_steps = steps
+        config.trainer.total_epochs = epochs
         config.actor_rollout_ref.actor.checkpoint.save_contents = ["extra"]  # no ranks here
         if async_cfg is not None:
             config.async_training = async_cfg
@@ -247,7 +256,9 @@ def test_a_checkpoint_with_groups_in_flight_resumes_with_exactly_the_untrained_p
     saved = first.checkpoints.latest()
     assert saved is not None
     state = CheckpointManager.load_state(saved)["sampler"]
-    assert state["requeued"] == [[0, i] for i in range(PROMPTS, 2 * PROMPTS)]
+    # two steps' worth admitted, step 1 trained the four scored first (scoring runs beside)
+    untrained = sorted(set(range(2 * PROMPTS)) - set(first.trained[0]))
+    assert len(untrained) == PROMPTS and state["requeued"] == [[0, i] for i in untrained]
 
     second = Built(tmp_path, tokenizer, cfg)
     second.sampler.load_state_dict(state)
@@ -414,3 +425,57 @@ def test_correction_metrics_describe_the_weights_on_sampled_tokens():
     }
     decoupled = correction_metrics(old, rollout, mask, "decoupled", 3.0)
     assert decoupled["rollout_correction/weight_mean"] == pytest.approx((0 + 1 + 1 / 9 + 2) / 4)
+
+
+def test_a_slow_score_delays_only_its_own_group(tmp_path, tokenizer):
+    """Scoring runs beside the producer: while prompt 0's score hangs, step 1 trains four
+    other groups (at staleness 2 prompt 0 may wait until step 3)."""
+    import threading
+
+    run = Built(tmp_path, tokenizer, AsyncTrainingConfig(enable=True, staleness_threshold=2))
+    release = threading.Event()
+    score = run.trainer.rewards.score
+
+    def slow_for_prompt_0(batch):
+        if batch.rows[0]["extra_info"]["index"] == 0:
+            assert release.wait(timeout=60), "step 1 never ran while prompt 0 was scored"
+        return score(batch)
+
+    run.trainer.rewards.score = slow_for_prompt_0  # type: ignore[method-assign]
+    run.trainer.train_step(1)
+    assert not release.is_set() and 0 not in run.trained[0]
+    release.set()
+    for k in (2, 3):
+        run.trainer.train_step(k)
+    run.trainer.close()
+    assert sorted(i for step in run.trained for i in step) == list(range(STEPS * PROMPTS))
+
+
+def test_a_step_that_waits_logs_what_it_waits_for(tmp_path, tokenizer, caplog):
+    import threading
+
+    cfg = AsyncTrainingConfig(enable=True, staleness_threshold=0, wait_log_s=0.2)
+    run = Built(tmp_path, tokenizer, cfg)
+    release = threading.Event()
+    score = run.trainer.rewards.score
+
+    def held(batch):
+        release.wait(timeout=60)
+        return score(batch)
+
+    run.trainer.rewards.score = held  # type: ignore[method-assign]
+    threading.Timer(1.5, release.set).start()
+    with caplog.at_level("WARNING", logger="agentloop.train"):
+        run.trainer.train_step(1)
+    run.trainer.close()
+    assert "step 1 (trainer version 0, servers at 0, staleness 0) needs 4 groups" in caplog.text
+    assert "4 in flight or scoring (v0 x4), 4 of them due now" in caplog.text
+
+
+def test_require_batches_with_total_epochs_trains_the_epochs_asked(tmp_path, tokenizer):
+    """12 prompts, 2 epochs, require_batches=1 of ppo_mini_batch_size=2 prompts: 12 steps
+    (the step count no longer comes from data.train_batch_size=4, which gave 6)."""
+    cfg = AsyncTrainingConfig(enable=True, staleness_threshold=1, require_batches=1)
+    run = Built(tmp_path, tokenizer, cfg, steps=None, epochs=2)
+    assert run.trainer.total_steps == 2 * STEPS * PROMPTS // 2
+    run.trainer.close()
