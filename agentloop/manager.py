@@ -139,9 +139,11 @@ class AgentLoopManager:
                 self.heal()
         return ray.get(refs)
 
-    def heal(self) -> int:
+    def heal(self, version: int | None = None) -> int:
         """Restart every dead server of the group, give it the current weights and hand it to
-        the workers; returns how many were restarted."""
+        the workers; returns how many were restarted. ``version``: the policy version those
+        weights are (the trainer's, which may be ahead of the last push), stamped on the
+        restarted server's tokens until the next push."""
         import ray
 
         if self.group is None:
@@ -151,7 +153,7 @@ class AgentLoopManager:
             handle = self.group.restart(index)
             if self.on_server_restart is not None:
                 self.on_server_restart([handle])
-            ray.get([w.replace_server.remote(index, handle) for w in self.workers])
+            ray.get([w.replace_server.remote(index, handle, version) for w in self.workers])
             logger.warning(
                 "server %d replaced (%d restart(s) so far); rollout goes on",
                 index,

@@ -106,14 +106,14 @@ class RolloutStream:
             finished.append(FinishedGroup(group.key, batch, outputs))
         return finished
 
-    def heal_if_due(self) -> int:
-        """Restart dead servers (with the current weights) at most every
+    def heal_if_due(self, version: int | None = None) -> int:
+        """Restart dead servers (with the current weights, policy ``version``) at most every
         ``recovery.health_check_interval_s``; returns how many were restarted."""
         now = time.perf_counter()
         if now - self._last_heal < self.config.recovery.health_check_interval_s:
             return 0
         self._last_heal = now
-        return self.manager.heal()
+        return self.manager.heal(version)
 
     def pause(self, *, abort: bool) -> int:
         """Hold every worker's turns (see the module docstring); returns turns aborted."""

@@ -113,9 +113,10 @@ class AgentLoopWorker:
         if self.tracer is not None:
             self.tracer.flush()
 
-    async def replace_server(self, index: int, server: Any) -> None:
-        """Use a restarted server at ``index`` (async: runs on the loop the turns wait on)."""
-        self.context.server.replace_server(index, server)
+    async def replace_server(self, index: int, server: Any, version: int | None = None) -> None:
+        """Use a restarted server at ``index`` holding policy ``version`` (async: runs on the
+        loop the turns wait on)."""
+        self.context.server.replace_server(index, server, version)
 
     async def pause(self, abort: bool) -> int:
         """Hold new turns; abort the running ones (``abort``) or wait for them. Returns once

@@ -81,6 +81,9 @@ class AsyncLLMServerManager:
         self._dead = _dead_errors()
         self.version = 0
         """Policy version the servers hold (set by ``resume``); stamped on sampled tokens."""
+        self._versions: dict[int, int] = {}
+        """Servers holding another version than ``version`` until the next ``resume``: a
+        restarted one given the trainer's newer weights between two pushes."""
         self.resumed_turns = 0
         """Turns aborted by ``pause(abort=True)`` and continued after ``resume``."""
         self._open: asyncio.Event | None = None  # None: never paused (the gate is open)
@@ -172,7 +175,7 @@ class AsyncLLMServerManager:
                 tried.clear()
                 continue
             stats = self._stats[idx]
-            version = self.version
+            version = self._versions.get(idx, self.version)
             engine_rid = f"{request_id}-{uuid.uuid4().hex[:12]}"
             self._active[request_id] = (idx, engine_rid)
             stats.in_flight += 1
@@ -233,6 +236,7 @@ class AsyncLLMServerManager:
     def resume(self, version: int) -> None:
         """Open the gate: turns (new, and aborted ones continuing) sample under ``version``."""
         self.version = version
+        self._versions.clear()  # every server got this version's weights
         self._paused = False
         if self._open is not None:
             self._open.set()
@@ -267,10 +271,15 @@ class AsyncLLMServerManager:
         return True
 
     # ---- health and metrics -----------------------------------------------------------------
-    def replace_server(self, index: int, server: Any) -> None:
+    def replace_server(self, index: int, server: Any, version: int | None = None) -> None:
         """Use ``server`` (a restarted one) at ``index`` and put it back into rotation;
-        requests waiting for a healthy server go on."""
+        requests waiting for a healthy server go on. ``version``: the policy version its
+        weights are (stamped on its tokens until the next ``resume``), when not the others'."""
         self.servers[index] = server
+        if version is not None and version != self.version:
+            self._versions[index] = version
+        else:
+            self._versions.pop(index, None)
         self.mark_healthy(index)
 
     def mark_healthy(self, index: int) -> None:

@@ -45,7 +45,13 @@ from trainer.loop.async_schedule import Admitted, GroupSchedule
 from trainer.loop.ray_trainer import RayPPOTrainer
 from trainer.rewards.manager import RewardOutput
 
-__all__ = ["AsyncPPOTrainer", "FilterGroupsError", "StalledError", "no_signal"]
+__all__ = [
+    "AsyncPPOTrainer",
+    "FilterGroupsError",
+    "StalledError",
+    "correction_notice",
+    "no_signal",
+]
 
 logger = logging.getLogger("agentloop.train")
 
@@ -113,6 +119,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         self._stop = threading.Event()
         self._producer: threading.Thread | None = None
         self._counters: dict[str, int] | None = None
+        logger.info(correction_notice(config))
 
     @property
     def served(self) -> int:
@@ -223,13 +230,13 @@ class AsyncPPOTrainer(RayPPOTrainer):
                     logger.warning(
                         "waited %.0f s: %s", logged - start, self.schedule.describe(step)
                     )
-            self.stream.heal_if_due()
+            self.stream.heal_if_due(self.version)
 
     def train_step(self, step: int) -> dict[str, float]:
         """Train on the next ``groups_per_step`` finished groups, then push the weights every
         ``trigger_parameter_sync_step`` steps while the stream goes on."""
         self._start_producer()
-        self.stream.heal_if_due()
+        self.stream.heal_if_due(self.version)
         metrics: dict[str, float] = {"training/step": float(step)}
         start = time.perf_counter()
         with self._lock:
@@ -333,6 +340,26 @@ class AsyncPPOTrainer(RayPPOTrainer):
     def close(self) -> None:
         self._stop_producer()
         super().close()
+
+
+def correction_notice(config: Config) -> str:
+    """The start-up line that says how samples sampled by older weights are trained."""
+    run, mode = config.async_training, config.algorithm.rollout_correction.mode
+    head = (
+        f"async training: staleness <= {run.staleness_threshold}, weights pushed every "
+        f"{run.trigger_parameter_sync_step} step(s), old log-probs "
+        + ("from the engine" if run.use_rollout_log_probs else "recomputed by the trainer")
+    )
+    if run.staleness_threshold == 0:
+        return f"{head}; on-policy, no correction needed"
+    if mode == "none":
+        return (
+            f"{head}; rollout_correction=none: samples up to {run.staleness_threshold} "
+            "version(s) old train as if on-policy (algorithm.rollout_correction.mode=tis or "
+            "decoupled corrects them)"
+        )
+    clip = config.algorithm.rollout_correction.clip
+    return f"{head}; rollout_correction={mode} (clip {clip})"
 
 
 def staleness_metrics(rollout: RolloutBatch, version: int) -> dict[str, float]:

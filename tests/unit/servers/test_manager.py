@@ -251,3 +251,18 @@ async def test_a_server_dead_while_pausing_does_not_stop_the_pause():
     assert await manager.pause(abort=True) == 1
     manager.resume(1)
     assert (await task).token_ids == [1, 2, 3]
+
+
+async def test_a_restarted_server_stamps_the_version_it_was_given_until_the_next_push():
+    """A push every 2 steps: servers at version 2, the trainer at 3 restarts server 1 with its
+    version-3 weights; its tokens carry 3, the other's 2, and after the push at 4 both 4."""
+    manager = AsyncLLMServerManager([FakeServer("a"), FakeServer("b")])
+    manager.resume(2)
+    manager.replace_server(1, FakeServer("b2"), version=3)
+    first = await manager.generate("x", prompt_ids=[1], sampling_params={})
+    second = await manager.generate("y", prompt_ids=[1], sampling_params={})
+    picked = {manager.server_for("x"): first.versions, manager.server_for("y"): second.versions}
+    assert picked == {0: [2, 2, 2], 1: [3, 3, 3]}
+    manager.resume(4)
+    out = await manager.generate("y", prompt_ids=[1], sampling_params={})
+    assert out.versions == [4, 4, 4]

@@ -115,7 +115,7 @@ class ScriptedStream:
         self.pauses.append(abort)
         return 0
 
-    def heal_if_due(self) -> int:
+    def heal_if_due(self, version: int | None = None) -> int:
         return 0
 
     def counters(self) -> dict[str, int]:
@@ -240,7 +240,10 @@ def test_staleness_1_trains_every_prompt_once_within_the_bound(tmp_path, tokeniz
     run.trainer.close()
 
     assert sorted(i for step in run.trained for i in step) == list(range(STEPS * PROMPTS))
-    assert [m["rollout/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+    # step 2 trains the rest of version 0; step 3 the groups admitted at version 1, whose
+    # tokens carry 1 or 2 (the producer may submit them after the second push)
+    lags = [m["rollout/staleness_max"] for m in metrics]
+    assert lags[:2] == [0.0, 1.0] and lags[2] <= 1.0
     # two steps' worth were admitted before the first update: the stream never waited
     assert metrics[0]["async/groups_in_flight"] + metrics[0]["async/groups_ready"] == PROMPTS
 
@@ -479,3 +482,16 @@ def test_require_batches_with_total_epochs_trains_the_epochs_asked(tmp_path, tok
     run = Built(tmp_path, tokenizer, cfg, steps=None, epochs=2)
     assert run.trainer.total_steps == 2 * STEPS * PROMPTS // 2
     run.trainer.close()
+
+
+def test_the_start_up_notice_says_which_correction_runs(tmp_path, tokenizer, caplog):
+    cfg = AsyncTrainingConfig(enable=True, staleness_threshold=2, trigger_parameter_sync_step=3)
+    with caplog.at_level("INFO", logger="agentloop.train"):
+        run = Built(tmp_path, tokenizer, cfg)
+    run.trainer.close()
+    assert (
+        "async training: staleness <= 2, weights pushed every 3 step(s), old log-probs "
+        "recomputed by the trainer; rollout_correction=none: samples up to 2 version(s) old "
+        "train as if on-policy (algorithm.rollout_correction.mode=tis or decoupled corrects "
+        "them)"
+    ) in caplog.text
