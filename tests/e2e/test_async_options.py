@@ -1,0 +1,111 @@
+"""The async options that were only tested for their config errors, in one real run: tiny-qwen3
+on one vLLM CPU server, Ray local, one trainer rank, ``agentloop-train`` as a user runs it.
+
+Staleness 2 with a push every 3 steps (the setting that used to wait forever at step 4, once
+the push made every untrained group newer than the old cap), ``filter_groups`` (the reward
+scores every sample of an even prompt alike, so its group is dropped and refilled),
+``use_rollout_log_probs`` (no recompute), ``partial_rollout=False`` (no turn aborted at a
+push), and ``require_batches=1`` with ``total_epochs=2`` (the step count follows the step's
+group count: 2 epochs x 8 prompts / 2 per step = 8 steps, where it used to be 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS, EPOCHS, PER_STEP, STALENESS, PUSH_EVERY = 8, 2, 2, 2, 3
+STEPS = EPOCHS * ROWS // PER_STEP
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, str]:
+    d = tmp_path_factory.mktemp("async_options")
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Say the number {i}."}],
+            "data_source": "numbers",
+            "reward_model": {"ground_truth": str(i)},
+            "extra_info": {"index": i},
+        }
+        for i in range(ROWS)
+    ]
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "reward.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    if int(ground_truth) % 2 == 0:\n"
+        "        return 1.0  # every sample alike: filter_groups drops the group\n"
+        "    return (len(solution_str) % 7) / 6.0\n"
+    )
+    run_dir = d / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "trainer.cli.train",
+        "actor_rollout_ref.model.path=tiny-qwen3",
+        f"data.train_files={d / 'train.jsonl'}",
+        "data.train_batch_size=4",
+        "data.shuffle=False",
+        f"custom_reward_function.path={d / 'reward.py'}",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.response_length=16",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={PER_STEP}",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_epochs={EPOCHS}",
+        "trainer.save_freq=0",
+        "trainer.logger=[console,jsonl]",
+        f"trainer.default_local_dir={run_dir}",
+        "async_training.enable=True",
+        f"async_training.staleness_threshold={STALENESS}",
+        f"async_training.trigger_parameter_sync_step={PUSH_EVERY}",
+        "async_training.require_batches=1",
+        "async_training.use_rollout_log_probs=True",
+        "async_training.partial_rollout=False",
+        "algorithm.filter_groups.enable=True",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return run_dir, output
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def test_every_step_runs_with_pushes_every_3_steps_within_the_bound(run):
+    run_dir, output = run
+    steps = metrics(run_dir)
+    assert [m["training/global_step"] for m in steps] == list(range(1, STEPS + 1))
+    pushed = [int(m["training/global_step"]) for m in steps if "timing_s/weight_sync" in m]
+    assert pushed == [3, 6, 8]  # every 3 steps, and after the last
+    assert max(m["rollout/staleness_max"] for m in steps) <= STALENESS
+    assert all(m["async/turns_aborted"] == 0 for m in steps if "async/turns_aborted" in m)
+    assert not any("timing_s/old_log_prob" in m for m in steps)  # the engine's log-probs
+    for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        assert all(entry["step"] - 1 - v <= STALENESS for v in entry["admitted_versions"])
+    assert (
+        f"async training: staleness <= {STALENESS}, weights pushed every {PUSH_EVERY} step(s), "
+        "old log-probs from the engine; rollout_correction=none"
+    ) in output
+
+
+def test_filtered_groups_are_dropped_and_refilled_and_no_prompt_trains_twice(run):
+    run_dir, _ = run
+    entries = [json.loads(x) for x in (run_dir / "trained_prompts.jsonl").read_text().splitlines()]
+    keys = [tuple(k) for e in entries for k in e["prompts"]]
+    assert len(keys) == STEPS * PER_STEP and len(set(keys)) == len(keys)
+    assert all(position % 2 == 1 for _, position in keys)  # even prompts scored alike
+    assert metrics(run_dir)[-1]["async/groups_dropped"] > 0
