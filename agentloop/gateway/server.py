@@ -23,6 +23,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from aiohttp import web
 
 from agentloop.gateway.messages import GatewayInputError
@@ -54,9 +55,19 @@ class SessionEnded(Exception):
     """A call on a session that has ended (409)."""
 
 
+def _json(data: Any, status: int = 200) -> web.Response:
+    """A JSON response (orjson: the bodies are small, and every call pays for them)."""
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def _body(request: web.Request) -> Any:
+    """The request's JSON body (``orjson.JSONDecodeError`` is a ``json.JSONDecodeError``)."""
+    return orjson.loads(await request.read())
+
+
 def _error(status: int, message: str, param: str | None = None, kind: str | None = None):
     kind = kind or ("invalid_request_error" if status in (400, 409) else "not_found_error")
-    return web.json_response(error_body(message, param, kind), status=status)
+    return _json(error_body(message, param, kind), status=status)
 
 
 class Gateway:
@@ -155,7 +166,7 @@ class Gateway:
         try:
             session = self._session(request)
             try:
-                body = await request.json()
+                body = await _body(request)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise GatewayInputError("the request body is not valid JSON", None) from None
             call = parse(body)
@@ -174,7 +185,7 @@ class Gateway:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         async def respond(c: Completion, body: dict[str, Any]) -> web.StreamResponse:
             if not body.get("stream"):
-                return web.json_response(chat_response(c, self.model))
+                return _json(chat_response(c, self.model))
             options = body.get("stream_options") or {}
             chunks = chat_chunks(c, self.model, bool(options.get("include_usage")))
             return await _stream(request, sse(chunks, named=False))
@@ -184,7 +195,7 @@ class Gateway:
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         async def respond(c: Completion, body: dict[str, Any]) -> web.StreamResponse:
             if not body.get("stream"):
-                return web.json_response(responses_response(c, self.model))
+                return _json(responses_response(c, self.model))
             return await _stream(request, sse(responses_events(c, self.model), named=True))
 
         return await self._serve(request, responses_call, respond)
@@ -195,14 +206,14 @@ class Gateway:
         except (UnknownSession, SessionEnded) as exc:
             return _error(404, f"no open session {exc.args[0]!r} on this gateway", "sid")
         model = {"id": self.model, "object": "model", "created": 0, "owned_by": "agentloop"}
-        return web.json_response({"object": "list", "data": [model]})
+        return _json({"object": "list", "data": [model]})
 
     async def _claim(self, request: web.Request) -> web.Response:
         try:
             session, row = self.waiting.get_nowait()
         except asyncio.QueueEmpty:
             return web.Response(status=204)
-        return web.json_response(
+        return _json(
             {
                 "session_id": session.id,
                 "base_url": self.base_url(session),
@@ -215,7 +226,7 @@ class Gateway:
     async def _reward(self, request: web.Request) -> web.Response:
         try:
             session = self._session(request)
-            body = await request.json()
+            body = await _body(request)
             reward = body.get("reward") if isinstance(body, dict) else None
             if isinstance(reward, bool) or not isinstance(reward, (int, float)):
                 raise GatewayInputError("reward must be a number", "reward")
@@ -229,7 +240,7 @@ class Gateway:
             session.step_rewards[str(body["call_id"])] = float(reward)
         else:
             session.reward = float(reward)
-        return web.json_response({"ok": True})
+        return _json({"ok": True})
 
     async def _end(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]
@@ -237,7 +248,7 @@ class Gateway:
         if session is None:
             return _error(404, f"no session {sid!r} on this gateway", "sid")
         try:
-            body = await request.json() if request.can_read_body else {}
+            body = await _body(request) if request.can_read_body else {}
         except json.JSONDecodeError:
             return _error(400, "the request body is not valid JSON", None)
         reward = body.get("reward") if isinstance(body, dict) else None
@@ -249,7 +260,7 @@ class Gateway:
         done = self.claimed.get(sid)
         if done is not None and not done.done():
             done.set_result(None)
-        return web.json_response({"ok": True})
+        return _json({"ok": True})
 
 
 async def _stream(request: web.Request, chunks: Any) -> web.StreamResponse:
