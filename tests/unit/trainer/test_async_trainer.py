@@ -495,3 +495,30 @@ def test_the_start_up_notice_says_which_correction_runs(tmp_path, tokenizer, cap
         "train as if on-policy (algorithm.rollout_correction.mode=tis or decoupled corrects "
         "them)"
     ) in caplog.text
+
+
+@pytest.mark.parametrize("killed_after_update_of", [2, 3])
+def test_a_kill_between_an_update_and_its_checkpoint_trains_every_prompt_once(
+    tmp_path, tokenizer, killed_after_update_of
+):
+    """The driver dies after step k's update and before its checkpoint (k's groups trained,
+    k + 1's in flight): the run resumes from step k - 1's checkpoint and trains step k again
+    from the prompts that checkpoint kept."""
+    cfg = AsyncTrainingConfig(enable=True, staleness_threshold=1)
+    first = Built(tmp_path, tokenizer, cfg)
+    for k in range(1, killed_after_update_of + 1):
+        first.trainer.train_step(k)
+        if k < killed_after_update_of:
+            first.trainer._save(k)
+    first.trainer.close()
+    resume_from = killed_after_update_of - 1
+    saved = first.checkpoints.latest()
+    assert saved is not None and saved.name.endswith(str(resume_from))
+    second = Built(tmp_path, tokenizer, cfg)
+    second.sampler.load_state_dict(CheckpointManager.load_state(saved)["sampler"])
+    second.trainer.restore_position(resume_from)
+    for k in range(killed_after_update_of, STEPS + 1):
+        second.trainer.train_step(k)
+    second.trainer.close()
+    lineage = first.trained[:resume_from] + second.trained
+    assert sorted(i for step in lineage for i in step) == list(range(STEPS * PROMPTS))
