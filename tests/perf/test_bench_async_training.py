@@ -2,10 +2,12 @@
 on tools, as search and code tools do.
 
 The calculator task (``recipes/calculator``) on smollm2-135m-instruct after the demo's SFT warm
-start; the calculator answers after a lognormal wait (median 1 s, sigma 1, cap 10 s; see
-``bench_tools.py``), up to 6 assistant turns; 4 prompts x n=4 per step, 2 gloo trainer ranks,
-one vLLM CPU server, Ray local. Four runs of ``agentloop-train``, 6 steps each (step 1 is the
-warm-up and is left out):
+start; the calculator answers after a lognormal wait (see ``bench_tools.py``), up to 6
+assistant turns; 4 prompts x n=4 per step, 2 gloo trainer ranks, one vLLM CPU server, Ray
+local. Two workloads: ``trainer_bound`` (latency median 1 s, sigma 1, cap 10 s: training takes
+longer than rollout on 2 cores) and ``rollout_bound`` (median 4 s, cap 30 s: rollout and
+training take about as long, where async can pay most). Per workload, four runs of
+``agentloop-train``, 6 steps each (step 1 is the warm-up and is left out):
 
     (a) engine and trainer share the machine:   sync, async (staleness 1, partial rollout)
     (b) engine on core 0, trainer on core 1:    sync, async
@@ -15,7 +17,8 @@ For each it prints the mean wall time per step, and for the sync runs the rollou
 their max is what perfect overlap would reach. Each run's final model is evaluated greedily on
 the 64 held-out prompts (same number of training samples for all). Targets are printed, not
 asserted: async step <= 1.15 x max(rollout, train); on (a) async >= 1.5x faster than sync at
-equal accuracy (within 3 points). Writes bench_results/async_training.json.
+equal accuracy (within 3 points). Writes bench_results/async_training.json (trainer_bound)
+and bench_results/async_training_rollout_bound.json.
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ ALL_RUNS = {
 # BENCH_ASYNC_RUNS="a_shared/sync,a_shared/async" runs a subset (each run is ~10 minutes).
 _chosen = os.environ.get("BENCH_ASYNC_RUNS")
 RUNS = {k: ALL_RUNS[k] for k in _chosen.split(",")} if _chosen is not None else ALL_RUNS
+WORKLOADS = {
+    "trainer_bound": {"median_s": 1.0, "sigma": 1.0, "cap_s": 10.0},
+    "rollout_bound": {"median_s": 4.0, "sigma": 1.0, "cap_s": 30.0},
+}
+# BENCH_ASYNC_WORKLOADS="rollout_bound" runs one workload.
+_workloads = os.environ.get("BENCH_ASYNC_WORKLOADS")
+CHOSEN_WORKLOADS = _workloads.split(",") if _workloads is not None else list(WORKLOADS)
 
 
 def _run(args: list[str], timeout: int = 3000) -> str:
@@ -114,14 +124,19 @@ def _summary(run_dir: Path) -> dict[str, float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(5400)
-def test_bench_async_vs_sync_training(tmp_path, smollm2_path):
+@pytest.mark.parametrize("workload", CHOSEN_WORKLOADS)
+def test_bench_async_vs_sync_training(tmp_path, smollm2_path, workload):
     from recipes.calculator.data import write_task
     from recipes.calculator.demo import evaluate, sft_warm_start
 
     data = tmp_path / "data"
     write_task(data, train=4 * STEPS, val=64, sft=48)
     tools = tmp_path / "tools.yaml"
-    slow = {"class_name": "tests.perf.bench_tools.SlowCalculatorTool", "config": {"type": "native"}}
+    latency = WORKLOADS[workload]
+    slow = {
+        "class_name": "tests.perf.bench_tools.SlowCalculatorTool",
+        "config": {"type": "native", **latency},
+    }
     tools.write_text(yaml.safe_dump({"tools": [slow]}))
     sft_model = sft_warm_start(str(smollm2_path), data, tmp_path / "sft", steps=3)
     results: dict[str, dict[str, float]] = {}
@@ -134,8 +149,10 @@ def test_bench_async_vs_sync_training(tmp_path, smollm2_path):
 
     lines = [
         "",
-        f"GRPO on the calculator task with lognormal tool latency (median 1 s), smollm2-135m, "
-        f"16 samples/step, mean of {STEPS - 1} steps after 1 warm-up, same machine, one run",
+        f"{workload}: GRPO on the calculator task with lognormal tool latency (median "
+        f"{latency['median_s']:g} s, sigma {latency['sigma']:g}, cap {latency['cap_s']:g} s), "
+        f"smollm2-135m, 16 samples/step, mean of {STEPS - 1} steps after 1 warm-up, same "
+        "machine, one run",
         f"  {'run':<16}{'step s':>8}{'rollout s':>10}{'train s':>9}{'reward':>8}{'accuracy':>9}"
         f"{'staleness':>10}{'trainer idle':>13}",
     ]
@@ -160,6 +177,7 @@ def test_bench_async_vs_sync_training(tmp_path, smollm2_path):
     print("\n".join(lines))
     bench = REPO / "bench_results"
     bench.mkdir(exist_ok=True)
-    (bench / "async_training.json").write_text(json.dumps(results, indent=1))
+    name = "async_training" + ("" if workload == "trainer_bound" else f"_{workload}")
+    (bench / f"{name}.json").write_text(json.dumps(results, indent=1))
     for r in results.values():
         assert r["step_s"] > 0 and 0.0 <= r["accuracy"] <= 1.0
