@@ -24,7 +24,13 @@ import yaml
 from agentloop.config import RolloutConfig
 from agentloop.formats import ChatFormat, EndTokens, end_tokens, resolve_format
 from agentloop.records import SAMPLE_RECORD_FIELDS, SampleRecord
-from agentloop.tokens import Trajectory, encode_delta, encode_prompt, render_size
+from agentloop.tokens import (
+    Trajectory,
+    delta_render_size,
+    encode_delta,
+    encode_prompt,
+    render_size,
+)
 from agentloop.tools.base import BaseTool
 from agentloop.tools.config import import_target
 from agentloop.tools.runner import ToolRunner
@@ -244,9 +250,8 @@ class AgentLoopBase(abc.ABC):
         end_text = (
             self.tokenizer.convert_ids_to_tokens(sampled_end) if sampled_end is not None else None
         )
-        rendered = [*messages[:head], messages[-1]] if head is not None and not check else messages
         return await _render(
-            render_size([*rendered, *new_messages], tools),
+            delta_render_size(messages, new_messages, tools, head=head, check=check),
             encode_delta,
             self.tokenizer,
             messages,

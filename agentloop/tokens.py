@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "TemplateDeltaError",
     "Trajectory",
+    "delta_render_size",
     "encode_delta",
     "encode_prompt",
     "mask_spans",
@@ -66,6 +67,25 @@ def render_size(
             if value:
                 size += len(value) if isinstance(value, str) else len(str(value))
     return size + (len(str(tools)) if tools else 0)
+
+
+def _suffix_only(messages: Sequence[dict[str, Any]], head: int | None) -> bool:
+    """``encode_delta`` renders only the prompt and the last message before the new ones."""
+    return head is not None and len(messages) > head + 1
+
+
+def delta_render_size(
+    messages: Sequence[dict[str, Any]],
+    new_messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    head: int | None = None,
+    check: bool = False,
+) -> int:
+    """``render_size`` of what ``encode_delta`` renders with these arguments."""
+    if _suffix_only(messages, head) and not check:
+        messages = [*messages[:head], messages[-1]]
+    return render_size([*messages, *new_messages], tools)
 
 
 def encode_prompt(
@@ -213,7 +233,7 @@ def encode_delta(
         "tools": tools,
         "chat_template_kwargs": chat_template_kwargs,
     }
-    suffix_only = head is not None and len(messages) > head + 1
+    suffix_only = _suffix_only(messages, head)
     if suffix_only:
         probe = [*messages[:head], messages[-1]]
         text = _delta_text(tokenizer, probe, new_messages, ends, check_history=False, **options)

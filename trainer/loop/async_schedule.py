@@ -1,7 +1,7 @@
 """Which finished groups an async step trains, and how many prompts the stream may admit.
 
 Pure bookkeeping, no threads and no I/O: ``AsyncPPOTrainer`` calls it under its lock, and the
-simulation test (tests/unit/trainer/test_async_schedule.py) drives it through thousands of
+simulation test (tests/unit/trainer/test_async_schedule.py) drives it through 1,008 runs of
 settings and delays.
 
 Versions count updates: the trainer at step ``k`` holds version ``k - 1``. A group admitted
@@ -60,7 +60,6 @@ class GroupSchedule(Generic[T]):
         """The version the servers hold (the last pushed)."""
         self.admitted = 0
         self.dropped = 0
-        self.trained = 0
         self.pending: dict[RowKey, Admitted] = {}
         """Admitted, not yet scored."""
         self.ready: list[tuple[Admitted, T]] = []
@@ -94,7 +93,7 @@ class GroupSchedule(Generic[T]):
     def restore(self, step: int) -> None:
         """After resuming from the checkpoint of ``step``: its groups admitted and trained."""
         self.served = step
-        self.admitted = self.trained = step * self.groups_per_step
+        self.admitted = step * self.groups_per_step
 
     # ---- a step -------------------------------------------------------------------------
     def waiting_for(self, step: int) -> list[Admitted]:
@@ -129,7 +128,6 @@ class GroupSchedule(Generic[T]):
             return None
         taken = {id(r) for r in chosen}
         self.ready = [r for r in self.ready if id(r) not in taken]
-        self.trained += g
         return sorted(chosen, key=lambda r: r[0].seq)
 
     def describe(self, step: int) -> str:

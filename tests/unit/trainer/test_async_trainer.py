@@ -7,6 +7,7 @@ are in flight resumes with exactly the untrained prompts; the start-up errors.""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -433,8 +434,6 @@ def test_correction_metrics_describe_the_weights_on_sampled_tokens():
 def test_a_slow_score_delays_only_its_own_group(tmp_path, tokenizer):
     """Scoring runs beside the producer: while prompt 0's score hangs, step 1 trains four
     other groups (at staleness 2 prompt 0 may wait until step 3)."""
-    import threading
-
     run = Built(tmp_path, tokenizer, AsyncTrainingConfig(enable=True, staleness_threshold=2))
     release = threading.Event()
     score = run.trainer.rewards.score
@@ -455,8 +454,6 @@ def test_a_slow_score_delays_only_its_own_group(tmp_path, tokenizer):
 
 
 def test_a_step_that_waits_logs_what_it_waits_for(tmp_path, tokenizer, caplog):
-    import threading
-
     cfg = AsyncTrainingConfig(enable=True, staleness_threshold=0, wait_log_s=0.2)
     run = Built(tmp_path, tokenizer, cfg)
     release = threading.Event()
