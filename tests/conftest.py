@@ -86,8 +86,11 @@ def smollm2_path() -> Path:
 @pytest.fixture(autouse=True, scope="module")
 def _restore_agent_loop_registry():
     """Loops a test module registers (YAML user loops) do not leak into later modules."""
-    from agentloop import base
-
+    try:
+        from agentloop import base
+    except ImportError:  # the GPU machine: no jsonschema, pydantic...; no loops to register
+        yield
+        return
     saved = dict(base._REGISTRY)
     yield
     base._REGISTRY.clear()

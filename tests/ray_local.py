@@ -13,12 +13,12 @@ needs a Ray of its own calls ``stop_local_ray`` first and shuts its own down at 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
 # What a conftest star-imports: the fixtures and hooks pytest finds by name (the plain helpers
 # are imported by name where used).
@@ -54,6 +54,8 @@ _server: Any = None  # the shared server's actor handle while it runs
 
 
 def init_local_ray() -> None:
+    import ray
+
     ray.init(**LOCAL_RAY)
 
 
@@ -61,6 +63,8 @@ def init_ray_retrying(**kwargs) -> None:
     """``ray.init`` that tries once more when Ray's own head processes fail to start (seen on
     a loaded 2-core CI box: the GCS server died with "double free or corruption" and
     ``ray.init`` timed out waiting for its port file)."""
+    import ray
+
     try:
         ray.init(**kwargs)
     except RuntimeError as err:
@@ -101,7 +105,8 @@ def stop_tiny_server() -> None:
 def stop_local_ray() -> None:
     """Stop the shared server and Ray (a no-op for what is not running)."""
     stop_tiny_server()
-    ray.shutdown()
+    if "ray" in sys.modules:  # imported lazily: the GPU machine has no Ray
+        sys.modules["ray"].shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -114,6 +119,8 @@ def _shared_ray_session() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def local_ray(_shared_ray_session) -> None:
     """Local Ray (``LOCAL_RAY``), started unless it already runs."""
+    import ray
+
     if not ray.is_initialized():
         init_ray_retrying(**LOCAL_RAY)
 

@@ -210,24 +210,31 @@ def time_actor(
     warmup: TrainBatch,
     device: str,
     out: dict,
+    *,
+    repeat: bool = False,
 ) -> torch.Tensor:
     """Log-prob pass then one update of ``batch`` (old log-probs = that pass's), after the
     same on ``warmup`` (kernels, allocator, optimizer state). Fills ``out`` as it goes
-    (``phase``, ``log_prob_s``, ``update_s``, metrics) so an OOM leaves the earlier numbers."""
+    (``phase``, ``log_prob_s``, ``update_s``, metrics) so an OOM leaves the earlier numbers.
+
+    The timed pass meets ``batch``'s sample lengths for the first time, as each training step
+    does. ``repeat``: the same pass again (``log_prob_repeat_s``, ``update_repeat_s``), where
+    whatever a kernel library builds per shape (cuDNN attention plans) is already built."""
     out["phase"] = "warm-up"
     update(replace(warmup, old_log_probs=log_probs(warmup)))
     sync(device)
-    out["phase"] = "log_prob"
-    start = time.perf_counter()
-    logp = log_probs(batch)
-    sync(device)
-    out["log_prob_s"] = time.perf_counter() - start
-    out["phase"] = "update"
-    start = time.perf_counter()
-    metrics = update(replace(batch, old_log_probs=logp))
-    sync(device)
-    out["update_s"] = time.perf_counter() - start
-    out["grad_norm"] = metrics.get("actor/grad_norm")
+    for suffix in ("", "_repeat") if repeat else ("",):
+        out["phase"] = "log_prob" + suffix
+        start = time.perf_counter()
+        logp = log_probs(batch)
+        sync(device)
+        out[f"log_prob{suffix}_s"] = time.perf_counter() - start
+        out["phase"] = "update" + suffix
+        start = time.perf_counter()
+        metrics = update(replace(batch, old_log_probs=logp))
+        sync(device)
+        out[f"update{suffix}_s"] = time.perf_counter() - start
+        out["grad_norm"] = metrics.get("actor/grad_norm")
     del out["phase"]
     return logp
 

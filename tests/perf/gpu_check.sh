@@ -13,6 +13,7 @@ parts="${GPU_CHECK_PARTS:-tests bench}"
 status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
+df -h /dev/shm | tee -a "$out/gpu.txt"
 if [[ " $parts " == *" tests "* ]]; then
     "$py" -m pytest -p no:cacheprovider -m gpu -ra \
         tests/integration/trainer/test_fsdp_gpu.py tests/integration/trainer/test_weight_send_gpu.py \
@@ -20,7 +21,7 @@ if [[ " $parts " == *" tests "* ]]; then
 fi
 if [[ " $parts " == *" bench "* ]]; then
     "$py" -m pytest -p no:cacheprovider -s -ra \
-        tests/perf/test_bench_actor_gpu.py tests/perf/test_bench_weight_sync_gpu.py \
+        tests/perf/test_bench_weight_sync_gpu.py tests/perf/test_bench_actor_gpu.py \
         2>&1 | tee "$out/gpu_bench.log" || status=1
     cp bench_results/actor_gpu.json bench_results/weight_sync_gpu.json "$out/" 2>/dev/null
 fi

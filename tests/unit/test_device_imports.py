@@ -23,6 +23,7 @@ NOT_ON_DEVICE = (
 
 DEVICE_MODULES = (
     "tests.conftest",
+    "tests.integration.conftest",
     "trainer.workers",
     "trainer.workers.fsdp_worker",
     "trainer.workers.lora",

@@ -81,16 +81,23 @@ def test_attention_runs_per_sample_without_a_mask(monkeypatch):
     calls: list[tuple[int, bool, object]] = []
     real = F.scaled_dot_product_attention
 
+    cudnn: list[bool] = []
+
     def spy(q, k, v, attn_mask=None, **kw):
         calls.append((q.shape[2], bool(kw.get("is_causal")), attn_mask))
+        cudnn.append(torch.backends.cuda.cudnn_sdp_enabled())
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # the control: on outside the call
     with torch.no_grad():
         forward_log_probs(model, _batch(), remove_padding=True)
     layers = model.config.num_hidden_layers
     assert sorted(c[0] for c in calls) == sorted([15, 5, 5] * layers)
     assert all(causal and mask is None for _, causal, mask in calls)
+    # cuDNN builds a plan per new sample length (varlen_attention._KERNELS): never offered
+    assert not any(cudnn)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 @pytest.mark.parametrize("chunk", [0, 4])
