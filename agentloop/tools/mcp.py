@@ -198,9 +198,7 @@ class MCPServerConnection:
         try:
             result = await session.call_tool(tool, arguments)
         except asyncio.CancelledError:
-            # The caller gave up (tool timeout): is the server hung, or was the call just slow?
-            if self._probing is None or self._probing.done():
-                self._probing = asyncio.ensure_future(self._probe(session))
+            self._suspect(session)  # mostly started already by ``call``'s cancellation
             raise
         except Exception:
             # Tool failures come back as results with is_error; an exception means the
@@ -214,6 +212,12 @@ class MCPServerConnection:
         # Here, on the MCP loop, results are taken in the order they arrive: the order the
         # server logged its crash tracebacks in.
         return result, tool_error_text(self, tool, "\n\n".join(texts))
+
+    def _suspect(self, session: Any) -> None:
+        """A caller gave up on a call (tool timeout): is the server hung, or was the call just
+        slow? Ping it; calls made meanwhile wait for the answer."""
+        if session is not None and (self._probing is None or self._probing.done()):
+            self._probing = asyncio.ensure_future(self._probe(session))
 
     async def _probe(self, session: Any) -> None:
         """Ping ``session``; one that does not answer is stopped (the next call restarts it)."""
@@ -255,6 +259,10 @@ class MCPServerConnection:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             future.cancel()
+            # Queued on the MCP loop before this caller's next call: the cancellation itself
+            # can take the SDK several loop turns, and a call sent meanwhile would go to a
+            # server that may hang.
+            _mcp_loop().call_soon_threadsafe(lambda: self._suspect(self._session))
             raise
 
     def close(self) -> None:
