@@ -6,7 +6,11 @@ the push made every untrained group newer than the old cap), ``filter_groups`` (
 scores every sample of an even prompt alike, so its group is dropped and refilled),
 ``use_rollout_log_probs`` (no recompute), ``partial_rollout=False`` (no turn aborted at a
 push), and ``require_batches=1`` with ``total_epochs=2`` (the step count follows the step's
-group count: 2 epochs x 8 prompts / 2 per step = 8 steps, where it used to be 4)."""
+group count: 2 epochs x 8 prompts / 2 per step = 8 steps, where it used to be 4).
+
+Validation every 4 steps runs while the stream generates: step 4 falls between pushes, so the
+step's weights are pushed first, and its greedy answers equal ``agentloop-rollout +split=val``
+(a sync validation) on the step-4 checkpoint's export."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 ROWS, EPOCHS, PER_STEP, STALENESS, PUSH_EVERY = 8, 2, 2, 2, 3
 STEPS = EPOCHS * ROWS // PER_STEP
+VAL_ROWS, TEST_FREQ = 4, 4
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +43,23 @@ def run(tmp_path_factory) -> tuple[Path, str]:
         for i in range(ROWS)
     ]
     (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    val = [
+        {
+            "prompt": [{"role": "user", "content": f"Count to {i + 3}."}],
+            "data_source": "val",
+            "reward_model": {"ground_truth": "0"},
+            "extra_info": {"index": 100 + i},
+        }
+        for i in range(VAL_ROWS)
+    ]
+    (d / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
     (d / "reward.py").write_text(
+        "import json, os\n"
         "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    if data_source == 'val':  # what validation answered, in the order scored\n"
+        "        with open(os.environ['VAL_ANSWERS'], 'a') as f:\n"
+        "            f.write(json.dumps([extra_info['index'], solution_str]) + '\\n')\n"
+        "        return 0.0\n"
         "    if int(ground_truth) % 2 == 0:\n"
         "        return 1.0  # every sample alike: filter_groups drops the group\n"
         "    return (len(solution_str) % 7) / 6.0\n"
@@ -57,9 +77,12 @@ def run(tmp_path_factory) -> tuple[Path, str]:
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.response_length=16",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={PER_STEP}",
+        "actor_rollout_ref.actor.optim.lr=5e-3",  # each step changes the greedy answers
         "trainer.n_gpus_per_node=1",
         f"trainer.total_epochs={EPOCHS}",
-        "trainer.save_freq=0",
+        f"data.val_files={d / 'val.jsonl'}",
+        f"trainer.test_freq={TEST_FREQ}",
+        f"trainer.save_freq={TEST_FREQ}",
         "trainer.logger=[console,jsonl]",
         f"trainer.default_local_dir={run_dir}",
         "async_training.enable=True",
@@ -72,10 +95,39 @@ def run(tmp_path_factory) -> tuple[Path, str]:
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
     done = subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
+        command,
+        cwd=REPO,
+        env={**env, "VAL_ANSWERS": str(run_dir / "val_answers.jsonl")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
+    # The sync side: the step-4 export validated alone, by agentloop-rollout +split=val.
+    export = run_dir / f"global_step_{TEST_FREQ}" / "actor" / "huggingface"
+    sync = [
+        sys.executable,
+        "-m",
+        "trainer.cli.rollout",
+        f"actor_rollout_ref.model.path={export}",
+        f"data.val_files={d / 'val.jsonl'}",
+        f"custom_reward_function.path={d / 'reward.py'}",
+        "actor_rollout_ref.rollout.response_length=16",
+        f"+output={d / 'sync_val.jsonl'}",
+        "+split=val",
+    ]
+    done = subprocess.run(
+        sync,
+        cwd=REPO,
+        env={**env, "VAL_ANSWERS": str(d / "sync_val_answers.jsonl")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return run_dir, output
 
 
@@ -89,7 +141,7 @@ def test_every_step_runs_with_pushes_every_3_steps_within_the_bound(run):
     steps = metrics(run_dir)
     assert [m["training/global_step"] for m in steps] == list(range(1, STEPS + 1))
     pushed = [int(m["training/global_step"]) for m in steps if "timing_s/weight_sync" in m]
-    assert pushed == [3, 6, 8]  # every 3 steps, and after the last
+    assert pushed == [3, 4, 6, 8]  # every 3 steps, before step 4's validation, after the last
     assert max(m["rollout/staleness_max"] for m in steps) <= STALENESS
     assert all(m["async/turns_aborted"] == 0 for m in steps if "async/turns_aborted" in m)
     assert not any("timing_s/old_log_prob" in m for m in steps)  # the engine's log-probs
@@ -109,3 +161,26 @@ def test_filtered_groups_are_dropped_and_refilled_and_no_prompt_trains_twice(run
     assert len(keys) == STEPS * PER_STEP and len(set(keys)) == len(keys)
     assert all(position % 2 == 1 for _, position in keys)  # even prompts scored alike
     assert metrics(run_dir)[-1]["async/groups_dropped"] > 0
+
+
+def _answers(path: Path) -> list[dict[int, str]]:
+    """Validation answers per validation pass (each pass scores every row once, in turn)."""
+    passes: list[dict[int, str]] = []
+    for line in path.read_text().splitlines():
+        index, text = json.loads(line)
+        if not passes or index in passes[-1]:
+            passes.append({})
+        passes[-1][index] = text
+    return passes
+
+
+def test_validation_during_the_stream_equals_a_sync_validation_at_the_same_weights(run):
+    run_dir, _ = run
+    validated = [m for m in metrics(run_dir) if "val/reward/mean" in m]
+    assert [int(m["training/global_step"]) for m in validated] == [4, 8]
+    assert [m["val/weights_version"] for m in validated] == [4.0, 8.0]
+    during = _answers(run_dir / "val_answers.jsonl")
+    (sync,) = _answers(run_dir.parent / "sync_val_answers.jsonl")
+    assert len(during) == 2 and sorted(sync) == [100 + i for i in range(VAL_ROWS)]
+    assert during[0] == sync  # step 4's weights, greedy: the same answers, token for token
+    assert during[1] != sync  # the control: step 8's weights answer otherwise

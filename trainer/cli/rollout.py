@@ -5,7 +5,8 @@ score each trajectory with the configured reward (``custom_reward_function``,
 (``trainer.metrics.rollout_score``). Same Hydra config as training, plus extras:
 
   +output=PATH     where the JSONL goes (required)
-  +split=val       read data.val_files instead of data.train_files
+  +split=val       read data.val_files instead of data.train_files, sampled as validation is
+                   (rollout.val_kwargs: greedy, n=1 by default)
   +max_samples=N   only the first N rows
   +correct_at=X    a sample counts as correct when its reward is >= X (default 1.0)
 """
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _start(
     overrides: list[str],
-) -> tuple[Config, RolloutSetup, list[dict[str, Any]], Path, float, str]:
+) -> tuple[Config, RolloutSetup, list[dict[str, Any]], Path, float, str, bool]:
     """Every start-up check: everything that can be wrong fails here, before any server
     starts. Returns ``_run``'s arguments."""
     from trainer.launch.rollout import load_split, prepare_rollout
@@ -104,7 +105,7 @@ def _start(
     if extras.get("max_samples"):
         rows = rows[: int(extras["max_samples"])]
     check_rewards(config, {split: rows})
-    return config, setup, rows, Path(extras["output"]), correct_at, device
+    return config, setup, rows, Path(extras["output"]), correct_at, device, split == "val"
 
 
 def _number(value: Any, key: str) -> float:
@@ -132,7 +133,9 @@ def _run(
     output: Path,
     correct_at: float,
     device: str,
+    validate: bool,
 ) -> int:
+    from agentloop.trace import TraceContext
     from servers import stop_servers
     from trainer.launch.rollout import start_rollout, stop_rollout
     from trainer.rewards.build import build_rewards
@@ -143,16 +146,20 @@ def _run(
     batch_size = config.data.train_batch_size
     output.parent.mkdir(parents=True, exist_ok=True)
     written: list[dict[str, Any]] = []  # what the summary needs of each written line
+    # +split=val samples as validation does (rollout.val_kwargs: greedy by default)
+    how: dict[str, Any] = {}
+    if validate:
+        how = {"n": rollout.val_kwargs.n, "trace": TraceContext(validate=True)}
     try:
         count = config.servers_for(device)
         servers, manager = start_rollout(rollout, setup.model, num_servers=count)
         try:
             with (
                 output.open("w") as f,
-                tqdm(total=len(rows) * rollout.n, desc="rollout", unit="traj") as bar,
+                tqdm(total=len(rows) * how.get("n", rollout.n), desc="rollout", unit="traj") as bar,
             ):
                 for start in range(0, len(rows), batch_size):
-                    batch = manager.generate_sequences(rows[start : start + batch_size])
+                    batch = manager.generate_sequences(rows[start : start + batch_size], **how)
                     for record in scored_records(batch, tokenizer, rewards):
                         f.write(json.dumps(record) + "\n")
                         written.append({k: record[k] for k in SUMMARY_KEYS})

@@ -330,6 +330,14 @@ class AsyncPPOTrainer(RayPPOTrainer):
         self.restore_position(step)
         return step
 
+    def _validate(self, step: int) -> dict[str, float]:
+        """Validation of the weights of ``step``, while the stream goes on generating beside
+        it; with a push every N steps the servers may hold older weights, pushed first."""
+        out = self._push() if self.served < self.version else {}
+        out |= super()._validate(step)
+        out["val/weights_version"] = float(self.served)
+        return out
+
     def restore_position(self, step: int) -> None:
         """After loading the checkpoint of ``step``: its version, and its groups counted as
         admitted (the sampler hands out the untrained ones again first)."""

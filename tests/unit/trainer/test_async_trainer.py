@@ -519,3 +519,23 @@ def test_a_kill_between_an_update_and_its_checkpoint_trains_every_prompt_once(
     second.trainer.close()
     lineage = first.trained[:resume_from] + second.trained
     assert sorted(i for step in lineage for i in step) == list(range(STEPS * PROMPTS))
+
+
+def test_validation_between_pushes_validates_the_steps_weights(tmp_path, tokenizer):
+    """A push every 3 steps, validation after step 2: the servers hold version 0, so the
+    step's weights are pushed first (and only once); after step 3's own push, none extra."""
+    cfg = AsyncTrainingConfig(enable=True, staleness_threshold=2, trigger_parameter_sync_step=3)
+    run = Built(tmp_path, tokenizer, cfg)
+    run.trainer.val_rows = rows(2)
+    for k in (1, 2):
+        run.trainer.train_step(k)
+    assert run.sync.pushed == []
+    out = run.trainer._validate(2)
+    assert len(run.sync.pushed) == 1 and out["val/weights_version"] == 2.0
+    assert "timing_s/weight_sync" in out and "val/reward/mean" in out
+    trained = run.model.state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in run.sync.pushed[0].items())
+    assert run.trainer._validate(2)["val/weights_version"] == 2.0 and len(run.sync.pushed) == 1
+    run.trainer.train_step(3)  # version 3: pushed by the step
+    assert run.trainer._validate(3)["val/weights_version"] == 3.0 and len(run.sync.pushed) == 2
+    run.trainer.close()
