@@ -48,9 +48,25 @@ ALL_RUNS = {
         "async_training.staleness_threshold=1",
     ],
 }
+# The correction sweep (issue 38): async at staleness 1 and 2 with each rollout correction,
+# on shared cores; BENCH_ASYNC_RUNS=corrections runs these six (not part of the default four).
+CORRECTION_RUNS = {
+    f"a_shared/async_s{s}_{mode}": [
+        "async_training.enable=True",
+        f"async_training.staleness_threshold={s}",
+        f"algorithm.rollout_correction.mode={mode}",
+    ]
+    for s in (1, 2)
+    for mode in ("none", "tis", "decoupled")
+}
 # BENCH_ASYNC_RUNS="a_shared/sync,a_shared/async" runs a subset (each run is ~10 minutes).
 _chosen = os.environ.get("BENCH_ASYNC_RUNS")
-RUNS = {k: ALL_RUNS[k] for k in _chosen.split(",")} if _chosen is not None else ALL_RUNS
+if _chosen == "corrections":
+    RUNS = CORRECTION_RUNS
+elif _chosen is not None:
+    RUNS = {k: {**ALL_RUNS, **CORRECTION_RUNS}[k] for k in _chosen.split(",")}
+else:
+    RUNS = ALL_RUNS
 WORKLOADS = {
     "trainer_bound": {"median_s": 1.0, "sigma": 1.0, "cap_s": 10.0},
     "rollout_bound": {"median_s": 4.0, "sigma": 1.0, "cap_s": 30.0},
@@ -174,10 +190,27 @@ def test_bench_async_vs_sync_training(tmp_path, smollm2_path, workload):
             f"{asyn['step_s'] / limit:.2f} (target <= 1.15); accuracy "
             f"{asyn['accuracy'] - sync['accuracy']:+.1%} (target within 3 points)"
         )
+    for staleness in (1, 2):
+        swept = {
+            mode: results[f"a_shared/async_s{staleness}_{mode}"]
+            for mode in ("none", "tis", "decoupled")
+            if f"a_shared/async_s{staleness}_{mode}" in results
+        }
+        if swept:
+            lines.append(
+                f"  corrections at staleness {staleness}: "
+                + ", ".join(
+                    f"{mode} {r['accuracy']:.1%} held-out (train reward {r['reward']:.3f}, "
+                    f"staleness {r['staleness_mean']:.2f})"
+                    for mode, r in swept.items()
+                )
+            )
     print("\n".join(lines))
     bench = REPO / "bench_results"
     bench.mkdir(exist_ok=True)
     name = "async_training" + ("" if workload == "trainer_bound" else f"_{workload}")
+    if _chosen == "corrections":
+        name += "_corrections"
     (bench / f"{name}.json").write_text(json.dumps(results, indent=1))
     for r in results.values():
         assert r["step_s"] > 0 and 0.0 <= r["accuracy"] <= 1.0
