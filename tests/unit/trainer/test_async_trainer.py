@@ -7,6 +7,7 @@ are in flight resumes with exactly the untrained prompts; the start-up errors.""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -508,6 +509,11 @@ def test_a_kill_between_an_update_and_its_checkpoint_trains_every_prompt_once(
         if k < killed_after_update_of:
             first.trainer._save(k)
     first.trainer.close()
+    log = first.checkpoints.root / "trained_prompts.jsonl"
+    killed = [json.loads(x) for x in log.read_text().splitlines()][-1]
+    assert killed["step"] == killed_after_update_of
+    # the killed step trained groups sampled by older weights (staleness >= 1)
+    assert min(killed["admitted_versions"]) < killed_after_update_of - 1
     resume_from = killed_after_update_of - 1
     saved = first.checkpoints.latest()
     assert saved is not None and saved.name.endswith(str(resume_from))
