@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from trainer.algos import KL_TYPES, LOSS_AGG_MODES
+from trainer.algos import KL_TYPES, LOSS_AGG_MODES, PolicyLossConfig, loss_for
 
 __all__ = [
     "ActorConfig",
@@ -163,6 +163,35 @@ class CheckpointConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class PolicyLossSettings:
+    """verl's ``actor.policy_loss`` block."""
+
+    loss_mode: str = "vanilla"
+    """vanilla | gspo | sapo | gpg | clip_cov | kl_cov | geo_mean | cispo, or a function of your
+    own as package.module:function (``trainer.algos.policy_losses``)."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: the share of sampled tokens whose gradient is cut."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound of the covariance of the tokens that may be cut."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound of that covariance."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: the share of sampled tokens (highest covariance) that get the KL term."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: the coefficient of that |logp - logp_old| term."""
+
+    def __post_init__(self) -> None:
+        loss_for(self.loss_mode)  # an unknown name or an unimportable function fails here
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"actor_rollout_ref.actor.policy_loss.{name} must be in (0, 1]")
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(
+                "actor_rollout_ref.actor.policy_loss.clip_cov_lb must be below clip_cov_ub"
+            )
+
+
+@dataclass(kw_only=True, slots=True)
 class ActorConfig:
     strategy: Literal["fsdp2", "fsdp"] = "fsdp2"
     """Both names mean FSDP2 (``fully_shard``)."""
@@ -197,6 +226,12 @@ class ActorConfig:
     clip_ratio_c: float = 3.0
     """Dual-clip bound for negative advantages (> 1)."""
     loss_agg_mode: str = "token-mean"
+    policy_loss: PolicyLossSettings = field(default_factory=PolicyLossSettings)
+    """The policy loss (verl's ``policy_loss`` block; ``trainer.algos.policy_losses``)."""
+    tau_pos: float = 1.0
+    """SAPO's gate temperature where the advantage is positive (``loss_mode=sapo``)."""
+    tau_neg: float = 1.05
+    """SAPO's gate temperature elsewhere (``loss_mode=sapo``)."""
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
@@ -222,6 +257,8 @@ class ActorConfig:
                 raise ValueError(f"actor_rollout_ref.actor.{name} must be >= 1")
         if self.clip_ratio_c <= 1:
             raise ValueError("actor_rollout_ref.actor.clip_ratio_c must be > 1")
+        if self.tau_pos <= 0 or self.tau_neg <= 0:
+            raise ValueError("actor_rollout_ref.actor.tau_pos and tau_neg must be > 0")
         if self.ppo_max_token_len_per_gpu < 1:
             raise ValueError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu must be >= 1")
         if (self.log_prob_max_token_len_per_gpu or 1) < 1:
@@ -232,6 +269,23 @@ class ActorConfig:
             raise ValueError(
                 "actor_rollout_ref.actor.log_prob_chunk_size must be >= 0 (0: no chunking)"
             )
+
+    @property
+    def loss_constants(self) -> PolicyLossConfig:
+        """What the policy loss reads of this config."""
+        p = self.policy_loss
+        return PolicyLossConfig(
+            clip_ratio_low=self.clip_low,
+            clip_ratio_high=self.clip_high,
+            clip_ratio_c=self.clip_ratio_c,
+            clip_cov_ratio=p.clip_cov_ratio,
+            clip_cov_lb=p.clip_cov_lb,
+            clip_cov_ub=p.clip_cov_ub,
+            kl_cov_ratio=p.kl_cov_ratio,
+            ppo_kl_coef=p.ppo_kl_coef,
+            tau_pos=self.tau_pos,
+            tau_neg=self.tau_neg,
+        )
 
     @property
     def clip_low(self) -> float:

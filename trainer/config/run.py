@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainer.algos import ADV_ESTIMATORS, KL_TYPES
+from trainer.algos import ADV_ESTIMATORS, KL_TYPES, estimator_for
 from trainer.config.async_training import FilterGroupsConfig, RolloutCorrectionConfig
 
 # Metric logger backends (trainer.metrics.tracking) and worker log levels
@@ -111,6 +111,8 @@ class KLControlConfig:
 @dataclass(kw_only=True, slots=True)
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
+    """grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk | gpg,
+    or a function of your own as package.module:function (``trainer.algos.estimators``)."""
     norm_adv_by_std_in_grpo: bool = True
     """False: GRPO advantages are (s - mean) only (Dr. GRPO)."""
     gamma: float = 1.0
@@ -129,11 +131,7 @@ class AlgorithmConfig:
                 "algorithm.adv_estimator=gae needs a critic, and no critic exists here yet: use "
                 f"a critic-free estimator ({', '.join(ADV_ESTIMATORS)})"
             )
-        if self.adv_estimator not in ADV_ESTIMATORS:
-            raise ValueError(
-                f"algorithm.adv_estimator={self.adv_estimator!r} is not supported; use one of "
-                f"{', '.join(ADV_ESTIMATORS)}"
-            )
+        estimator_for(self.adv_estimator)  # unknown, or a user's function that does not import
         if self.kl_penalty not in KL_TYPES:
             raise ValueError(
                 f"algorithm.kl_penalty={self.kl_penalty!r} is not supported; "

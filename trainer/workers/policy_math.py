@@ -20,10 +20,12 @@ import torch
 import torch.distributed as dist
 
 from trainer.algos import (
+    FIXED_AGG,
+    PolicyLossConfig,
     agg_denominator,
     agg_numerator,
     kl_penalty,
-    policy_loss_tokens,
+    loss_for,
 )
 from trainer.config.actor import ActorConfig
 from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
@@ -216,6 +218,11 @@ class LossSpec:
     correction: str = "none"
     """Off-policy correction (``algorithm.rollout_correction.mode``): none | tis | decoupled."""
     correction_clip: float = 2.0
+    loss_mode: str = "vanilla"
+    """``actor.policy_loss.loss_mode`` (``trainer.algos.policy_losses``)."""
+    constants: PolicyLossConfig = PolicyLossConfig()
+    pg_agg_mode: str = "token-mean"
+    """The policy term's aggregation: the loss's own (gspo, sapo, geo_mean) or loss_agg_mode."""
 
     @classmethod
     def from_config(
@@ -240,6 +247,9 @@ class LossSpec:
             chunk_size=cfg.log_prob_chunk_size,
             correction=correction,
             correction_clip=correction_clip,
+            loss_mode=cfg.policy_loss.loss_mode,
+            constants=cfg.loss_constants,
+            pg_agg_mode=FIXED_AGG.get(cfg.policy_loss.loss_mode, cfg.loss_agg_mode),
         )
 
 
@@ -258,9 +268,17 @@ def correction_weights(
 
 
 def _micro_loss(
-    model: torch.nn.Module, mb: TrainBatch, spec: LossSpec, denominator: float, scale: float
+    model: torch.nn.Module,
+    mb: TrainBatch,
+    spec: LossSpec,
+    denominator: float,
+    scale: float,
+    pg_denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Backward-ready loss of one trimmed micro-batch and its summed statistics."""
+    """Backward-ready loss of one trimmed micro-batch and its summed statistics.
+    ``denominator``: the mini-batch's normaliser under ``loss_agg_mode`` (entropy and KL
+    terms); ``pg_denominator``: under ``spec.pg_agg_mode`` (None: the same)."""
+    pg_denominator = denominator if pg_denominator is None else pg_denominator
     assert mb.old_log_probs is not None and mb.advantages is not None
     log_probs, entropy = forward_log_probs(
         model,
@@ -273,15 +291,15 @@ def _micro_loss(
     device = log_probs.device
     mask = mb.response_mask.to(device)
     mode = spec.loss_agg_mode
-    token_losses, counts = policy_loss_tokens(
-        log_probs,
-        mb.old_log_probs.to(device),
-        mb.advantages.to(device),
-        mask,
-        clip_ratio_low=spec.clip_low,
-        clip_ratio_high=spec.clip_high,
-        clip_ratio_c=spec.clip_ratio_c,
+    out = loss_for(spec.loss_mode)(
+        log_probs, mb.old_log_probs.to(device), mb.advantages.to(device), mask, spec.constants
     )
+    token_losses, counts = out.losses, out.counts
+    if (out.agg_mode or mode) != spec.pg_agg_mode:
+        raise ValueError(
+            f"policy loss {spec.loss_mode!r} aggregates by {out.agg_mode}, not the "
+            f"{spec.pg_agg_mode} its mini-batch was normalised for"
+        )
     if spec.correction != "none":
         assert mb.rollout_log_probs is not None, "rollout correction needs rollout_log_probs"
         token_losses = token_losses * correction_weights(
@@ -290,8 +308,8 @@ def _micro_loss(
             spec.correction,
             spec.correction_clip,
         )
-    pg = agg_numerator(token_losses, mask, mode)
-    loss = pg
+    pg = agg_numerator(token_losses, mask, spec.pg_agg_mode)
+    loss = pg * (denominator / pg_denominator)  # the policy term over its own normaliser
     stats = {"pg_loss": float(pg.detach()), **counts, "tokens": float(mask.sum())}
     if entropy is not None:
         ent = agg_numerator(entropy, mask, mode)
@@ -342,6 +360,11 @@ def update_policy(
             denominator = global_denominator(
                 mini.response_mask, spec.loss_agg_mode, batch.response_length, mini.weights
             )
+            pg_denominator = denominator
+            if spec.pg_agg_mode != spec.loss_agg_mode:
+                pg_denominator = global_denominator(
+                    mini.response_mask, spec.pg_agg_mode, batch.response_length, mini.weights
+                )
             groups = _micro_batches(
                 mini,
                 cfg.ppo_micro_batch_size_per_gpu,
@@ -354,13 +377,20 @@ def update_policy(
                 model,
                 mini,
                 groups,
-                partial(_micro_loss, model, spec=spec, denominator=norm, scale=world),
+                partial(
+                    _micro_loss,
+                    model,
+                    spec=spec,
+                    denominator=norm,
+                    scale=world,
+                    pg_denominator=max(pg_denominator, 1.0),
+                ),
             )
             grad_norm = _clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
             reduced = dict(zip(sums, _all_reduce(list(sums.values())), strict=True))
             tokens = max(reduced.pop("tokens"), 1.0)
             metrics = {
-                "actor/pg_loss": reduced["pg_loss"] / max(denominator, 1.0),
+                "actor/pg_loss": reduced["pg_loss"] / max(pg_denominator, 1.0),
                 "actor/pg_clipfrac": reduced["pg_clipfrac"] / tokens,
                 "actor/pg_clipfrac_lower": reduced["pg_clipfrac_lower"] / tokens,
                 "actor/ppo_kl": reduced["ppo_kl"] / tokens,

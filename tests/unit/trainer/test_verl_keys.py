@@ -241,7 +241,8 @@ def test_gae_is_refused_until_a_critic_exists():
         load_config([MODEL, "algorithm.adv_estimator=gae"])
     assert str(info.value) == (
         "algorithm.adv_estimator=gae needs a critic, and no critic exists here yet: use a "
-        "critic-free estimator (grpo, rloo, reinforce_plus_plus)"
+        "critic-free estimator (grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, "
+        "opo, grpo_passk, gpg)"
     )
 
 

@@ -194,12 +194,6 @@ RULES: tuple[KeyRule, ...] = (
         "log_prob_micro_batch_size_per_gpu",
     ),
     _r(
-        f"{ARR}.actor.policy_loss.loss_mode",
-        "only vanilla (PPO's clipped objective, with clip_ratio_low/high and dual clip) exists "
-        "here",
-        "vanilla",
-    ),
-    _r(
         f"{ARR}.actor.optim.lr_decay_style",
         "the learning rate is constant after warm-up",
         "constant",
@@ -208,8 +202,6 @@ RULES: tuple[KeyRule, ...] = (
     _r(f"{ARR}.actor.router_replay.*", "MoE router replay is not implemented"),
     _r(f"{ARR}.actor.use_prefix_grouper", "shared-prefix grouping is not implemented", *OFF),
     _r(f"{ARR}.actor.calculate_sum_pi_squared", "not implemented", *OFF),
-    _r(f"{ARR}.actor.tau_pos", "SAPO's soft gate is not implemented: use the PPO clip"),
-    _r(f"{ARR}.actor.tau_neg", "SAPO's soft gate is not implemented: use the PPO clip"),
     _r(f"{ARR}.actor.freeze_vision_tower", "vision models are not supported here", *OFF),
     _w(f"{ARR}.*.profiler.*", NO_PROFILER),
     _r(f"{ARR}.model.lora.*", MEGATRON_LORA),

@@ -1,6 +1,7 @@
-"""RL algorithms on padded response tensors: advantages, the PPO clipped policy loss, loss
-aggregation, KL penalties and entropy. All tensors are ``[batch, response_length]`` unless
-noted; ``mask`` is the response loss mask (1 on sampled tokens, 0 on tool/template/padding).
+"""RL math on padded response tensors shared by the estimators and policy losses: GRPO, RLOO
+and REINFORCE++ advantages, loss aggregation, KL penalties and entropy. All tensors are
+``[batch, response_length]`` unless noted; ``mask`` is the response loss mask (1 on sampled
+tokens, 0 on tool/template/padding).
 
 Advantage estimators (outcome rewards: one score per sample):
 - ``grpo``: A_i = (s_i - mean_g) / (std_g + eps) within the sample's group g (same uid), std
@@ -34,25 +35,24 @@ With all weights 1 every result is bit-identical to the unweighted formulas.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 __all__ = [
     "LOSS_AGG_MODES",
-    "ADV_ESTIMATORS",
     "KL_TYPES",
     "agg_denominator",
     "agg_loss",
     "agg_numerator",
     "apply_kl_in_reward",
-    "compute_advantages",
     "entropy_from_logits",
     "grpo_advantages",
+    "import_callable",
     "kl_penalty",
-    "policy_loss",
-    "policy_loss_tokens",
+    "masked_whiten",
     "reinforce_plus_plus_advantages",
     "rloo_advantages",
     "scores_to_token_rewards",
@@ -67,7 +67,6 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
 KL_TYPES = ("kl", "abs", "mse", "low_var_kl")
 
 
@@ -159,7 +158,7 @@ def scores_to_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.T
     return rewards
 
 
-def _masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     m = mask.to(values.dtype)
     n = m.sum()
     mean = (values * m).sum() / n
@@ -184,43 +183,9 @@ def reinforce_plus_plus_advantages(
         running = token_rewards[:, t] + gamma * running * m[:, t] + running * (1 - m[:, t])
         returns[:, t] = running * m[:, t]
     if weights is None:
-        return _masked_whiten(returns, mask)
+        return masked_whiten(returns, mask)
     w = _weights(weights, running)
-    return _masked_whiten(returns, mask * (w > 0).unsqueeze(1)) * w.unsqueeze(1)
-
-
-def compute_advantages(
-    estimator: str,
-    scores: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: Sequence[str],
-    *,
-    norm_by_std: bool = True,
-    gamma: float = 1.0,
-    token_rewards: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Token-level advantages [batch, response] (0 where ``mask`` is 0).
-
-    ``token_rewards`` (e.g. scores with a per-token KL penalty) replace the scores when given:
-    ``reinforce_plus_plus`` uses them per token, ``grpo``/``rloo`` their per-sample sum.
-    ``weights`` [batch]: each sample's weight (None: all 1; see the module docstring)."""
-    if token_rewards is not None and estimator != "reinforce_plus_plus":
-        scores = (token_rewards * mask.to(token_rewards.dtype)).sum(-1)
-    if estimator == "grpo":
-        per_sample = grpo_advantages(scores, group_ids, norm_by_std, weights=weights)
-    elif estimator == "rloo":
-        per_sample = rloo_advantages(scores, group_ids, weights)
-    elif estimator == "reinforce_plus_plus":
-        if token_rewards is None:
-            token_rewards = scores_to_token_rewards(scores, mask)
-        return reinforce_plus_plus_advantages(token_rewards, mask, gamma, weights)
-    else:
-        known = ", ".join(ADV_ESTIMATORS)
-        raise ValueError(
-            f"algorithm.adv_estimator={estimator!r} is not supported; use one of {known}"
-        )
-    return per_sample.unsqueeze(1) * mask.to(torch.float32)
+    return masked_whiten(returns, mask * (w > 0).unsqueeze(1)) * w.unsqueeze(1)
 
 
 def agg_loss(
@@ -277,66 +242,6 @@ def agg_denominator(
     )
 
 
-def policy_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip:
-
-    r = exp(logp - logp_old); L = max(-A r, -A clip(r, 1 - low, 1 + high)); for A < 0 the loss
-    is further capped at -A * clip_ratio_c (dual clip). Returns (aggregated loss, metrics:
-    ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``)."""
-    losses, counts = policy_loss_tokens(
-        log_prob,
-        old_log_prob,
-        advantages,
-        mask,
-        clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high,
-        clip_ratio_c=clip_ratio_c,
-    )
-    n = max(float(mask.sum()), 1.0)
-    return agg_loss(losses, mask, loss_agg_mode), {k: v / n for k, v in counts.items()}
-
-
-def policy_loss_tokens(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token PPO losses [batch, response] (see ``policy_loss``) and, summed over masked
-    tokens, the clip counts and the approximate KL (divide by the token count for fractions)."""
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
-    log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)
-    ratio = torch.exp(log_ratio)
-    loss1 = -advantages * ratio
-    loss2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    clipped = torch.maximum(loss1, loss2)
-    dual = torch.minimum(-advantages * clip_ratio_c, clipped)
-    losses = torch.where(advantages < 0, dual, clipped)
-    with torch.no_grad():
-        m = mask.to(log_prob.dtype)
-        counts = {
-            "pg_clipfrac": float(((loss2 > loss1).to(m.dtype) * m).sum()),
-            "pg_clipfrac_lower": float(((clipped > dual).to(m.dtype) * (advantages < 0) * m).sum()),
-            "ppo_kl": float((-log_ratio * m).sum()),
-        }
-    return losses, counts
-
-
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token KL estimate of the policy from the reference:
     ``kl`` (k1): logp - logp_ref; ``abs``: |logp - logp_ref|; ``mse`` (k2): 0.5 (logp - logp_ref)^2;
@@ -374,3 +279,20 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the softmax over the last dim: logsumexp(z) - sum softmax(z) z."""
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def import_callable(path: str, key: str) -> Any:
+    """The function at ``path`` ("package.module:function" or "package.module.function"),
+    for a config ``key`` that names a user's own estimator or loss."""
+    module, sep, name = path.partition(":")
+    if not sep:
+        module, _, name = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name) if module else None
+    except ImportError as exc:
+        raise ValueError(f"{key}={path!r}: cannot import {module!r} ({exc})") from None
+    except AttributeError:
+        found = None
+    if not callable(found):
+        raise ValueError(f"{key}={path!r}: no function {name!r} in module {module!r}")
+    return found

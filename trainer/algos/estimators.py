@@ -1,0 +1,207 @@
+"""Advantage estimators under verl's names (``algorithm.adv_estimator``), one registry, open to
+a user's own function by dotted path.
+
+Every estimator takes an ``AdvantageInputs`` and returns token advantages [batch, response],
+0 where ``mask`` is 0. R_i is sample i's score (with ``token_rewards``: their sum over its
+sampled tokens), g(i) its group (same uid), n_g the group's size.
+
+- ``grpo``, ``rloo``, ``reinforce_plus_plus``: see ``trainer.algos.core``.
+- ``reinforce_plus_plus_baseline``: R_i - mean_g(i) R (0 for a group of one: no baseline is
+  subtracted), on every sampled token, whitened over all sampled tokens of the batch
+  (unbiased variance; longer samples weigh more).
+- ``opo`` (optimal baseline): R_i - b_g with b_g = sum_j L_j R_j / sum_j L_j, L_j the sampled
+  token count of sample j (a length-weighted mean; b = 0 for a group of one).
+- ``grpo_passk`` (pass@k): only the best sample of each group learns, by the margin over the
+  second best, A = (R_(1) - R_(2)) / (std_g + eps) (``norm_adv_by_std_in_grpo``; else the
+  margin alone); every other sample 0. A group needs two samples or more.
+- ``gpg``: alpha (R_i - mean_g R), alpha = B / max(1, M) with B the batch's samples and M those
+  whose score is not 0.
+
+Sample weights (gateway segments, see ``core``): group statistics count each sample by its
+weight, and each sample's advantage is then multiplied by it, as for ``grpo``.
+
+A user's estimator: ``algorithm.adv_estimator=my_pkg.module:function`` where
+``function(inputs: AdvantageInputs) -> Tensor[batch, response]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from trainer.algos.core import (
+    _ONE_SAMPLE,
+    _group_index,
+    _group_stats,
+    _weights,
+    grpo_advantages,
+    import_callable,
+    masked_whiten,
+    reinforce_plus_plus_advantages,
+    rloo_advantages,
+    scores_to_token_rewards,
+)
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "AdvantageInputs",
+    "compute_advantages",
+    "estimator_for",
+    "gpg_advantages",
+    "grpo_passk_advantages",
+    "opo_advantages",
+    "reinforce_plus_plus_baseline_advantages",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class AdvantageInputs:
+    """What an estimator may use. ``scores`` [batch]; ``mask`` [batch, response];
+    ``token_rewards`` [batch, response] or None (the scores on each last sampled token);
+    ``weights`` [batch] or None (all 1)."""
+
+    scores: torch.Tensor
+    mask: torch.Tensor
+    group_ids: Sequence[str] | torch.Tensor
+    token_rewards: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+    norm_by_std: bool = True
+    gamma: float = 1.0
+
+    @property
+    def outcome(self) -> torch.Tensor:
+        """R: each sample's score, or with ``token_rewards`` their sum over sampled tokens."""
+        if self.token_rewards is None:
+            return self.scores.to(torch.float32)
+        return (self.token_rewards * self.mask.to(self.token_rewards.dtype)).sum(-1).float()
+
+
+def _on_tokens(per_sample: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return per_sample.unsqueeze(1) * mask.to(torch.float32)
+
+
+def reinforce_plus_plus_baseline_advantages(x: AdvantageInputs) -> torch.Tensor:
+    scores = x.outcome
+    w = _weights(x.weights, scores)
+    count, mean, _ = _group_stats(scores, _group_index(x.group_ids), w)
+    centred = scores - torch.where(count > _ONE_SAMPLE, mean, torch.zeros_like(mean))
+    kept = x.mask * (w > 0).unsqueeze(1)
+    return masked_whiten(_on_tokens(centred, x.mask), kept) * w.unsqueeze(1)
+
+
+def opo_advantages(x: AdvantageInputs) -> torch.Tensor:
+    scores = x.outcome
+    w = _weights(x.weights, scores)
+    lengths = x.mask.to(torch.float32).sum(-1)
+    index = _group_index(x.group_ids)
+    count, _, _ = _group_stats(scores, index, w)
+    groups = int(index.max()) + 1 if index.numel() else 0
+    total = torch.zeros(groups).index_add_(0, index, w * lengths * scores)
+    norm = torch.zeros(groups).index_add_(0, index, w * lengths)
+    baseline = (total / norm.clamp(min=1e-12))[index]
+    baseline = torch.where(count > _ONE_SAMPLE, baseline, torch.zeros_like(baseline))
+    return _on_tokens((scores - baseline) * w, x.mask)
+
+
+def grpo_passk_advantages(x: AdvantageInputs, eps: float = 1e-6) -> torch.Tensor:
+    scores = x.outcome
+    w = _weights(x.weights, scores)
+    index = _group_index(x.group_ids)
+    count, _, std = _group_stats(scores, index, w)
+    if bool((count <= _ONE_SAMPLE).any()):
+        raise ValueError(
+            "algorithm.adv_estimator=grpo_passk needs two samples or more per prompt "
+            "(actor_rollout_ref.rollout.n >= 2)"
+        )
+    adv = torch.zeros_like(scores)
+    live = w > 0
+    for g in torch.unique(index).tolist():
+        members = torch.nonzero((index == g) & live).squeeze(1)
+        if len(members) < 2:
+            continue
+        top = torch.topk(scores[members], 2)
+        margin = top.values[0] - top.values[1]
+        if x.norm_by_std:
+            margin = margin / (std[members[0]] + eps)
+        adv[members[top.indices[0]]] = margin
+    return _on_tokens(adv * w, x.mask)
+
+
+def gpg_advantages(x: AdvantageInputs) -> torch.Tensor:
+    scores = x.outcome
+    w = _weights(x.weights, scores)
+    count, mean, _ = _group_stats(scores, _group_index(x.group_ids), w)
+    alpha = float(w.sum()) / max(1.0, float(w[scores != 0].sum()))
+    mean = torch.where(count > _ONE_SAMPLE, mean, torch.zeros_like(mean))
+    return _on_tokens(alpha * (scores - mean) * w, x.mask)
+
+
+def _grpo(x: AdvantageInputs) -> torch.Tensor:
+    return _on_tokens(
+        grpo_advantages(x.outcome, x.group_ids, x.norm_by_std, weights=x.weights), x.mask
+    )
+
+
+def _rloo(x: AdvantageInputs) -> torch.Tensor:
+    return _on_tokens(rloo_advantages(x.outcome, x.group_ids, x.weights), x.mask)
+
+
+def _reinforce_plus_plus(x: AdvantageInputs) -> torch.Tensor:
+    rewards = x.token_rewards
+    if rewards is None:
+        rewards = scores_to_token_rewards(x.scores, x.mask)
+    return reinforce_plus_plus_advantages(rewards, x.mask, x.gamma, x.weights)
+
+
+_ESTIMATORS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {
+    "grpo": _grpo,
+    "rloo": _rloo,
+    "reinforce_plus_plus": _reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantages,
+    "opo": opo_advantages,
+    "grpo_passk": grpo_passk_advantages,
+    "gpg": gpg_advantages,
+}
+ADV_ESTIMATORS = tuple(_ESTIMATORS)
+GROUPED = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg")
+"""The estimators whose baseline is the sample's group (they need rollout.n >= 2)."""
+
+
+def estimator_for(name: str) -> Callable[[AdvantageInputs], torch.Tensor]:
+    """The registered estimator ``name``, or a user's function at a dotted path."""
+    if name in _ESTIMATORS:
+        return _ESTIMATORS[name]
+    if "." in name or ":" in name:
+        return import_callable(name, "algorithm.adv_estimator")
+    raise ValueError(
+        f"algorithm.adv_estimator={name!r} is not supported; use one of "
+        f"{', '.join(ADV_ESTIMATORS)}, or a function of your own as package.module:function"
+    )
+
+
+def compute_advantages(
+    estimator: str,
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Sequence[str],
+    *,
+    norm_by_std: bool = True,
+    gamma: float = 1.0,
+    token_rewards: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Token-level advantages [batch, response] (0 where ``mask`` is 0) of ``estimator``.
+
+    ``token_rewards`` (e.g. scores with a per-token KL penalty) replace the scores when given:
+    ``reinforce_plus_plus`` uses them per token, the others their per-sample sum.
+    ``weights`` [batch]: each sample's weight (None: all 1; see ``trainer.algos.core``)."""
+    inputs = AdvantageInputs(scores, mask, group_ids, token_rewards, weights, norm_by_std, gamma)
+    out = estimator_for(estimator)(inputs)
+    if out.shape != mask.shape:
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator}: returned shape {list(out.shape)}, the "
+            f"response mask is {list(mask.shape)}"
+        )
+    return out * mask.to(out.dtype)
