@@ -49,6 +49,7 @@ __all__ = [
     "agg_numerator",
     "apply_kl_in_reward",
     "entropy_from_logits",
+    "gae_advantages",
     "grpo_advantages",
     "import_callable",
     "kl_penalty",
@@ -186,6 +187,39 @@ def reinforce_plus_plus_advantages(
         return masked_whiten(returns, mask)
     w = _weights(weights, running)
     return masked_whiten(returns, mask * (w > 0).unsqueeze(1)) * w.unsqueeze(1)
+
+
+def gae_advantages(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over the sampled tokens only: (advantages, returns), [batch, response] each, 0
+    where ``mask`` is 0.
+
+    Observation tokens (mask 0: tool output, user and interaction turns, template) are no
+    steps of the policy: the recursion skips them, so a sampled token's next value is that of
+    the next *sampled* token (0 after the last) and no TD error is taken on them:
+    delta_t = r_t + gamma V_next(t) - V_t, A_t = delta_t + gamma lam A_next(t), returns A + V.
+    The same as standard GAE on each sample with its observation tokens cut out. Rewards on
+    observation tokens are not read (turn rewards go on their turn's last sampled token)."""
+    rewards = token_rewards.to(torch.float32)
+    values = values.to(torch.float32)
+    sampled = mask.bool()
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(rewards.shape[0], dtype=torch.float32)
+    next_adv = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[1])):  # over positions, vectorised over the batch
+        here = sampled[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv = delta + gamma * lam * next_adv
+        advantages[:, t] = torch.where(here, adv, torch.zeros_like(adv))
+        next_value = torch.where(here, values[:, t], next_value)
+        next_adv = torch.where(here, adv, next_adv)
+    returns = (advantages + values) * sampled
+    return advantages, returns
 
 
 def agg_loss(

@@ -15,6 +15,7 @@ from trainer.algos import (
     PolicyLossConfig,
     compute_advantages,
     estimator_for,
+    gae_advantages,
     loss_for,
 )
 from trainer.config.actor import ActorConfig, PolicyLossSettings
@@ -358,3 +359,44 @@ def test_each_loss_mode_trains_a_step(mode):
     assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
     assert metrics["actor/grad_norm"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+# ---- GAE over sampled tokens ------------------------------------------------------------------
+def _observation_mask(g: torch.Generator, rows: int, width: int) -> torch.Tensor:
+    """Sampled turns with several observation spans between them, then padding."""
+    mask = torch.zeros(rows, width, dtype=torch.long)
+    for i in range(rows):
+        t = 0
+        end = width - int(torch.randint(0, 4, (1,), generator=g))
+        while t < end:
+            turn = int(torch.randint(1, 5, (1,), generator=g))
+            mask[i, t : min(t + turn, end)] = 1
+            t += turn + int(torch.randint(1, 4, (1,), generator=g))  # an observation span
+    return mask
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 1.0), (0.99, 0.95), (0.9, 0.5)])
+def test_gae_skips_observation_tokens_like_gae_on_the_sampled_tokens_alone(gamma, lam):
+    g = torch.Generator().manual_seed(7)
+    mask = _observation_mask(g, 6, 30)
+    values = torch.randn(6, 30, generator=g, dtype=torch.float64)
+    rewards = torch.randn(6, 30, generator=g, dtype=torch.float64) * mask
+    rewards += (1 - mask) * 100.0  # rewards on observation tokens are never read
+    adv, ret = gae_advantages(rewards, values, mask, gamma, lam)
+    for i in range(6):
+        steps = [t for t in range(30) if mask[i, t]]
+        # the definition, on the sampled tokens alone (observation tokens cut out)
+        expected, running = {}, 0.0
+        for k in reversed(range(len(steps))):
+            t = steps[k]
+            next_v = float(values[i, steps[k + 1]]) if k + 1 < len(steps) else 0.0
+            delta = float(rewards[i, t]) + gamma * next_v - float(values[i, t])
+            running = delta + gamma * lam * running
+            expected[t] = running
+        for t in range(30):
+            want = expected.get(t, 0.0)
+            assert float(adv[i, t]) == pytest.approx(want, abs=1e-4)
+            assert float(ret[i, t]) == pytest.approx(
+                want + float(values[i, t]) if t in expected else 0.0, abs=1e-4
+            )
+    assert mask.sum(-1).min() > 0 and ((mask[:, 1:] - mask[:, :-1]) == 1).sum() >= 12  # spans
