@@ -93,18 +93,7 @@ def run(tmp_path_factory) -> tuple[Path, str]:
         "async_training.partial_rollout=False",
         "algorithm.filter_groups.enable=True",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    done = subprocess.run(
-        command,
-        cwd=REPO,
-        env={**env, "VAL_ANSWERS": str(run_dir / "val_answers.jsonl")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
+    output = _run(command, run_dir / "val_answers.jsonl")
     # The sync side: the step-4 export validated alone, by agentloop-rollout +split=val.
     export = run_dir / f"global_step_{TEST_FREQ}" / "actor" / "huggingface"
     sync = [
@@ -118,17 +107,24 @@ def run(tmp_path_factory) -> tuple[Path, str]:
         f"+output={d / 'sync_val.jsonl'}",
         "+split=val",
     ]
-    done = subprocess.run(
-        sync,
-        cwd=REPO,
-        env={**env, "VAL_ANSWERS": str(d / "sync_val_answers.jsonl")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    _run(sync, d / "sync_val_answers.jsonl")
     return run_dir, output
+
+
+def _run(command: list[str], answers: Path) -> str:
+    """Run a CLI command of the project; the reward writes validation answers to ``answers``."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VAL_ANSWERS": str(answers),
+    }
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -52,6 +52,7 @@ __all__ = [
     "gae_advantages",
     "grpo_advantages",
     "import_callable",
+    "registered",
     "kl_penalty",
     "masked_whiten",
     "reinforce_plus_plus_advantages",
@@ -330,3 +331,16 @@ def import_callable(path: str, key: str) -> Any:
     if not callable(found):
         raise ValueError(f"{key}={path!r}: no function {name!r} in module {module!r}")
     return found
+
+
+def registered(name: str, table: dict[str, Any], key: str) -> Any:
+    """``table[name]``, or a user's function when ``name`` is a dotted path; else an error
+    naming ``key`` and the registered names."""
+    if name in table:
+        return table[name]
+    if "." in name or ":" in name:
+        return import_callable(name, key)
+    raise ValueError(
+        f"{key}={name!r} is not supported; use one of {', '.join(table)}, or a function of "
+        "your own as package.module:function"
+    )

@@ -37,8 +37,8 @@ from trainer.algos.core import (
     _group_stats,
     _weights,
     grpo_advantages,
-    import_callable,
     masked_whiten,
+    registered,
     reinforce_plus_plus_advantages,
     rloo_advantages,
     scores_to_token_rewards,
@@ -171,14 +171,7 @@ GROUPED = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", 
 
 def estimator_for(name: str) -> Callable[[AdvantageInputs], torch.Tensor]:
     """The registered estimator ``name``, or a user's function at a dotted path."""
-    if name in _ESTIMATORS:
-        return _ESTIMATORS[name]
-    if "." in name or ":" in name:
-        return import_callable(name, "algorithm.adv_estimator")
-    raise ValueError(
-        f"algorithm.adv_estimator={name!r} is not supported; use one of "
-        f"{', '.join(ADV_ESTIMATORS)}, or a function of your own as package.module:function"
-    )
+    return registered(name, _ESTIMATORS, "algorithm.adv_estimator")
 
 
 def compute_advantages(

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.algos.core import agg_loss, import_callable
+from trainer.algos.core import agg_loss, registered
 
 __all__ = [
     "FIXED_AGG",
@@ -294,11 +294,4 @@ FIXED_AGG = {
 
 def loss_for(mode: str) -> LossFn:
     """The registered loss ``mode``, or a user's function at a dotted path."""
-    if mode in _LOSSES:
-        return _LOSSES[mode]
-    if "." in mode or ":" in mode:
-        return import_callable(mode, "actor_rollout_ref.actor.policy_loss.loss_mode")
-    raise ValueError(
-        f"actor_rollout_ref.actor.policy_loss.loss_mode={mode!r} is not supported; use one of "
-        f"{', '.join(POLICY_LOSSES)}, or a function of your own as package.module:function"
-    )
+    return registered(mode, _LOSSES, "actor_rollout_ref.actor.policy_loss.loss_mode")
