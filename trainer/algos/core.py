@@ -163,6 +163,8 @@ def scores_to_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.T
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     m = mask.to(values.dtype)
     n = m.sum()
+    if float(n) == 0:  # nothing to whiten (every sample dropped)
+        return torch.zeros_like(values)
     mean = (values * m).sum() / n
     var = (((values - mean) ** 2) * m).sum() / (n - 1).clamp(min=1)
     return (values - mean) * torch.rsqrt(var + eps) * m
@@ -210,7 +212,7 @@ def gae_advantages(
     values = values.to(torch.float32)
     sampled = mask.bool()
     advantages = torch.zeros_like(rewards)
-    next_value = torch.zeros(rewards.shape[0], dtype=torch.float32)
+    next_value = rewards.new_zeros(rewards.shape[0])
     next_adv = torch.zeros_like(next_value)
     for t in reversed(range(rewards.shape[1])):  # over positions, vectorised over the batch
         here = sampled[:, t]

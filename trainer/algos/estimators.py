@@ -13,7 +13,8 @@ sampled tokens), g(i) its group (same uid), n_g the group's size.
   token count of sample j (a length-weighted mean; b = 0 for a group of one).
 - ``grpo_passk`` (pass@k): only the best sample of each group learns, by the margin over the
   second best, A = (R_(1) - R_(2)) / (std_g + eps) (``norm_adv_by_std_in_grpo``; else the
-  margin alone); every other sample 0. A group needs two samples or more.
+  margin alone); every other sample 0. A group needs two samples or more; the order counts
+  weight, so a session split into segments ranks once.
 - ``gpg``: alpha (R_i - mean_g R), alpha = B / max(1, M) with B the batch's samples and M those
   whose score is not 0.
 
@@ -98,8 +99,8 @@ def opo_advantages(x: AdvantageInputs) -> torch.Tensor:
     index = _group_index(x.group_ids)
     count, _, _ = _group_stats(scores, index, w)
     groups = int(index.max()) + 1 if index.numel() else 0
-    total = torch.zeros(groups).index_add_(0, index, w * lengths * scores)
-    norm = torch.zeros(groups).index_add_(0, index, w * lengths)
+    total = scores.new_zeros(groups).index_add_(0, index, w * lengths * scores)
+    norm = scores.new_zeros(groups).index_add_(0, index, w * lengths)
     baseline = (total / norm.clamp(min=1e-12))[index]
     baseline = torch.where(count > _ONE_SAMPLE, baseline, torch.zeros_like(baseline))
     return _on_tokens((scores - baseline) * w, x.mask)
@@ -109,23 +110,27 @@ def grpo_passk_advantages(x: AdvantageInputs, eps: float = 1e-6) -> torch.Tensor
     scores = x.outcome
     w = _weights(x.weights, scores)
     index = _group_index(x.group_ids)
-    count, _, std = _group_stats(scores, index, w)
-    if bool((count <= _ONE_SAMPLE).any()):
+    if bool((torch.bincount(index) < 2).any()):
         raise ValueError(
             "algorithm.adv_estimator=grpo_passk needs two samples or more per prompt "
             "(actor_rollout_ref.rollout.n >= 2)"
         )
+    _, _, std = _group_stats(scores, index, w)
     adv = torch.zeros_like(scores)
-    live = w > 0
     for g in torch.unique(index).tolist():
-        members = torch.nonzero((index == g) & live).squeeze(1)
-        if len(members) < 2:
+        members = torch.nonzero((index == g) & (w > 0)).squeeze(1)
+        if float(w[members].sum()) <= _ONE_SAMPLE:  # one session or less left: no margin
             continue
-        top = torch.topk(scores[members], 2)
-        margin = top.values[0] - top.values[1]
+        # Order statistics by weight: a session split into k segments of weight 1/k is one
+        # sample, so the best is the top unit of weight and the second the next one.
+        order = members[torch.argsort(scores[members], descending=True, stable=True)]
+        reached = torch.cumsum(w[order], 0)
+        best = order[reached - w[order] < 1 - 1e-4]
+        second = order[int(torch.nonzero(reached > 1 + 1e-4)[0])]
+        margin = scores[order[0]] - scores[second]
         if x.norm_by_std:
-            margin = margin / (std[members[0]] + eps)
-        adv[members[top.indices[0]]] = margin
+            margin = margin / (std[order[0]] + eps)
+        adv[best] = margin
     return _on_tokens(adv * w, x.mask)
 
 
@@ -166,7 +171,8 @@ _ESTIMATORS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {
 }
 ADV_ESTIMATORS = tuple(_ESTIMATORS)
 GROUPED = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg")
-"""The estimators whose baseline is the sample's group (they need rollout.n >= 2)."""
+"""The estimators whose baseline is the sample's group: a group that scored alike has no
+signal for them (``algorithm.filter_groups``)."""
 
 
 def estimator_for(name: str) -> Callable[[AdvantageInputs], torch.Tensor]:

@@ -3,9 +3,9 @@ registry, open to a user's own function by dotted path.
 
 A loss gives per-token losses [batch, response] and, summed over the sampled tokens, its
 counts (``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``; divided by the token count for the
-metrics), and may fix the aggregation its definition needs (``PolicyLossOut.agg_mode``; None:
-``loss_agg_mode``). delta = logp - logp_old, r = exp(delta), A the token's advantage,
-sg() no gradient.
+metrics), and may fix the aggregation its definition needs (the function's ``agg_mode``
+attribute, returned again in ``PolicyLossOut.agg_mode``; None: ``loss_agg_mode``).
+delta = logp - logp_old, r = exp(delta), A the token's advantage, sg() no gradient.
 
 - ``vanilla``: PPO's clipped surrogate, asymmetric clip and dual clip (``policy_loss_tokens``).
 - ``gspo``: the sequence's ratio s_i = exp(mean_t delta) on every token, with the token's own
@@ -44,6 +44,7 @@ __all__ = [
     "POLICY_LOSSES",
     "PolicyLossConfig",
     "PolicyLossOut",
+    "fixed_agg",
     "loss_for",
     "policy_loss",
     "policy_loss_tokens",
@@ -289,9 +290,17 @@ FIXED_AGG = {
     "sapo": "seq-mean-token-mean",
     "geo_mean": "seq-mean-token-sum",
 }
-"""The losses whose definition fixes their aggregation (``loss_agg_mode`` is ignored there)."""
+"""The losses whose definition fixes their aggregation (``loss_agg_mode`` is ignored there).
+A function's ``agg_mode`` attribute says so, for a user's function as for these."""
+for _name, _mode in FIXED_AGG.items():
+    _LOSSES[_name].agg_mode = _mode  # type: ignore[attr-defined]
 
 
 def loss_for(mode: str) -> LossFn:
     """The registered loss ``mode``, or a user's function at a dotted path."""
     return registered(mode, _LOSSES, "actor_rollout_ref.actor.policy_loss.loss_mode")
+
+
+def fixed_agg(mode: str) -> str | None:
+    """The aggregation loss ``mode`` fixes (its function's ``agg_mode``), or None."""
+    return getattr(loss_for(mode), "agg_mode", None)

@@ -182,10 +182,10 @@ class PolicyLossSettings:
 
     def __post_init__(self) -> None:
         loss_for(self.loss_mode)  # an unknown name or an unimportable function fails here
-        for name in ("clip_cov_ratio", "kl_cov_ratio"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"actor_rollout_ref.actor.policy_loss.{name} must be in (0, 1]")
-        if self.clip_cov_lb >= self.clip_cov_ub:
+        ratio = {"clip_cov": "clip_cov_ratio", "kl_cov": "kl_cov_ratio"}.get(self.loss_mode)
+        if ratio is not None and not 0 < getattr(self, ratio) <= 1:
+            raise ValueError(f"actor_rollout_ref.actor.policy_loss.{ratio} must be in (0, 1]")
+        if self.loss_mode == "clip_cov" and self.clip_cov_lb >= self.clip_cov_ub:
             raise ValueError(
                 "actor_rollout_ref.actor.policy_loss.clip_cov_lb must be below clip_cov_ub"
             )

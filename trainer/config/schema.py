@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from agentloop.config import RolloutConfig
+from trainer.algos import GROUPED
 from trainer.config import warn_no_effect
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
 from trainer.config.async_training import AsyncTrainingConfig
@@ -238,9 +239,9 @@ class Config:
                     "on-policy)"
                 )
             return
-        if algo.filter_groups.enable and algo.adv_estimator not in ("grpo", "rloo"):
+        if algo.filter_groups.enable and algo.adv_estimator not in GROUPED:
             raise ValueError(
                 "algorithm.filter_groups.enable=True drops groups whose samples scored alike, "
                 "which only means 'no signal' for group baselines: use "
-                f"algorithm.adv_estimator=grpo or rloo, not {algo.adv_estimator}"
+                f"algorithm.adv_estimator={' or '.join(GROUPED)}, not {algo.adv_estimator}"
             )

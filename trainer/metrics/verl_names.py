@@ -63,7 +63,14 @@ SAME_NAMES: tuple[str, ...] = (
 ``timing_s/ref`` with a reference policy, ``timing_s/old_log_prob`` and ``actor/entropy``
 unless the engine's log-probs are used)."""
 
-_RETURNS_ARE_ADVANTAGES = ("grpo", "rloo")
+_RETURNS_ARE_ADVANTAGES = (
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus_baseline",
+    "opo",
+    "grpo_passk",
+    "gpg",
+)
 _PER_TOKEN = ("ref", "adv", "update_actor")  # timed phases verl divides by all tokens
 
 

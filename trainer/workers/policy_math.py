@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 
 from trainer.algos import (
-    FIXED_AGG,
     PolicyLossConfig,
     agg_denominator,
     agg_numerator,
+    fixed_agg,
     kl_penalty,
     loss_for,
 )
@@ -249,7 +249,7 @@ class LossSpec:
             correction_clip=correction_clip,
             loss_mode=cfg.policy_loss.loss_mode,
             constants=cfg.loss_constants,
-            pg_agg_mode=FIXED_AGG.get(cfg.policy_loss.loss_mode, cfg.loss_agg_mode),
+            pg_agg_mode=fixed_agg(cfg.policy_loss.loss_mode) or cfg.loss_agg_mode,
         )
 
 
@@ -294,11 +294,13 @@ def _micro_loss(
     out = loss_for(spec.loss_mode)(
         log_probs, mb.old_log_probs.to(device), mb.advantages.to(device), mask, spec.constants
     )
-    token_losses, counts = out.losses, out.counts
+    token_losses = out.losses
+    counts = {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": 0.0, **out.counts}
     if (out.agg_mode or mode) != spec.pg_agg_mode:
         raise ValueError(
-            f"policy loss {spec.loss_mode!r} aggregates by {out.agg_mode}, not the "
-            f"{spec.pg_agg_mode} its mini-batch was normalised for"
+            f"policy loss {spec.loss_mode!r} returned agg_mode={out.agg_mode!r} but the update "
+            f"normalised for {spec.pg_agg_mode!r}: a loss that fixes its aggregation says so "
+            "in its function's agg_mode attribute"
         )
     if spec.correction != "none":
         assert mb.rollout_log_probs is not None, "rollout correction needs rollout_log_probs"

@@ -377,7 +377,8 @@ def _config(tmp_path: Path, tokenizer: Any, **changes: Any) -> Config:
             },
             "algorithm.filter_groups.enable=True drops groups whose samples scored alike, which "
             "only means 'no signal' for group baselines: use algorithm.adv_estimator=grpo or "
-            "rloo, not reinforce_plus_plus",
+            "rloo or reinforce_plus_plus_baseline or opo or grpo_passk or gpg, not "
+            "reinforce_plus_plus",
         ),
     ],
 )

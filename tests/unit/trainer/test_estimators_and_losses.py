@@ -317,7 +317,7 @@ def test_a_users_loss_by_dotted_path_and_the_errors():
         "as package.module:function"
     )
     with pytest.raises(ValueError, match="clip_cov_lb must be below clip_cov_ub"):
-        PolicyLossSettings(clip_cov_lb=5.0, clip_cov_ub=1.0)
+        PolicyLossSettings(loss_mode="clip_cov", clip_cov_lb=5.0, clip_cov_ub=1.0)
     with pytest.raises(ValueError, match="tau_pos and tau_neg must be > 0"):
         ActorConfig(tau_neg=0.0)
 
@@ -329,7 +329,7 @@ def my_loss(log_prob, old_log_prob, advantages, mask, cfg):
 
 
 # ---- one update per loss mode -----------------------------------------------------------------
-@pytest.mark.parametrize("mode", POLICY_LOSSES)
+@pytest.mark.parametrize("mode", [*POLICY_LOSSES, f"{__name__}:fixed_loss"])
 def test_each_loss_mode_trains_a_step(mode):
     from tests.unit.trainer.tiny_model import tiny_qwen3
     from trainer.workers import TrainBatch, log_probs_in_micro_batches, update_policy
@@ -400,3 +400,40 @@ def test_gae_skips_observation_tokens_like_gae_on_the_sampled_tokens_alone(gamma
                 want + float(values[i, t]) if t in expected else 0.0, abs=1e-4
             )
     assert mask.sum(-1).min() > 0 and ((mask[:, 1:] - mask[:, :-1]) == 1).sum() >= 12  # spans
+
+
+def test_grpo_passk_ranks_a_segmented_session_once_and_skips_dropped_ones():
+    mask = torch.ones(7, 2, dtype=torch.long)
+    # group a: the best session split into two segments of weight 1/2, then 0.0 and -1.0
+    # group b: two sessions, one dropped (weight 0): one left, no margin, no error
+    scores = torch.tensor([1.0, 1.0, 0.0, -1.0, 3.0, 2.0, 1.0])
+    weights = torch.tensor([0.5, 0.5, 1.0, 1.0, 1.0, 0.0, 1.0])
+    groups = ["a", "a", "a", "a", "b", "b", "c"]
+    groups[6] = "b"  # b: scores 3 (kept), 2 (dropped), 1 (kept): margin 3 - 1
+    got = compute_advantages(
+        "grpo_passk", scores, mask, groups, norm_by_std=False, weights=weights
+    )[:, 0]
+    assert got.tolist() == pytest.approx([0.5, 0.5, 0.0, 0.0, 2.0, 0.0, 0.0])
+    # the same group a with the session whole (weight 1): the same margin, once
+    whole = compute_advantages("grpo_passk", scores[1:4], mask[1:4], ["a"] * 3, norm_by_std=False)[
+        :, 0
+    ]
+    assert whole.tolist() == pytest.approx([1.0, 0.0, 0.0])
+
+
+def fixed_loss(log_prob, old_log_prob, advantages, mask, cfg):
+    from trainer.algos import PolicyLossOut
+
+    return PolicyLossOut(-advantages * torch.exp(log_prob - old_log_prob), {}, "seq-mean-token-sum")
+
+
+fixed_loss.agg_mode = "seq-mean-token-sum"  # type: ignore[attr-defined]
+
+
+def test_a_users_loss_that_fixes_its_aggregation_says_so_by_attribute():
+    from trainer.algos import fixed_agg
+
+    assert fixed_agg(f"{__name__}:fixed_loss") == "seq-mean-token-sum"
+    assert fixed_agg("gspo") == "seq-mean-token-mean" and fixed_agg("vanilla") is None
+    # clip_cov's settings are only checked when it is the loss
+    PolicyLossSettings(loss_mode="vanilla", clip_cov_lb=5.0, clip_cov_ub=1.0)

@@ -54,7 +54,8 @@ class KeyRule:
 
 NO_CRITIC = (
     "no critic exists here yet: the estimators here (algorithm.adv_estimator=grpo, rloo, "
-    "reinforce_plus_plus) use none, as in verl (gae, which needs one, is refused)"
+    "reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg) use none, as in "
+    "verl (gae, which needs one, is refused)"
 )
 NO_MEGATRON = "Megatron is not a backend here: the actor and reference are FSDP2 (strategy=fsdp2)"
 MEGATRON_LORA = (
