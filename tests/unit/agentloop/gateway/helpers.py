@@ -45,4 +45,18 @@ def make_loop(
     )
     kind = {"command": command} if command else {"external": True} if external else {}
     context = AgentLoopContext(server, tokenizer, config)
+    CONTEXTS.append(context)
     return GatewayAgentLoop(context, **(kind or {"agent": agent})), server
+
+
+CONTEXTS: list[AgentLoopContext] = []
+"""The contexts ``make_loop`` made; ``stop_gateways`` stops their gateways."""
+
+
+async def stop_gateways() -> None:
+    """Stop the gateways the test started, on its own event loop (a gateway left listening
+    after its loop has closed holds a socket nobody serves)."""
+    while CONTEXTS:
+        context = CONTEXTS.pop()
+        if context.gateway is not None:
+            await context.gateway.stop()

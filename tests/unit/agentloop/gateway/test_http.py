@@ -14,9 +14,15 @@ import pytest
 
 from agentloop.gateway import Session
 from agentloop.gateway.loop import gateway_of
-from tests.unit.agentloop.gateway.helpers import WEATHER, hermes_call, make_loop
+from tests.unit.agentloop.gateway.helpers import WEATHER, hermes_call, make_loop, stop_gateways
 
 PROMPT = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture(autouse=True)
+async def _stopped_gateways():
+    yield
+    await stop_gateways()
 
 
 async def open_session(tokenizer, turns, **gateway):
