@@ -221,8 +221,13 @@ class LossSpec:
     loss_mode: str = "vanilla"
     """``actor.policy_loss.loss_mode`` (``trainer.algos.policy_losses``)."""
     constants: PolicyLossConfig = PolicyLossConfig()
-    pg_agg_mode: str = "token-mean"
-    """The policy term's aggregation: the loss's own (gspo, sapo, geo_mean) or loss_agg_mode."""
+    fixed_agg_mode: str | None = None
+    """The aggregation the loss fixes for itself (gspo, sapo, geo_mean; ``fixed_agg``)."""
+
+    @property
+    def pg_agg_mode(self) -> str:
+        """The policy term's aggregation: the loss's own, else ``loss_agg_mode``."""
+        return self.fixed_agg_mode or self.loss_agg_mode
 
     @classmethod
     def from_config(
@@ -249,7 +254,7 @@ class LossSpec:
             correction_clip=correction_clip,
             loss_mode=cfg.policy_loss.loss_mode,
             constants=cfg.loss_constants,
-            pg_agg_mode=fixed_agg(cfg.policy_loss.loss_mode) or cfg.loss_agg_mode,
+            fixed_agg_mode=fixed_agg(cfg.policy_loss.loss_mode),
         )
 
 
