@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -296,8 +296,14 @@ def _micro_loss(
     device = log_probs.device
     mask = mb.response_mask.to(device)
     mode = spec.loss_agg_mode
+    constants = replace(  # the spec's clip fields are the ones in force
+        spec.constants,
+        clip_ratio_low=spec.clip_low,
+        clip_ratio_high=spec.clip_high,
+        clip_ratio_c=spec.clip_ratio_c,
+    )
     out = loss_for(spec.loss_mode)(
-        log_probs, mb.old_log_probs.to(device), mb.advantages.to(device), mask, spec.constants
+        log_probs, mb.old_log_probs.to(device), mb.advantages.to(device), mask, constants
     )
     token_losses = out.losses
     counts = {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": 0.0, **out.counts}
