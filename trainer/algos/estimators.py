@@ -17,6 +17,9 @@ sampled tokens), g(i) its group (same uid), n_g the group's size.
   weight, so a session split into segments ranks once.
 - ``gpg``: alpha (R_i - mean_g R), alpha = B / max(1, M) with B the batch's samples and M those
   whose score is not 0.
+- ``gae``: PPO's generalized advantage estimation from the critic's ``values`` over the sampled
+  tokens only (``trainer.algos.core.gae_advantages``; ``gamma``, ``lam``), whitened
+  (``trainer.algos.value.gae_for_policy``). Needs a critic (``critic.enable``).
 
 Sample weights (gateway segments, see ``core``): group statistics count each sample by its
 weight, and each sample's advantage is then multiplied by it, as for ``grpo``.
@@ -70,6 +73,9 @@ class AdvantageInputs:
     weights: torch.Tensor | None = None
     norm_by_std: bool = True
     gamma: float = 1.0
+    values: torch.Tensor | None = None
+    """[batch, response] the critic's values (``gae`` only)."""
+    lam: float = 1.0
 
     @property
     def outcome(self) -> torch.Tensor:
@@ -160,6 +166,20 @@ def _reinforce_plus_plus(x: AdvantageInputs) -> torch.Tensor:
     return reinforce_plus_plus_advantages(rewards, x.mask, x.gamma, x.weights)
 
 
+def _gae(x: AdvantageInputs) -> torch.Tensor:
+    from trainer.algos.value import gae_for_policy
+
+    if x.values is None:
+        raise ValueError(
+            "algorithm.adv_estimator=gae needs the critic's values: set critic.enable=null "
+            "(on for gae) or True"
+        )
+    rewards = x.token_rewards
+    if rewards is None:
+        rewards = scores_to_token_rewards(x.scores, x.mask)
+    return gae_for_policy(rewards, x.values, x.mask, gamma=x.gamma, lam=x.lam, weights=x.weights)[0]
+
+
 _ESTIMATORS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {
     "grpo": _grpo,
     "rloo": _rloo,
@@ -168,6 +188,7 @@ _ESTIMATORS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {
     "opo": opo_advantages,
     "grpo_passk": grpo_passk_advantages,
     "gpg": gpg_advantages,
+    "gae": _gae,
 }
 ADV_ESTIMATORS = tuple(_ESTIMATORS)
 GROUPED = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg")
@@ -190,13 +211,18 @@ def compute_advantages(
     gamma: float = 1.0,
     token_rewards: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    lam: float = 1.0,
 ) -> torch.Tensor:
     """Token-level advantages [batch, response] (0 where ``mask`` is 0) of ``estimator``.
 
     ``token_rewards`` (e.g. scores with a per-token KL penalty) replace the scores when given:
     ``reinforce_plus_plus`` uses them per token, the others their per-sample sum.
-    ``weights`` [batch]: each sample's weight (None: all 1; see ``trainer.algos.core``)."""
-    inputs = AdvantageInputs(scores, mask, group_ids, token_rewards, weights, norm_by_std, gamma)
+    ``weights`` [batch]: each sample's weight (None: all 1; see ``trainer.algos.core``).
+    ``values``/``lam``: the critic's values and GAE's lambda (``gae``)."""
+    inputs = AdvantageInputs(
+        scores, mask, group_ids, token_rewards, weights, norm_by_std, gamma, values, lam
+    )
     out = estimator_for(estimator)(inputs)
     if out.shape != mask.shape:
         raise ValueError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainer.algos import ADV_ESTIMATORS, KL_TYPES, estimator_for
+from trainer.algos import KL_TYPES, estimator_for
 from trainer.config.async_training import FilterGroupsConfig, RolloutCorrectionConfig
 
 # Metric logger backends (trainer.metrics.tracking) and worker log levels
@@ -111,11 +111,15 @@ class KLControlConfig:
 @dataclass(kw_only=True, slots=True)
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
-    """grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk | gpg,
-    or a function of your own as package.module:function (``trainer.algos.estimators``)."""
+    """grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk | gpg |
+    gae (PPO with a critic), or a function of your own as package.module:function
+    (``trainer.algos.estimators``)."""
     norm_adv_by_std_in_grpo: bool = True
     """False: GRPO advantages are (s - mean) only (Dr. GRPO)."""
     gamma: float = 1.0
+    """Discount per sampled token (GAE, REINFORCE++); observation tokens are not steps."""
+    lam: float = 1.0
+    """GAE's lambda: 1 is the Monte-Carlo return minus the value, 0 the one-step TD error."""
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -126,12 +130,11 @@ class AlgorithmConfig:
     """DAPO's dynamic sampling (needs async_training.enable=True)."""
 
     def __post_init__(self) -> None:
-        if self.adv_estimator == "gae":
-            raise ValueError(
-                "algorithm.adv_estimator=gae needs a critic, and no critic exists here yet: use "
-                f"a critic-free estimator ({', '.join(ADV_ESTIMATORS)})"
-            )
         estimator_for(self.adv_estimator)  # unknown, or a user's function that does not import
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
+            raise ValueError(
+                f"algorithm.gamma={self.gamma} and algorithm.lam={self.lam} must be in [0, 1]"
+            )
         if self.kl_penalty not in KL_TYPES:
             raise ValueError(
                 f"algorithm.kl_penalty={self.kl_penalty!r} is not supported; "
@@ -147,6 +150,10 @@ class TrainerConfig(RunConfig):
     """Validate once before the first step (needs data.val_files)."""
     max_actor_ckpt_to_keep: int | None = None
     """Checkpoints kept in default_local_dir (older ones are deleted); None: all."""
+    max_critic_ckpt_to_keep: int | None = None
+    """Newest checkpoints that keep their critic folder (older ones lose it); None: all."""
+    critic_warmup: int = 0
+    """The first this many steps train the critic alone (the actor waits for useful values)."""
     weight_sync_bucket_mb: int = 256
     """MiB of weights per bucket when the actor's weights are sent to the servers."""
     worker_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
@@ -155,6 +162,8 @@ class TrainerConfig(RunConfig):
 
     def __post_init__(self) -> None:
         RunConfig.__post_init__(self)  # slots dataclasses cannot call super() bare
+        if self.critic_warmup < 0:
+            raise ValueError(f"trainer.critic_warmup must be >= 0, got {self.critic_warmup}")
         if self.worker_log_level not in LOG_LEVELS:
             raise ValueError(
                 f"trainer.worker_log_level={self.worker_log_level!r}: use one of "

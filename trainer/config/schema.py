@@ -19,6 +19,7 @@ from trainer.algos import GROUPED
 from trainer.config import warn_no_effect
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
 from trainer.config.async_training import AsyncTrainingConfig
+from trainer.config.critic import CriticConfig
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
 from trainer.config.run import AlgorithmConfig, TrainerConfig
 
@@ -120,6 +121,8 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model of PPO with GAE (on when ``algorithm.adv_estimator=gae``)."""
     custom_reward_function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
     """The "rule" reward: a Python function called per sample (verl's signature)."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
@@ -128,6 +131,13 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     """Rollout as a stream that never waits for the trainer (docs/async-training.md)."""
+
+    @property
+    def use_critic(self) -> bool:
+        """``critic.enable``, or when null verl's rule: a critic exactly for GAE."""
+        if self.critic.enable is None:
+            return self.algorithm.adv_estimator == "gae"
+        return self.critic.enable
 
     @property
     def async_groups_per_step(self) -> int:
@@ -214,11 +224,57 @@ class Config:
                 "LoRA adapter, but actor_rollout_ref.model.lora_rank=0: hf_model is the full "
                 "model already; drop hf_merged (or set actor_rollout_ref.model.lora_rank)"
             )
+        self.check_critic()
         self.check_async()
         self.actor_rollout_ref.check_cpu_cores()
         if self.data.val_files:
             for message in rollout.val_kwargs.warnings():
                 logger.warning(message)
+
+    def check_critic(self) -> None:
+        """GAE and the critic go together; the critic's batches split as the actor's must."""
+        estimator = self.algorithm.adv_estimator
+        if estimator == "gae" and not self.use_critic:
+            raise ValueError(
+                "algorithm.adv_estimator=gae learns from a critic's values but critic.enable="
+                "False: set critic.enable=null (on for gae) or True"
+            )
+        if not self.use_critic:
+            return
+        if estimator != "gae":
+            raise ValueError(
+                f"critic.enable=True with algorithm.adv_estimator={estimator}: only gae uses "
+                "a critic's values, so it would train for nothing; set "
+                "algorithm.adv_estimator=gae, or critic.enable=null"
+            )
+        critic, actor = self.critic, self.actor_rollout_ref.actor
+        n, world = self.actor_rollout_ref.rollout.n, self.trainer.world_size
+        mini = critic.mini_batch_size(actor)
+        if self.data.train_batch_size % mini:
+            raise ValueError(
+                f"data.train_batch_size={self.data.train_batch_size} is not divisible by "
+                f"critic.ppo_mini_batch_size={mini}: make it a multiple"
+            )
+        if (mini * n) % world:
+            raise ValueError(
+                f"a critic mini-batch of {mini * n} samples (critic.ppo_mini_batch_size={mini} "
+                f"x rollout.n={n}) does not split over {world} trainer ranks: make it a multiple"
+            )
+        micro, dynamic = critic.micro_batch_size(actor), critic.dynamic_bsz(actor)
+        if not dynamic and (mini * n // world) % micro:
+            raise ValueError(
+                f"{mini * n // world} samples per rank per critic mini-batch is not divisible by "
+                f"critic.ppo_micro_batch_size_per_gpu={micro}: make it a divisor (or set "
+                "critic.use_dynamic_bsz=True)"
+            )
+        context = self.actor_rollout_ref.rollout.prompt_length
+        context += self.actor_rollout_ref.rollout.response_length
+        budget = critic.max_token_len(actor)
+        if dynamic and budget < context:
+            raise ValueError(
+                f"critic.ppo_max_token_len_per_gpu={budget} is below one full sample "
+                f"({context} = prompt_length + response_length): raise it"
+            )
 
     def check_async(self) -> None:
         """The combinations of ``async_training`` and ``algorithm.rollout_correction`` /

@@ -44,6 +44,7 @@ from trainer.loop.checkpoint import CheckpointManager, checkpoint_bytes
 from trainer.loop.weight_sync import WeightSync
 from trainer.metrics.trace_tags import TraceTagger
 from trainer.metrics.tracking import Tracking
+from trainer.models.resolve import resolve_model
 from trainer.rewards.build import build_rewards, check_rewards
 from trainer.rewards.manager import RewardManager
 from trainer.workers import WorkerGroup, WorkerSpec
@@ -129,12 +130,20 @@ def plan_run(config: Config) -> RunPlan:
     val_rows = load_split(config, setup, "val") if config.data.val_files else []
     data, run = config.data, config.trainer
     sampler = PromptSampler(train_rows, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
-    checkpoints = CheckpointManager(run.default_local_dir, run.max_actor_ckpt_to_keep)
+    checkpoints = CheckpointManager(
+        run.default_local_dir, run.max_actor_ckpt_to_keep, run.max_critic_ckpt_to_keep
+    )
     checkpoints.check_writable()
     if run.save_freq > 0:
         contents = config.actor_rollout_ref.actor.checkpoint.save_contents
         lora_rank = config.actor_rollout_ref.model.lora_rank
-        checkpoints.check_free_space(checkpoint_bytes(setup.model_path, contents, lora_rank))
+        need = checkpoint_bytes(setup.model_path, contents, lora_rank)
+        if config.use_critic:  # a value model of the same size (its own model path, if any)
+            critic = config.critic
+            need += checkpoint_bytes(
+                setup.model_path, critic.checkpoint.save_contents, critic.model.lora_rank
+            )
+        checkpoints.check_free_space(need)
     # before any server starts: reward functions, and a built-in scorer for every row to score
     check_rewards(config, {"train": train_rows, "val": val_rows})
     write_config(config, checkpoints.root)
@@ -187,6 +196,11 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
     # accounting; the server sleeps while the trainer computes.
     share = 0.5 if colocated else None
     model = plan.setup.model  # resolved at start-up: local folders, template text
+    critic = None
+    if config.use_critic:
+        path = config.critic.model.path
+        path = resolve_model(path, "critic.model.path") if path is not None else None
+        critic = config.critic.spec(ref.actor, model, path)
     with ExitStack() as undo:  # stops, newest first, what started if a later part fails
         undo.callback(plan.tracking.finish)
         tagger = configure_traces(ref.rollout.trace, config.trainer, plan)
@@ -217,6 +231,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             else None,
             gpu_share=share or 1.0,
             total_steps=config.trainer.total_steps(len(plan.sampler)),
+            critic=critic,
         )
         workers = WorkerGroup(spec, world)
         undo.callback(workers.shutdown)

@@ -322,8 +322,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
                 key=lambda a: a.seq,
             )
             state = self.sampler.state_dict([a.key for a in in_flight])
-        contents = self.config.actor_rollout_ref.actor.checkpoint.save_contents
-        self.checkpoints.save(step, self.workers, contents, {"sampler": state})
+        self._write_checkpoint(step, {"sampler": state})
 
     def _resume(self) -> int:
         step = super()._resume()

@@ -10,6 +10,8 @@ Layout (verl's names)::
         actor/optim_extra.pt               # lr scheduler, optimizer step count
         actor/huggingface/                 # transformers folder (``hf_model``; LoRA: adapter)
         actor/huggingface_merged/          # LoRA merged into a transformers folder (``hf_merged``)
+        critic/dcp/, critic/optim_extra.pt # the value model's, when a critic trains (PPO/GAE)
+        critic/huggingface/                # the value model (``critic.checkpoint.save_contents``)
 
 A checkpoint is written into ``.global_step_N.tmp`` and renamed when complete, so a run killed
 while saving never leaves a folder that resume would pick up. A save that fails (disk full,
@@ -98,11 +100,18 @@ def _reason(exc: BaseException) -> str:
 class _Savable(Protocol):
     def save_checkpoint(self, directory: str, contents: list[str]) -> None: ...
 
+    def save_critic(self, directory: str, contents: list[str]) -> None: ...
+
 
 class CheckpointManager:
-    def __init__(self, root: str | Path, max_keep: int | None = None) -> None:
+    def __init__(
+        self, root: str | Path, max_keep: int | None = None, max_critic_keep: int | None = None
+    ) -> None:
         self.root = Path(root).expanduser().resolve()
         self.max_keep = max_keep
+        self.max_critic_keep = max_critic_keep
+        """Newest checkpoints that keep their ``critic/`` folder (``trainer.
+        max_critic_ckpt_to_keep``); older ones lose it (a resume from them needs it)."""
 
     def check_writable(self) -> None:
         """Fail at start-up, not after the first step, when the folder cannot be written."""
@@ -132,8 +141,15 @@ class CheckpointManager:
         return self.root / f"global_step_{step}"
 
     def save(
-        self, step: int, workers: _Savable, contents: list[str], state: dict[str, Any]
+        self,
+        step: int,
+        workers: _Savable,
+        contents: list[str],
+        state: dict[str, Any],
+        critic_contents: list[str] | None = None,
     ) -> Path:
+        """Write the step's checkpoint: the actor's ``contents``, the critic's
+        ``critic_contents`` (None: no critic), and ``state`` (``trainer_state.json``)."""
         final = self.step_dir(step)
         tmp = self.root / f".global_step_{step}.tmp"
         latest_tmp = self.root / f".{LATEST_FILE}.tmp"
@@ -143,6 +159,9 @@ class CheckpointManager:
             actor_contents = [c for c in contents if c != "extra"]
             if actor_contents:
                 workers.save_checkpoint(str(tmp / "actor"), actor_contents)
+            critic_parts = [c for c in critic_contents or [] if c != "extra"]
+            if critic_parts:
+                workers.save_critic(str(tmp / "critic"), critic_parts)
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
             if final.exists():
                 shutil.rmtree(final)
@@ -170,12 +189,14 @@ class CheckpointManager:
         return final
 
     def _prune(self, newest: int) -> None:
-        if not self.max_keep or self.max_keep < 1:
-            return
-        steps = sorted(s for s, _ in self._complete())
-        for step in steps[: max(0, len(steps) - self.max_keep)]:
-            if step != newest:
-                shutil.rmtree(self.step_dir(step), ignore_errors=True)
+        for keep, sub in ((self.max_keep, None), (self.max_critic_keep, "critic")):
+            if not keep or keep < 1:
+                continue
+            steps = sorted(s for s, _ in self._complete())
+            for step in steps[: max(0, len(steps) - keep)]:
+                if step != newest:
+                    folder = self.step_dir(step)
+                    shutil.rmtree(folder / sub if sub else folder, ignore_errors=True)
 
     def _complete(self) -> list[tuple[int, Path]]:
         if not self.root.is_dir():

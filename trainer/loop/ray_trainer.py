@@ -2,9 +2,12 @@
 
     rows ─> rollout (AgentLoopManager: async agent loops on the servers)
          ─> rewards (rule | judge servers | tool-verified, weighted; trainer.rewards)
-         ─> old log-probs (+ reference log-probs when a KL term is used)
-         ─> advantages (grpo | rloo | reinforce_plus_plus; optional KL-in-reward)
-         ─> PPO mini-batch updates on the FSDP2 ranks
+         ─> old log-probs (+ reference log-probs when a KL term is used, + the critic's
+             values with GAE)
+         ─> advantages (grpo | rloo | reinforce_plus_plus | ... | gae; optional KL-in-reward)
+         ─> critic update (GAE: clipped value loss against the returns)
+         ─> PPO mini-batch updates on the FSDP2 ranks (not in the first
+             ``trainer.critic_warmup`` steps: the critic learns alone there)
          ─> weight sync to every server
          ─> metrics; validation every ``test_freq``; checkpoint every ``save_freq``
 
@@ -41,6 +44,7 @@ from tqdm import tqdm
 from agentloop import RolloutBatch, TraceContext
 from servers import ServerRestartError
 from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
+from trainer.algos.value import explained_variance, gae_for_policy
 from trainer.config.schema import Config
 from trainer.data.sampler import PromptSampler
 from trainer.loop.assembly import RunParts, needs_ref_policy
@@ -135,6 +139,7 @@ class RayPPOTrainer:
         run = config.trainer
         self.total_steps = run.total_steps(len(sampler))
         self.need_ref = needs_ref_policy(config)
+        self.use_critic = config.use_critic
         # The parts the loop drives, by their short names.
         self.manager = parts.manager
         self.workers = parts.workers
@@ -156,6 +161,16 @@ class RayPPOTrainer:
             return 0
         state = CheckpointManager.load_state(path)
         self.workers.load_checkpoint(os.path.join(path, "actor"))
+        if self.use_critic:
+            critic = os.path.join(path, "critic")
+            if not os.path.isdir(os.path.join(critic, "dcp")):
+                raise ValueError(
+                    f"{path} holds no critic checkpoint ({critic}/dcp): it was saved without a "
+                    "critic, or trainer.max_critic_ckpt_to_keep removed it; resume from a "
+                    "checkpoint that has one (trainer.resume_from_path), or start over "
+                    "(trainer.resume_mode=disable)"
+                )
+            self.workers.load_critic(critic)
         self.sampler.load_state_dict(state["sampler"])
         self.sync.push()  # the servers started from the base model
         logger.info("resumed from %s at step %d", path, state["step"])
@@ -281,6 +296,9 @@ class RayPPOTrainer:
         if self.need_ref:
             with _timer(metrics, "ref"):
                 batch.ref_log_probs = self.workers.compute_ref_log_prob(batch)
+        if self.use_critic:
+            with _timer(metrics, "values"):
+                batch.values = self.workers.compute_values(batch)
         with _timer(metrics, "adv"):
             token_rewards = reward.token_rewards  # [batch, response] or None: scores alone
             if cfg.algorithm.use_kl_in_reward:
@@ -296,16 +314,29 @@ class RayPPOTrainer:
                     kind=cfg.algorithm.kl_penalty,
                 )
                 metrics["actor/reward_kl_penalty"] = kl
-            batch.advantages = compute_advantages(
-                cfg.algorithm.adv_estimator,
-                scores,
-                mask,
-                rollout.uid,
-                norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
-                gamma=cfg.algorithm.gamma,
-                token_rewards=token_rewards,
-                weights=weights,
-            )
+            if self.use_critic:  # GAE: advantages and the critic's targets together
+                assert batch.values is not None
+                if token_rewards is None:
+                    token_rewards = scores_to_token_rewards(scores, mask)
+                batch.advantages, batch.returns = gae_for_policy(
+                    token_rewards,
+                    batch.values,
+                    mask,
+                    gamma=cfg.algorithm.gamma,
+                    lam=cfg.algorithm.lam,
+                    weights=weights,
+                )
+            else:
+                batch.advantages = compute_advantages(
+                    cfg.algorithm.adv_estimator,
+                    scores,
+                    mask,
+                    rollout.uid,
+                    norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
+                    gamma=cfg.algorithm.gamma,
+                    token_rewards=token_rewards,
+                    weights=weights,
+                )
         metrics |= _masked_stats("critic/advantages", batch.advantages, mask)
         metrics |= data_metrics(
             attention_mask=rollout.attention_mask,
@@ -317,16 +348,37 @@ class RayPPOTrainer:
             response_mask=mask,
             estimator=cfg.algorithm.adv_estimator,
         )
-        mini_batches = self.mini_batches(rollout.num_sessions)
-        with _timer(metrics, "update_actor"):
-            metrics |= self.workers.update_actor(
-                batch, seed=cfg.trainer.seed + step, mini_batches=mini_batches
-            )
+        if self.use_critic:
+            metrics |= self._update_critic(step, batch, rollout.num_sessions)
+        if step > cfg.trainer.critic_warmup:
+            mini_batches = self.mini_batches(rollout.num_sessions)
+            with _timer(metrics, "update_actor"):
+                metrics |= self.workers.update_actor(
+                    batch, seed=cfg.trainer.seed + step, mini_batches=mini_batches
+                )
         tokens = float(batch.attention_mask.sum())
         metrics["perf/total_tokens"] = tokens
         metrics["perf/trainer_tokens_per_s"] = tokens / max(
-            metrics.get("timing_s/old_log_prob", 0.0) + metrics["timing_s/update_actor"], 1e-9
+            metrics.get("timing_s/old_log_prob", 0.0) + metrics.get("timing_s/update_actor", 0.0),
+            1e-9,
         )
+        return metrics
+
+    def _update_critic(self, step: int, batch: TrainBatch, sessions: int) -> dict[str, float]:
+        """The critic's statistics on this batch (values before its update, GAE returns) and
+        its update: ``critic.ppo_mini_batch_size x rollout.n`` sessions per optimizer step."""
+        assert batch.values is not None and batch.returns is not None
+        cfg = self.config
+        mask = batch.response_mask
+        metrics = _masked_stats("critic/values", batch.values, mask)
+        metrics |= _masked_stats("critic/returns", batch.returns, mask)
+        metrics["critic/vf_explained_var"] = explained_variance(batch.values, batch.returns, mask)
+        per_mini = cfg.critic.mini_batch_size(cfg.actor_rollout_ref.actor)
+        per_mini *= cfg.actor_rollout_ref.rollout.n
+        with _timer(metrics, "update_critic"):
+            metrics |= self.workers.update_critic(
+                batch, mini_batches=max(1, -(-sessions // per_mini)), seed=cfg.trainer.seed + step
+            )
         return metrics
 
     def mini_batches(self, sessions: int) -> int:
@@ -385,8 +437,13 @@ class RayPPOTrainer:
         return out
 
     def _save(self, step: int) -> None:
+        self._write_checkpoint(step, {"sampler": self.sampler.state_dict()})
+
+    def _write_checkpoint(self, step: int, state: dict[str, Any]) -> None:
+        """The actor's (and critic's) checkpoint of ``step`` with the loop's ``state``."""
         contents = self.config.actor_rollout_ref.actor.checkpoint.save_contents
-        self.checkpoints.save(step, self.workers, contents, {"sampler": self.sampler.state_dict()})
+        critic = self.config.critic.checkpoint.save_contents if self.use_critic else None
+        self.checkpoints.save(step, self.workers, contents, state, critic_contents=critic)
 
     def close(self) -> None:
         """Stop every part (loggers, rewards, judge, ranks, rollout); later calls do nothing."""

@@ -47,6 +47,10 @@ class TrainBatch:
     """[batch, R]"""
     rollout_log_probs: torch.Tensor | None = None
     """[batch, R] the engine's log-probs (behaviour policy; only with a rollout correction)."""
+    values: torch.Tensor | None = None
+    """[batch, R] the critic's values of the states before each sampled token (GAE only)."""
+    returns: torch.Tensor | None = None
+    """[batch, R] the critic's regression targets (GAE: advantages + values)."""
     weights: torch.Tensor | None = None
     """[batch] float32 sample weights (``SampleRecord.weight``: a gateway session's k
     segments 1/k each, filler rows 0); None: 1 each. The advantages already carry them; the
@@ -113,7 +117,14 @@ class TrainBatch:
         for name in ("attention_mask", "position_ids", "response_mask"):
             getattr(picked, name)[fill] = 0
         picked.attention_mask[fill, p - 1] = 1
-        for name in ("old_log_probs", "ref_log_probs", "advantages", "rollout_log_probs"):
+        for name in (
+            "old_log_probs",
+            "ref_log_probs",
+            "advantages",
+            "rollout_log_probs",
+            "values",
+            "returns",
+        ):
             value = getattr(picked, name)
             if value is not None:
                 value[fill] = 0

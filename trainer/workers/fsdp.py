@@ -59,26 +59,40 @@ def init_distributed(rank: int, world_size: int, master: str, device: str) -> No
     )
 
 
-def load_model(path: str, config: ModelConfig, device: str) -> torch.nn.Module:
+def load_model(
+    path: str, config: ModelConfig, device: str, value_head: bool = False
+) -> torch.nn.Module:
     """A transformers causal LM in float32 (master weights; compute dtype comes from FSDP),
     after importing ``config.external_lib`` (it may register the architecture); with
     ``config.lora_rank > 0`` a ``peft.PeftModel`` whose adapter alone trains (``apply_lora``).
+    ``value_head``: the same architecture as a ``...ForTokenClassification`` with one output
+    and no dropout (a critic, as verl builds one): the LM head is dropped, the value head is
+    new unless the folder holds one.
 
     Activation checkpointing is non-reentrant: the adapter's gradients flow through the
     recomputed layers although no input of them requires grad (the embedding is frozen)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     import_external_lib(config.external_lib)
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        dtype=torch.float32,
-        attn_implementation=config.attn_implementation,
-        trust_remote_code=config.trust_remote_code,
-    )
+    kwargs: dict = {
+        "dtype": torch.float32,
+        "attn_implementation": config.attn_implementation,
+        "trust_remote_code": config.trust_remote_code,
+    }
+    auto = AutoModelForCausalLM
+    if value_head:
+        auto = AutoModelForTokenClassification
+        kwargs["config"] = AutoConfig.from_pretrained(
+            path, trust_remote_code=config.trust_remote_code, num_labels=1
+        )
+        kwargs["config"].classifier_dropout = 0.0
+    model = auto.from_pretrained(path, **kwargs)
     model.config.use_cache = False
     if config.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return apply_lora(model, config).to(device)
+    return apply_lora(model, config, task_type="TOKEN_CLS" if value_head else "CAUSAL_LM").to(
+        device
+    )
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

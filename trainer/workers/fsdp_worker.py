@@ -10,11 +10,9 @@ switched off (no second model), checkpoints hold the adapter and its optimizer s
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import resource
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,16 +21,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from servers.lora import write_adapter
-from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
+from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
+from trainer.config.critic import CriticSpec
 from trainer.workers.batch import TrainBatch
-from trainer.workers.fsdp import apply_fsdp, full_tensors, init_distributed, load_model
-from trainer.workers.lora import (
-    adapter_config,
-    adapter_tensors,
-    is_lora,
-    merged_tensors,
-    trainable_parameters,
+from trainer.workers.critic import Critic
+from trainer.workers.fsdp import apply_fsdp, init_distributed, load_model
+from trainer.workers.lora import adapter_config, adapter_tensors, is_lora, trainable_parameters
+from trainer.workers.model_state import (
+    adamw,
+    export_hf,
+    load_sharded,
+    model_tensors,
+    save_sharded,
+    state_mb,
+    warmup_scheduler,
+    write_model_files,
 )
 from trainer.workers.policy_math import log_probs_in_micro_batches, update_policy
 
@@ -42,20 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["FSDPWorker", "WorkerSpec", "adamw", "write_model_files"]
 
 logger = logging.getLogger(__name__)
-
-_NOT_WEIGHTS = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
-_TOKENIZER_FILES = {
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -80,48 +69,8 @@ class WorkerSpec:
     """GPUs per rank requested from Ray (0.5 when colocated with rollout servers)."""
     total_steps: int = 0
     """Training steps of the run (``actor.optim.lr_warmup_steps_ratio`` is a fraction of it)."""
-
-
-def write_model_files(model_path: str, model: ModelConfig, out: Path) -> None:
-    """An exported folder's files besides its weights and ``config.json``: the source model
-    folder's other files (generation config, remote code, tokenizer), and, when the run's
-    tokenizer came from ``tokenizer_path`` or had ``custom_chat_template``, that tokenizer
-    saved in place of the folder's, so the export renders chats as training did."""
-    from agentloop.tokenizer import TokenizerSource
-
-    source = Path(model_path)
-    tokenizer_dir = model.tokenizer_path or model_path
-    own_tokenizer = Path(tokenizer_dir) != source
-    for item in source.iterdir():
-        if (
-            item.is_file()
-            and not item.name.endswith(_NOT_WEIGHTS)
-            and item.name not in ("config.json", "model.safetensors.index.json")
-            and not (own_tokenizer and item.name in _TOKENIZER_FILES)
-        ):
-            shutil.copy2(item, out / item.name)
-    if own_tokenizer or model.custom_chat_template is not None:
-        tokenizer = TokenizerSource(
-            path=tokenizer_dir,
-            trust_remote_code=model.trust_remote_code,
-            chat_template=model.custom_chat_template,
-        )
-        tokenizer.load().save_pretrained(out)
-    (out / "agentloop_export.json").write_text(
-        json.dumps({"source": str(source), "tokenizer": tokenizer_dir})
-    )
-
-
-def adamw(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
-    """The actor's optimizer as ``actor.optim`` describes it, over the trainable parameters
-    (a LoRA model's adapter)."""
-    return torch.optim.AdamW(
-        trainable_parameters(model),
-        lr=optim.lr,
-        betas=(optim.betas[0], optim.betas[1]),
-        eps=optim.eps,
-        weight_decay=optim.weight_decay,
-    )
+    critic: CriticSpec | None = None
+    """The value model each rank also holds a shard of (PPO with GAE); None: no critic."""
 
 
 class FSDPWorker:
@@ -132,6 +81,7 @@ class FSDPWorker:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.updates = 0
+        self.critic: Critic | None = None
         self._sender: WeightSender | None = None  # keeps its shared file between pushes
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -151,24 +101,23 @@ class FSDPWorker:
             spec.actor.fsdp_config,
             spec.device,
         )
-        optim = spec.actor.optim
-        self.optimizer = adamw(self.model, optim)
-        warmup = optim.lr_warmup_steps or int(optim.lr_warmup_steps_ratio * spec.total_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
-        )
+        self.optimizer = adamw(self.model, spec.actor.optim)
+        self.scheduler = warmup_scheduler(self.optimizer, spec.actor.optim, spec.total_steps)
         if spec.need_ref and not is_lora(self.model):  # LoRA: the actor without its adapter
             ref = load_model(spec.model_path, spec.model, spec.device)
             ref.requires_grad_(False)
             # The actor's sharding, with the reference's own offload setting.
             fsdp = replace(spec.actor.fsdp_config, param_offload=spec.ref.param_offload)
             self.ref_model = apply_fsdp(ref, fsdp, spec.device)
+        if spec.critic is not None:
+            self.critic = Critic(spec.critic, spec.device, spec.total_steps)
         params = sum(p.numel() for p in self.model.parameters())
         trainable = sum(p.numel() for p in trainable_parameters(self.model))
         return {
             "rank": self.rank,
             "local_params": params,
             "trainable_params": trainable,
+            "critic_params": self.critic.local_params() if self.critic is not None else 0,
             "device": spec.device,
         }
 
@@ -287,10 +236,15 @@ class FSDPWorker:
             self._sender = WeightSender(self.model)
         return self._sender.push(servers, bucket_bytes, route)
 
-    def full_state_dict(self, skip_tied_head: bool = False) -> dict[str, torch.Tensor] | None:
+    def full_state_dict(
+        self, skip_tied_head: bool = False, critic: bool = False
+    ) -> dict[str, torch.Tensor] | None:
         """The whole model on rank 0 (None elsewhere) under transformers' names, float32; a
-        LoRA model's with the adapter merged. Collective."""
-        state = dict(self._model_tensors(skip_tied_head))
+        LoRA model's with the adapter merged; ``critic``: the value model's. Collective."""
+        if critic:
+            state = dict(model_tensors(self._critic().model, skip_tied_head))
+        else:
+            state = dict(self._model_tensors(skip_tied_head))
         return state if self.rank == 0 else None
 
     def adapter_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
@@ -302,30 +256,25 @@ class FSDPWorker:
 
     def _model_tensors(self, skip_tied_head: bool) -> Iterator[tuple[str, torch.Tensor]]:
         assert self.model is not None
-        if is_lora(self.model):
-            return merged_tensors(self.model, skip_tied_head=skip_tied_head)
-        return full_tensors(self.model, skip_tied_head=skip_tied_head)
+        return model_tensors(self.model, skip_tied_head)
 
     def memory_stats(self) -> dict[str, float]:
         """This rank's memory: peak RSS, and the MB of its shards of the trainable parameters,
         of their gradients during an update (one per trainable parameter) and of the
-        optimizer state."""
+        optimizer state; with a critic, its trainable and optimizer MB as well."""
         assert self.model is not None and self.optimizer is not None
-        mb = 1 / 2**20
-        trainable = sum(_nbytes(p) for p in trainable_parameters(self.model))
-        optim = sum(
-            _nbytes(v)
-            for state in self.optimizer.state.values()
-            for v in state.values()
-            if isinstance(v, torch.Tensor)
-        )
-        return {
+        trainable, optim = state_mb(self.model, self.optimizer)
+        out = {
             "rank": float(self.rank),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "trainable_mb": trainable * mb,
-            "grad_mb": trainable * mb,
-            "optimizer_mb": optim * mb,
+            "trainable_mb": trainable,
+            "grad_mb": trainable,
+            "optimizer_mb": optim,
         }
+        if self.critic is not None:
+            trainable, optim = state_mb(self.critic.model, self.critic.optimizer)
+            out |= {"critic_trainable_mb": trainable, "critic_optimizer_mb": optim}
+        return out
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, directory: str, contents: list[str]) -> None:
@@ -333,109 +282,49 @@ class FSDPWorker:
         optimizer state only) and, with ``hf_model``, the export under
         ``directory/huggingface`` (``export_hf``); with ``hf_merged`` and LoRA, the merged full
         model under ``directory/huggingface_merged``."""
-        import torch.distributed.checkpoint as dcp
-
         assert self.model is not None and self.optimizer is not None
+        assert self.scheduler is not None
         path = Path(directory)
-        model_sd, optim_sd = self._sharded_state()
-        state: dict[str, Any] = {}
-        if "model" in contents:
-            state["model"] = model_sd
-        if "optimizer" in contents:
-            state["optimizer"] = optim_sd
-        if state:
-            dcp.save(state, checkpoint_id=str(path / "dcp"))
-        if self.rank == 0 and "optimizer" in contents:
-            assert self.scheduler is not None
-            torch.save(
-                {"scheduler": self.scheduler.state_dict(), "updates": self.updates},
-                path / "optim_extra.pt",
-            )
+        save_sharded(path, self.model, self.optimizer, self.scheduler, self.updates, contents)
         if "hf_model" in contents:
             self.export_hf(str(path / "huggingface"))
         if "hf_merged" in contents and is_lora(self.model):
             self.export_hf(str(path / "huggingface_merged"), merged=True)
         dist.barrier()
 
-    def _sharded_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Model and optimizer state dicts of this rank's shards (no communication); a LoRA
-        model's holds its adapter alone (the frozen base is the model folder's)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        assert self.model is not None and self.optimizer is not None
-        lora = is_lora(self.model)
-        options = StateDictOptions(ignore_frozen_params=lora)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
-        if lora:  # a tied head is no parameter of its own, so frozen-param filtering keeps it
-            trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
-            model_sd = {k: v for k, v in model_sd.items() if k in trainable}
-        return model_sd, optim_sd
-
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_state_dict,
-        )
-
         assert self.model is not None and self.optimizer is not None
-        path = Path(directory)
-        model_sd, optim_sd = self._sharded_state()
-        state: dict[str, Any] = {"model": model_sd}
-        has_optim = (path / "optim_extra.pt").is_file()
-        if has_optim:
-            state["optimizer"] = optim_sd
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
-        lora = is_lora(self.model)
-        # LoRA: the state holds the adapter alone; the frozen base stays as loaded.
-        options = StateDictOptions(ignore_frozen_params=lora, strict=not lora)
-        if has_optim:
-            set_state_dict(
-                self.model,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optimizer"],
-                options=options,
-            )
-        else:
-            set_model_state_dict(self.model, state["model"], options=options)
-        if has_optim:
-            extra = torch.load(path / "optim_extra.pt", weights_only=True)
-            assert self.scheduler is not None
-            self.scheduler.load_state_dict(extra["scheduler"])
-            self.updates = int(extra["updates"])
-        return {"optimizer": has_optim, "updates": self.updates}
+        assert self.scheduler is not None
+        updates = load_sharded(Path(directory), self.model, self.optimizer, self.scheduler)
+        if updates is not None:
+            self.updates = updates
+        return {"optimizer": updates is not None, "updates": self.updates}
 
     def export_hf(self, directory: str, merged: bool = False) -> None:
-        """A transformers folder: config, model.safetensors, and the source folder's other files
-        with the run's tokenizer (``write_model_files``). A LoRA actor's is a PEFT adapter folder
-        (adapter_model.safetensors, adapter_config.json naming the model folder as its base, the
-        same other files); with ``merged`` a transformers folder of the model with the adapter
-        merged in. Collective."""
-        from safetensors.torch import save_file
-
+        """``model_state.export_hf`` of the actor: a transformers folder (LoRA: a PEFT adapter
+        folder, or with ``merged`` the model with the adapter merged in). Collective."""
         assert self.model is not None
-        adapter = is_lora(self.model) and not merged
-        if adapter:
-            state = dict(adapter_tensors(self.model))
-        else:  # transformers re-ties the head on load
-            state = dict(self._model_tensors(skip_tied_head=True))
-        if self.rank != 0:
-            return
-        out = Path(directory)
-        if adapter:
-            write_adapter(out, state, adapter_config(self.model), exist_ok=True)
-        else:
-            out.mkdir(parents=True, exist_ok=True)
-            save_file(
-                {k: v.contiguous() for k, v in state.items()},
-                out / "model.safetensors",
-                metadata={"format": "pt"},
-            )
-            base = self.model.get_base_model() if is_lora(self.model) else self.model
-            base.config.save_pretrained(out)
-        write_model_files(self.spec.model_path, self.spec.model, out)
+        export_hf(self.model, self.spec.model_path, self.spec.model, directory, merged)
+
+    # ---- critic (``trainer.workers.critic``) --------------------------------------------------
+    def _critic(self) -> Critic:
+        if self.critic is None:
+            raise RuntimeError("no critic on this rank: it is built when critic.enable is on")
+        return self.critic
+
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """The critic's values [batch, R] of this rank's share."""
+        return self._critic().compute_values(batch)
+
+    def update_critic(self, batch: TrainBatch, samples_per_mini_batch: int, seed: int) -> dict:
+        return self._critic().update(batch, samples_per_mini_batch, seed)
+
+    def save_critic(self, directory: str, contents: list[str]) -> None:
+        self._critic().save(directory, contents)
+        dist.barrier()
+
+    def load_critic(self, directory: str) -> dict[str, Any]:
+        return self._critic().load(directory)
 
     def shutdown(self) -> None:
         if self._sender is not None:
@@ -443,9 +332,3 @@ class FSDPWorker:
             self._sender = None
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    """Bytes of this rank's part of ``tensor`` (a DTensor's local shard)."""
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return local.numel() * local.element_size()

@@ -143,6 +143,23 @@ class WorkerGroup:
         metrics["actor/filler_samples"] = float((~real).sum())
         return metrics
 
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """The critic's values [batch, R] (0 where ``response_mask`` is 0)."""
+        padded, real, _ = pad_for_ranks(batch, self.world_size)
+        return torch.cat(self._scatter("compute_values", padded))[real]
+
+    def update_critic(self, batch: TrainBatch, mini_batches: int, seed: int = 0) -> dict:
+        """The critic's epochs over ``mini_batches`` equal mini-batches of ``batch`` (which
+        carries ``values`` and ``returns``), each rank its share of every one."""
+        padded, _, per_rank = pad_for_ranks(batch, self.world_size, mini_batches)
+        return self._scatter("update_critic", padded, per_rank, seed)[0]
+
+    def save_critic(self, directory: str, contents: list[str]) -> None:
+        self._each("save_critic", directory, contents)
+
+    def load_critic(self, directory: str) -> dict[str, Any]:
+        return self._each("load_critic", directory)[0]
+
     def update_sft(
         self,
         batch: TrainBatch,
@@ -161,9 +178,10 @@ class WorkerGroup:
         """The current weights to ``servers`` (``FSDPWorker.push_weights``)."""
         return self._each("push_weights", servers, bucket_bytes, route)[0]
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model under transformers' names (a LoRA actor's merged), float32."""
-        return self._each("full_state_dict")[0]
+    def full_state_dict(self, critic: bool = False) -> dict[str, torch.Tensor]:
+        """The whole model under transformers' names (a LoRA actor's merged), float32;
+        ``critic``: the value model's."""
+        return self._each("full_state_dict", False, critic)[0]
 
     def adapter_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """A LoRA actor's adapter tensors (PEFT's file names, float32) and adapter config."""

@@ -49,12 +49,15 @@ ADAPTER = "default"
 """PEFT's name of the one adapter trained here."""
 
 
-def apply_lora(model: torch.nn.Module, config: ModelConfig) -> torch.nn.Module:
+def apply_lora(
+    model: torch.nn.Module, config: ModelConfig, task_type: str = "CAUSAL_LM"
+) -> torch.nn.Module:
     """``model`` (a transformers causal LM) with a LoRA adapter: ``config.lora_adapter_path``'s,
     trainable, or a new one (``lora_rank``, ``lora_alpha``, ``target_modules``,
     ``exclude_modules``, no dropout; B starts at zero, so the model's outputs do not change).
     The base weights are frozen and the adapter is float32. ``model`` unchanged when
-    ``config.lora_rank`` is 0. Call it before the model is sharded."""
+    ``config.lora_rank`` is 0. Call it before the model is sharded. ``task_type``
+    ``TOKEN_CLS``: a critic, whose value head trains whole beside the adapter."""
     if config.lora_rank == 0:
         return model
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -71,10 +74,10 @@ def apply_lora(model: torch.nn.Module, config: ModelConfig) -> torch.nn.Module:
             exclude_modules=_plain(config.exclude_modules),
             lora_dropout=0.0,
             bias="none",
-            task_type="CAUSAL_LM",
+            task_type=task_type,
         )
         wrapped = get_peft_model(model, lora, adapter_name=ADAPTER)
-    _check_supported(wrapped, config)
+    _check_supported(wrapped, config, value_head=task_type == "TOKEN_CLS")
     for param in trainable_parameters(wrapped):
         param.data = param.data.float()  # float32 master weights, whatever the base's dtype
     return wrapped
@@ -183,8 +186,9 @@ def _lora_owner(key: str, layers: dict[str, torch.nn.Module]) -> str | None:
     return None
 
 
-def _check_supported(model: torch.nn.Module, config: ModelConfig) -> None:
-    """Plain LoRA on linear layers only: what ``merged_tensors`` merges and vLLM serves."""
+def _check_supported(model: torch.nn.Module, config: ModelConfig, value_head: bool) -> None:
+    """Plain LoRA on linear layers only: what ``merged_tensors`` merges and vLLM serves (a
+    critic's value head, which PEFT trains whole, aside)."""
     from peft.tuners.lora import Linear, LoraLayer
 
     source = (
@@ -193,7 +197,7 @@ def _check_supported(model: torch.nn.Module, config: ModelConfig) -> None:
         else f"{config.PREFIX}.target_modules={config.target_modules}"
     )
     lora = model.peft_config[ADAPTER]
-    if lora.use_dora or lora.bias != "none" or lora.modules_to_save:
+    if lora.use_dora or lora.bias != "none" or (lora.modules_to_save and not value_head):
         raise ValueError(
             f"{source}: only plain LoRA adapters train here (no DoRA, no trained biases, no "
             "modules_to_save)"

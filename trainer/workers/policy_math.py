@@ -35,8 +35,8 @@ from trainer.workers.log_prob_head import (
     scaled_logits,
     token_log_probs,
 )
-from trainer.workers.packing import model_input, scatter_rows
-from trainer.workers.varlen_attention import PACKED_ATTENTION, enable_packed_attention
+from trainer.workers.packing import ModelInput, model_input, scatter_rows
+from trainer.workers.varlen_attention import enable_packed_attention
 
 __all__ = [
     "LossSpec",
@@ -45,6 +45,7 @@ __all__ = [
     "forward_log_probs",
     "global_denominator",
     "log_probs_in_micro_batches",
+    "model_kwargs",
     "update_policy",
 ]
 
@@ -66,6 +67,22 @@ def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
     return t.cpu().tolist()
 
 
+def model_kwargs(model: torch.nn.Module, inputs: ModelInput, device: torch.device) -> dict:
+    """The forward's keyword arguments for a packed or padded ``inputs``; a packed input
+    switches ``model`` to per-sample attention (sdpa/eager -> packed attention; flash and
+    flex kernels read the restarting positions themselves)."""
+    kwargs: dict = {
+        "input_ids": inputs.input_ids.to(device),
+        "position_ids": inputs.position_ids.to(device),
+        "use_cache": False,
+    }
+    if inputs.attention_mask is not None:
+        kwargs["attention_mask"] = inputs.attention_mask.to(device)
+    elif enable_packed_attention(model):
+        kwargs["agentloop_bounds"] = inputs.bounds
+    return kwargs
+
+
 def forward_log_probs(
     model: torch.nn.Module,
     mb: TrainBatch,
@@ -82,21 +99,11 @@ def forward_log_probs(
     ``chunk_size`` > 0: log-probs from the LM head ``chunk_size`` positions at a time
     (``trainer.workers.log_prob_head``); 0: full-vocabulary logits."""
     device = next(model.parameters()).device
-    if remove_padding:  # sdpa/eager -> per-sample SDPA; flash/flex see restarting positions
-        enable_packed_attention(model)
     inputs = model_input(mb, packed=remove_padding)
     targets = inputs.targets
     positions, tokens = targets.positions.to(device), targets.tokens.to(device)
-    kwargs: dict = {
-        "input_ids": inputs.input_ids.to(device),
-        "position_ids": inputs.position_ids.to(device),
-        "use_cache": False,
-        "logits_to_keep": inputs.logits_to_keep,
-    }
-    if inputs.attention_mask is not None:
-        kwargs["attention_mask"] = inputs.attention_mask.to(device)
-    elif getattr(model.config, "_attn_implementation", None) == PACKED_ATTENTION:
-        kwargs["agentloop_bounds"] = inputs.bounds
+    kwargs = model_kwargs(model, inputs, device)
+    kwargs["logits_to_keep"] = inputs.logits_to_keep
     head = install_log_prob_head(model) if chunk_size > 0 else None
     if head is not None:
         head.request = LogProbRequest(positions, tokens, temperature, chunk_size, with_entropy)

@@ -152,11 +152,11 @@ def test_entropy_of_uniform_and_peaked_logits():
 
 def test_unknown_estimator_is_named():
     with pytest.raises(ValueError) as info:
-        compute_advantages("gae", torch.zeros(1), torch.ones(1, 1), ["g"])
+        compute_advantages("vtrace", torch.zeros(1), torch.ones(1, 1), ["g"])
     assert str(info.value) == (
-        "algorithm.adv_estimator='gae' is not supported; use one of grpo, rloo, "
-        "reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg, or a function "
-        "of your own as package.module:function"
+        "algorithm.adv_estimator='vtrace' is not supported; use one of grpo, rloo, "
+        "reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg, gae, or a "
+        "function of your own as package.module:function"
     )
 
 
@@ -191,12 +191,13 @@ def test_all_weights_one_give_bit_identical_advantages():
         assert torch.equal(grpo_advantages(scores, groups, norm), expected_grpo)
     assert torch.equal(rloo_advantages(scores, groups, ones), expected_rloo)
     mask = (torch.rand(64, 9, generator=g) > 0.3).long()
+    values = torch.randn(64, 9, generator=g)  # the critic's (gae reads them, others do not)
     for estimator in ADV_ESTIMATORS:
         if estimator == "grpo_passk":  # refuses the groups of one here (tested on its own)
             continue
         assert torch.equal(
-            compute_advantages(estimator, scores, mask, groups, weights=ones),
-            compute_advantages(estimator, scores, mask, groups),
+            compute_advantages(estimator, scores, mask, groups, weights=ones, values=values),
+            compute_advantages(estimator, scores, mask, groups, values=values),
         ), estimator
     rewards = scores_to_token_rewards(scores, mask)
     assert torch.equal(

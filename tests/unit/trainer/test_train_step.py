@@ -227,14 +227,25 @@ class Run:
     """A trainer over the stand-ins, with what they record."""
 
     def __init__(
-        self, tmp_path: Path, tokenizer: Any, monkeypatch, reward: str = REWARD, **actor: Any
+        self,
+        tmp_path: Path,
+        tokenizer: Any,
+        monkeypatch,
+        reward: str = REWARD,
+        edit: Any = None,
+        policy: type[OneProcessPolicy] = OneProcessPolicy,
+        **actor: Any,
     ) -> None:
+        """``edit(config)``: changes to the config before the trainer is built; ``policy``: the
+        stand-in for the ranks."""
         self.config = config = make_config(tmp_path, Path(tokenizer.name_or_path), reward, **actor)
+        if edit is not None:
+            edit(config)
         self.events: list[str] = []
         self.model = tiny_qwen3()
         self.initial = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.rollout = ScriptedRollout(config.actor_rollout_ref.rollout, self.events)
-        self.policy = OneProcessPolicy(self.model, config.actor_rollout_ref.actor, self.events)
+        self.policy = policy(self.model, config.actor_rollout_ref.actor, self.events)
         self.sync = RecordingWeightSync(self.model, self.events)
         rewards = RewardManager(config.custom_reward_function, config.reward_model, tokenizer)
         self.scored: list[Any] = []
@@ -286,8 +297,8 @@ class Run:
 def make_run(tmp_path, tokenizer, monkeypatch):
     runs: list[Run] = []
 
-    def make(reward: str = REWARD, **actor: Any) -> Run:
-        runs.append(Run(tmp_path, tokenizer, monkeypatch, reward, **actor))
+    def make(reward: str = REWARD, **kwargs: Any) -> Run:
+        runs.append(Run(tmp_path, tokenizer, monkeypatch, reward, **kwargs))
         return runs[-1]
 
     yield make

@@ -52,11 +52,6 @@ class KeyRule:
         return self.target
 
 
-NO_CRITIC = (
-    "no critic exists here yet: the estimators here (algorithm.adv_estimator=grpo, rloo, "
-    "reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg) use none, as in "
-    "verl (gae, which needs one, is refused)"
-)
 NO_MEGATRON = "Megatron is not a backend here: the actor and reference are FSDP2 (strategy=fsdp2)"
 MEGATRON_LORA = (
     "verl's Megatron LoRA block (Megatron module names); the FSDP2 actor here reads "
@@ -282,7 +277,6 @@ RULES: tuple[KeyRule, ...] = (
         *OFF,
     ),
     # ---- algorithm ------------------------------------------------------------------------------
-    _w("algorithm.lam", "only GAE uses lambda, and GAE needs a critic (none here)", "1", "1.0"),
     _r("algorithm.use_pf_ppo", "PF-PPO reweighting is not implemented", *OFF),
     _r("algorithm.pf_ppo.*", "PF-PPO reweighting is not implemented"),
     _r(
@@ -300,9 +294,33 @@ RULES: tuple[KeyRule, ...] = (
         "set algorithm.rollout_correction.mode=tis or decoupled",
     ),
     # ---- critic, reward model, trainer ----------------------------------------------------------
-    _w("critic.*", NO_CRITIC),
-    _w("trainer.critic_warmup", NO_CRITIC, "0"),
-    _w("trainer.max_critic_ckpt_to_keep", NO_CRITIC),
+    _r("critic.megatron.*", NO_MEGATRON),
+    _w("critic.profiler.*", NO_PROFILER),
+    _r(
+        "critic.ulysses_sequence_parallel_size",
+        "sequence parallelism is not implemented: each rank holds whole samples (lower "
+        "critic.ppo_max_token_len_per_gpu or set critic.model.enable_gradient_checkpointing)",
+        "1",
+    ),
+    _w(
+        "critic.model.fsdp_config.optimizer_offload",
+        "optimizer state is offloaded together with the parameters by critic.model.fsdp_config."
+        "param_offload=True (FSDP2 CPUOffloadPolicy), not on its own",
+        *OFF,
+    ),
+    _w("critic.rollout_n", "the critic's batches are rollout.n samples per prompt already"),
+    _r(
+        "critic.ppo_micro_batch_size",
+        "the global micro-batch size is deprecated in verl too: set "
+        "critic.ppo_micro_batch_size_per_gpu",
+        *OFF,
+    ),
+    _r(
+        "critic.forward_micro_batch_size",
+        "the global micro-batch size is deprecated in verl too: set "
+        "critic.forward_micro_batch_size_per_gpu",
+        *OFF,
+    ),
     _r("reward_model.model.*", JUDGE),
     _r("reward_model.rollout.*", JUDGE),
     _r("reward_model.micro_batch_size_per_gpu", JUDGE),
