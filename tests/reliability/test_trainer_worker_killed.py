@@ -1,7 +1,8 @@
-"""A trainer rank, a rollout server and the driver killed for real in a GRPO run: tiny-qwen3
-on one vLLM CPU server, 2 FSDP2 gloo ranks, Ray local, multi-turn tool_agent rows. The actor
-trains a LoRA adapter (verl's keys: rank 8 on every linear layer), so each weight sync sends
-only the adapter, which the server loads as its next LoRA version.
+"""A trainer rank, a rollout server and the driver killed for real in a PPO run (GAE with a
+critic): tiny-qwen3 on one vLLM CPU server, 2 FSDP2 gloo ranks holding the actor and the
+critic, Ray local, multi-turn tool_agent rows. The actor trains a LoRA adapter (verl's keys:
+rank 8 on every linear layer), so each weight sync sends only the adapter, which the server
+loads as its next LoRA version; the critic trains a LoRA adapter and its value head.
 
 1. Sync run: after the step-2 checkpoint one rank's process gets SIGKILL; the run stops in
    step 3 with a message naming the rank, the step, the last checkpoint and how to resume,
@@ -13,7 +14,8 @@ only the adapter, which the server loads as its next LoRA version.
 3. Run again: it resumes from step 3, rolls out the in-flight prompts again first and trains
    step 4. Across the checkpoint lineage every prompt of the epoch is trained exactly once;
    after every weight sync (the restarted server's included) the server's log-probs match
-   the trainer's; the checkpoints hold the adapter only and the export is a PEFT folder."""
+   the trainer's; the checkpoints hold the adapter only and the export is a PEFT folder; the
+   critic resumed each time (its optimizer-step count runs on across the three runs)."""
 
 from __future__ import annotations
 
@@ -55,6 +57,12 @@ PER_STEP = (
     "actor/entropy",
     "rollout/logprob_gap_max",
     "perf/trainer_tokens_per_s",
+    "critic/vf_loss",
+    "critic/vf_explained_var",
+    "critic/values/mean",
+    "critic/returns/mean",
+    "timing_s/values",
+    "timing_s/update_critic",
 )
 
 
@@ -123,6 +131,10 @@ def command(task: Path, run_dir: Path, *extra: str, steps: int = 3) -> list[str]
         "actor_rollout_ref.model.lora_rank=8",
         "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=all-linear",
+        "algorithm.adv_estimator=gae",  # PPO: the critic is on (critic.enable: null)
+        "algorithm.lam=0.95",
+        "critic.model.lora_rank=8",
+        "critic.optim.lr=1e-3",
         f"custom_reward_function.path={task / 'reward.py'}",
         "trainer.n_gpus_per_node=2",
         f"trainer.total_training_steps={steps}",
@@ -295,6 +307,11 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     assert max(r["agent_loop/tool_calls/mean"] for r in logged.values()) > 0  # tools ran
     assert any(r["actor/grad_norm"] > 0 for r in logged.values())
     assert "val/reward/mean" in logged[4]
+    assert any(r["critic/grad_norm"] > 0 for r in logged.values())
+    # ---- the critic resumed both times: 2 critic mini-batches (8 samples / (2 prompts x n=2))
+    # a step, so its step count is 8 after step 4 only if steps 1-3's were loaded
+    extra = torch.load(run_dir / "global_step_4" / "critic" / "optim_extra.pt", weights_only=True)
+    assert extra["updates"] == 8, extra["updates"]
     # ---- every prompt of epoch 1 (steps 3 and 4) trained exactly once in the lineage
     prompts = trained_prompts(run_dir)
     assert prompts[3] == trained3 and sorted(prompts[4]) == sorted(requeued)

@@ -71,7 +71,7 @@ def apply_lora(
             r=config.lora_rank,
             lora_alpha=config.lora_alpha,
             target_modules=_plain(config.target_modules),
-            exclude_modules=_plain(config.exclude_modules),
+            exclude_modules=_excluded(config.exclude_modules, task_type == "TOKEN_CLS"),
             lora_dropout=0.0,
             bias="none",
             task_type=task_type,
@@ -81,6 +81,19 @@ def apply_lora(
     for param in trainable_parameters(wrapped):
         param.data = param.data.float()  # float32 master weights, whatever the base's dtype
     return wrapped
+
+
+def _excluded(modules: str | list[str] | None, value_head: bool) -> Any:
+    """PEFT's ``exclude_modules``; a value model's head (``score``), which trains whole, is
+    never adapted as well (``all-linear`` would pick it)."""
+    plain = _plain(modules)
+    if not value_head:
+        return plain
+    if plain is None:
+        return ["score"]
+    if isinstance(plain, str):  # one regex
+        return f"(?:{plain})|(?:.*\\bscore)"
+    return [*plain, "score"]
 
 
 def is_lora(model: torch.nn.Module) -> bool:
