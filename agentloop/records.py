@@ -72,6 +72,9 @@ class SampleRecord:
     """Every call that ran (or failed to start), in order."""
     tool_rewards: dict[str, float] = field(default_factory=dict)
     """Each used tool's ``calc_reward`` at the end of the sample, by tool name."""
+    turn_scores: list[float] = field(default_factory=list)
+    """A score of each model turn, in order (e.g. a simulated user's): turn-level rewards
+    placed on the last token of their turn (``turn_ends``); empty: none."""
     trace_id: str | None = None
     """The sample's MLflow trace id, when it was traced (set by the worker)."""
     weight: float = 1.0

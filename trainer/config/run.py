@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainer.algos import KL_TYPES, estimator_for
+from trainer.algos import GROUPED, KL_TYPES, estimator_for
 from trainer.config.async_training import FilterGroupsConfig, RolloutCorrectionConfig
 
 # Metric logger backends (trainer.metrics.tracking) and worker log levels
@@ -109,6 +109,28 @@ class KLControlConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class TurnCreditConfig:
+    """Turn-level rewards in a group estimator's advantages (``trainer.algos.turns``)."""
+
+    coef: float = 0.0
+    """> 0: each token of model turn k also gets coef x the group-normalised discounted
+    return of its sample's turn rewards from turn k on (the outcome advantage stays the
+    scores'); 0: turn rewards only add to each sample's outcome. GAE and REINFORCE++ read
+    turn rewards per token without this."""
+    gamma: float = 1.0
+    """Discount per model turn of the turn return."""
+    norm_by_std: bool = True
+    """Divide the turn term by the group's std of turn returns."""
+
+    def __post_init__(self) -> None:
+        if self.coef < 0 or not 0 <= self.gamma <= 1:
+            raise ValueError(
+                f"algorithm.turn_credit.coef={self.coef} must be >= 0 and "
+                f"algorithm.turn_credit.gamma={self.gamma} in [0, 1]"
+            )
+
+
+@dataclass(kw_only=True, slots=True)
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk | gpg |
@@ -128,9 +150,18 @@ class AlgorithmConfig:
     mismatch in sync training)."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO's dynamic sampling (needs async_training.enable=True)."""
+    turn_credit: TurnCreditConfig = field(default_factory=TurnCreditConfig)
+    """Turn-level rewards per turn for the group estimators (MT-GRPO style)."""
 
     def __post_init__(self) -> None:
         estimator_for(self.adv_estimator)  # unknown, or a user's function that does not import
+        if self.turn_credit.coef > 0 and self.adv_estimator not in GROUPED:
+            raise ValueError(
+                f"algorithm.turn_credit.coef={self.turn_credit.coef} adds a turn term to a group "
+                f"estimator's advantages, but algorithm.adv_estimator={self.adv_estimator} "
+                f"reads turn rewards per token already (or is not one of {', '.join(GROUPED)}): "
+                "set algorithm.turn_credit.coef=0"
+            )
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
             raise ValueError(
                 f"algorithm.gamma={self.gamma} and algorithm.lam={self.lam} must be in [0, 1]"

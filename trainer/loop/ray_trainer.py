@@ -43,10 +43,10 @@ from tqdm import tqdm
 
 from agentloop import RolloutBatch, TraceContext
 from servers import ServerRestartError
-from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
-from trainer.algos.value import explained_variance, gae_for_policy
+from trainer.algos.value import explained_variance
 from trainer.config.schema import Config
 from trainer.data.sampler import PromptSampler
+from trainer.loop.advantages import step_advantages
 from trainer.loop.assembly import RunParts, needs_ref_policy
 from trainer.loop.checkpoint import CheckpointManager, CheckpointSaveError
 from trainer.metrics.validation import validation_metrics
@@ -300,50 +300,16 @@ class RayPPOTrainer:
             with _timer(metrics, "values"):
                 batch.values = self.workers.compute_values(batch)
         with _timer(metrics, "adv"):
-            token_rewards = reward.token_rewards  # [batch, response] or None: scores alone
-            if cfg.algorithm.use_kl_in_reward:
-                assert batch.ref_log_probs is not None
-                if token_rewards is None:
-                    token_rewards = scores_to_token_rewards(scores, mask)
-                token_rewards, kl = apply_kl_in_reward(
-                    token_rewards,
-                    batch.old_log_probs,
-                    batch.ref_log_probs,
-                    mask,
-                    beta=cfg.algorithm.kl_ctrl.kl_coef,
-                    kind=cfg.algorithm.kl_penalty,
-                )
-                metrics["actor/reward_kl_penalty"] = kl
-            if self.use_critic:  # GAE: advantages and the critic's targets together
-                assert batch.values is not None
-                if token_rewards is None:
-                    token_rewards = scores_to_token_rewards(scores, mask)
-                batch.advantages, batch.returns = gae_for_policy(
-                    token_rewards,
-                    batch.values,
-                    mask,
-                    gamma=cfg.algorithm.gamma,
-                    lam=cfg.algorithm.lam,
-                    weights=weights,
-                )
-            else:
-                batch.advantages = compute_advantages(
-                    cfg.algorithm.adv_estimator,
-                    scores,
-                    mask,
-                    rollout.uid,
-                    norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
-                    gamma=cfg.algorithm.gamma,
-                    token_rewards=token_rewards,
-                    weights=weights,
-                )
+            rewards = step_advantages(
+                cfg.algorithm, batch, rollout, reward, metrics, use_critic=self.use_critic
+            )
         metrics |= _masked_stats("critic/advantages", batch.advantages, mask)
         metrics |= data_metrics(
             attention_mask=rollout.attention_mask,
             prompt_width=rollout.prompts.shape[1],
             scores=scores,
-            token_scores=reward.token_rewards,
-            token_rewards=token_rewards,
+            token_scores=rewards.token_scores,
+            token_rewards=rewards.token_rewards,
             advantages=batch.advantages,
             response_mask=mask,
             estimator=cfg.algorithm.adv_estimator,

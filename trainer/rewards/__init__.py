@@ -21,7 +21,7 @@ _WHERE = {
     "RewardOutput": "manager",
     "BatchRuleReward": "rule_reward",
     "RuleReward": "rule_reward",
-    "process_rewards": "manager",
+    "process_rewards": "turn_rewards",
     "samples_of": "manager",
     "CallPool": "pool",
     "BUILTIN_SOURCES": "rules",

@@ -9,9 +9,11 @@ results, and the counters of the judge/verify components), ``reward/errors`` and
 
 A sample whose agent loop set ``reward_score`` keeps it as its ``rule`` reward (each row of
 a gateway session's segments carries the session's reward); a sample without one, segment or
-not, is scored by the configured reward on its own response. With
-``process_reward_coef > 0``, each tool call's reward is added (x coef) at the last token of the
-model turn that made the call; those token rewards feed the advantage estimator.
+not, is scored by the configured reward on its own response. Turn-level
+rewards (``trainer.rewards.turn_rewards``: a reward's ``turn_scores``, the loop's
+``SampleRecord.turn_scores``, tool-call rewards x ``process_reward_coef``) land on the last
+token of their model turn; with the scores on each last sampled token they are the token
+rewards the advantage estimator reads (``RewardOutput.token_rewards``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,16 @@ from agentloop.records import SampleRecord
 from trainer.algos import scores_to_token_rewards
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
 from trainer.rewards.rule_reward import RuleReward, rule_component
+from trainer.rewards.turn_rewards import (
+    as_turn_scores,
+    place_turn_scores,
+    process_rewards,
+    turn_ends,
+    turn_reward_metrics,
+)
 from trainer.rewards.types import RewardComponent, RewardSample, as_score
 
-__all__ = ["RewardManager", "RewardOutput", "reward_info", "samples_of"]
+__all__ = ["RewardManager", "RewardOutput", "process_rewards", "reward_info", "samples_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +52,9 @@ T = TypeVar("T")
 class RewardOutput:
     scores: torch.Tensor
     """[batch] the weighted sum of the outcome rewards."""
-    token_rewards: torch.Tensor | None
-    """[batch, response] scores on each last sampled token plus per-turn process rewards;
-    None when process rewards are off."""
+    turn_rewards: torch.Tensor | None
+    """[batch, response] the turn-level rewards on the last token of their turn (0 elsewhere;
+    ``trainer.rewards.turn_rewards``); None: no turn-level reward in this batch."""
     metrics: dict[str, float]
     components: dict[str, list[float]]
     """Each named reward's score per sample (before weighting)."""
@@ -54,15 +63,30 @@ class RewardOutput:
     results, per sample (None where a sample's result lacked it); a key two rewards return
     is taken from the first. Validation votes on ``pred`` (``maj@n``)."""
 
+    def token_rewards(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """[batch, response]: the scores on each last sampled token plus the turn rewards;
+        None without turn rewards (the estimators then read the scores alone)."""
+        if self.turn_rewards is None:
+            return None
+        return scores_to_token_rewards(self.scores, mask) + self.turn_rewards
+
     @staticmethod
     def cat(parts: list[RewardOutput]) -> RewardOutput:
         """One output of several scored in turn (async training scores group by group):
         scores in order; ``/errors`` counts summed, ``max``/``min`` over all, every other
         metric the sample-weighted mean."""
         scores = torch.cat([p.scores for p in parts])
-        token_rewards = None
-        if all(p.token_rewards is not None for p in parts):
-            token_rewards = torch.cat([p.token_rewards for p in parts])  # type: ignore[misc]
+        turn_rewards = None
+        if any(p.turn_rewards is not None for p in parts):
+            like = next(p.turn_rewards for p in parts if p.turn_rewards is not None)
+            turn_rewards = torch.cat(
+                [
+                    p.turn_rewards
+                    if p.turn_rewards is not None
+                    else like.new_zeros(len(p.scores), like.shape[1])
+                    for p in parts
+                ]
+            )
         sizes = [len(p.scores) for p in parts]
         total = max(sum(sizes), 1)
         metrics: dict[str, float] = {}
@@ -86,7 +110,7 @@ class RewardOutput:
         for key in dict.fromkeys(k for p in parts for k in p.extra_info):
             for p, n in zip(parts, sizes, strict=True):
                 extra_info.setdefault(key, []).extend(p.extra_info.get(key, [None] * n))
-        return RewardOutput(scores, token_rewards, metrics, components, extra_info)
+        return RewardOutput(scores, turn_rewards, metrics, components, extra_info)
 
 
 def samples_of(batch: Any, tokenizer: Any) -> list[RewardSample]:
@@ -116,6 +140,7 @@ def reward_info(record: SampleRecord, num_turns: int) -> dict[str, Any]:
         "num_turns": num_turns,
         "calls": [dataclasses.asdict(c) for c in record.calls],
         "stop_reason": record.stop_reason,
+        "assistant_turns": int(record.assistant_turns) or 1,
     }
 
 
@@ -178,9 +203,21 @@ class RewardManager:
         per_component: dict[str, list[float]] = {}
         extra_info: dict[str, list[Any]] = {}
         errors = 0
+        mask = batch.response_mask
+        turns = [len(turn_ends(batch.records[i], mask[i])) for i in range(n)]
+        turn_rewards = torch.zeros(mask.shape, dtype=torch.float32)
+        has_turn_rewards = False
         for component, values in zip(self.components, results, strict=True):
             _add_extra_info(extra_info, values, n)
             scores, extras, failed = self._collect(component, values, samples, batch)
+            turn_scores = [
+                as_turn_scores(v, component.describe, sample, turns[sample.index])
+                for sample, v in zip(samples, values, strict=True)
+            ]
+            if any(t is not None for t in turn_scores):
+                has_turn_rewards = True
+                weight = self.weights[component.name]
+                turn_rewards += weight * place_turn_scores(batch.records, mask, turn_scores)
             per_component[component.name] = scores
             errors += failed
             total += self.weights[component.name] * torch.tensor(scores, dtype=torch.float32)
@@ -197,13 +234,19 @@ class RewardManager:
             "reward/min": float(total.min()) if n else 0.0,
             "reward/errors": float(errors),
         }
-        token_rewards = None
+        loop_scores = [list(r.turn_scores) or None for r in batch.records]
+        if any(loop_scores):
+            has_turn_rewards = True
+            turn_rewards += place_turn_scores(batch.records, mask, loop_scores)
         if self.config.process_reward_coef:
-            mask = batch.response_mask
+            has_turn_rewards = True
             process = process_rewards(batch, self.config.process_reward_coef)
-            token_rewards = scores_to_token_rewards(total, mask) + process
+            turn_rewards += process
             metrics["reward/process"] = float(process.sum(-1).mean()) if n else 0.0
-        return RewardOutput(total, token_rewards, metrics, per_component, extra_info)
+        if not has_turn_rewards:
+            return RewardOutput(total, None, metrics, per_component, extra_info)
+        metrics |= turn_reward_metrics(turn_rewards, batch.records, mask)
+        return RewardOutput(total, turn_rewards, metrics, per_component, extra_info)
 
     @staticmethod
     def _collect(
@@ -253,16 +296,3 @@ def _add_extra_info(out: dict[str, list[Any]], values: list[Any], n: int) -> Non
             column = out.setdefault(key, [None] * n)
             if column[i] is None:
                 column[i] = v
-
-
-def process_rewards(batch: Any, coef: float) -> torch.Tensor:
-    """[batch, response]: each tool call's reward x ``coef`` at the last token of the model
-    turn that made it (the record's ``turn_ends`` and each call's ``turn``)."""
-    out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-    for i, record in enumerate(batch.records):
-        ends = record.turn_ends
-        for call in record.calls:
-            if call.reward is None or call.turn >= len(ends):
-                continue
-            out[i, ends[call.turn]] += coef * float(call.reward)
-    return out

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-import trainer.loop.ray_trainer
+import trainer.loop.advantages
 from agentloop import AgentLoopOutput, RolloutBatch, RolloutConfig, TraceContext, collate
 from agentloop.batch import rollout_metrics
 from agentloop.config import ValKwargsConfig
 from agentloop.manager import expand_rows
+from agentloop.records import SampleRecord
 from servers import ServerRestartError
 from tests.unit.trainer.tiny_model import tiny_qwen3
 from trainer.algos import compute_advantages
@@ -108,6 +109,7 @@ class ScriptedRollout:
             response_ids=response,
             response_mask=mask,
             response_log_probs=log_probs,
+            record=SampleRecord(turn_ends=[first - 1, len(mask) - 1], assistant_turns=2),
             num_turns=turns + 3,
             metrics={"generate_s": 0.1 * k, "tool_s": 0.05, "total_s": 0.1 * k + 0.05},
         )
@@ -262,7 +264,7 @@ class Run:
             self.events.append("advantages")
             return compute_advantages(*args, **kwargs)
 
-        monkeypatch.setattr(trainer.loop.ray_trainer, "compute_advantages", recorded_advantages)
+        monkeypatch.setattr(trainer.loop.advantages, "compute_advantages", recorded_advantages)
         run = config.trainer
         checkpoints = CheckpointManager(run.default_local_dir)
         parts = RunParts(

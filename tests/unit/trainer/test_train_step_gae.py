@@ -1,7 +1,9 @@
 """``RayPPOTrainer.train_step`` with PPO + GAE, in one process on the stand-ins of
 ``test_train_step`` plus a one-process critic running the real critic math on a tiny value
 model: values before the advantages, GAE from them, the critic's update on the returns before
-the actor's, the critic's metrics under verl's names, and ``trainer.critic_warmup``."""
+the actor's, the critic's metrics under verl's names, and ``trainer.critic_warmup``. And
+turn-level rewards reaching the advantages: per token through GAE, through
+``algorithm.turn_credit`` for GRPO."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from tests.unit.trainer.test_train_step import (  # noqa: F401 - fixtures
     OneProcessPolicy,
     make_run,
 )
-from trainer.algos import scores_to_token_rewards
+from trainer.algos import compute_advantages, scores_to_token_rewards
+from trainer.algos.turns import turn_credit_term
 from trainer.algos.value import explained_variance, gae_for_policy
 from trainer.config.actor import ActorConfig, OptimConfig
 from trainer.config.critic import CriticConfig
@@ -128,3 +131,53 @@ def test_critic_warmup_trains_the_critic_alone_for_that_many_steps(gae_run):
     assert all(torch.equal(v, run.initial[k]) for k, v in run.model.state_dict().items())
     third = run.trainer.train_step(3)
     assert len(run.policy.updates) == 1 and "actor/pg_loss" in third
+
+
+# ---- turn-level rewards reach the loss ----------------------------------------------------------
+TURN_REWARD = (
+    "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+    "    n = len(solution_str)\n"
+    "    return {'score': n / 10, 'turn_scores': [(n % 3) / 4, -(n % 2) / 8]}\n"
+)
+
+
+def test_turn_scores_reach_gae_per_token(make_run):  # noqa: F811 - the imported fixture
+    run = make_run(reward=TURN_REWARD, edit=gae(), policy=OneProcessActorCritic)
+    run.policy.model_config = run.config.actor_rollout_ref.model
+    metrics = run.trainer.train_step(1)
+    rollout, reward = run.rollout.batches[0], run.scored[0]
+    mask = rollout.response_mask
+    assert reward.turn_rewards is not None and reward.turn_rewards.abs().sum() > 0
+    # each sample's turn rewards sit on the last token of its two model turns
+    for i, record in enumerate(rollout.records):
+        placed = torch.nonzero(reward.turn_rewards[i]).flatten().tolist()
+        assert set(placed) <= set(record.turn_ends)
+    (critic_update,) = run.policy.critic_updates
+    batch = critic_update["batch"]
+    token_rewards = scores_to_token_rewards(reward.scores, mask) + reward.turn_rewards
+    advantages, returns = gae_for_policy(token_rewards, batch.values, mask, gamma=1.0, lam=0.95)
+    torch.testing.assert_close(batch.advantages, advantages)
+    torch.testing.assert_close(batch.returns, returns)
+    assert "turn_reward/mean" in metrics and "turn_reward/first_turn_mean" in metrics
+
+
+@pytest.mark.parametrize("coef", [0.0, 0.5])
+def test_turn_credit_adds_the_turn_term_to_grpo(make_run, coef):  # noqa: F811
+    def edit(cfg: Config) -> None:
+        cfg.algorithm.turn_credit.coef = coef
+
+    run = make_run(reward=TURN_REWARD, edit=edit)
+    run.trainer.train_step(1)
+    rollout, reward = run.rollout.batches[0], run.scored[0]
+    mask = rollout.response_mask
+    (update,) = run.policy.updates
+    token_rewards = scores_to_token_rewards(reward.scores, mask) + reward.turn_rewards
+    if coef == 0:  # turn rewards only add to each sample's outcome
+        expected = compute_advantages(
+            "grpo", reward.scores, mask, rollout.uid, token_rewards=token_rewards
+        )
+    else:  # the outcome advantage of the scores alone, plus coef x the turn term
+        ends = [list(r.turn_ends) for r in rollout.records]
+        expected = compute_advantages("grpo", reward.scores, mask, rollout.uid)
+        expected = expected + coef * turn_credit_term(reward.turn_rewards, ends, mask, rollout.uid)
+    assert torch.equal(update["batch"].advantages, expected)

@@ -128,6 +128,7 @@ def test_extra_info_has_exactly_the_row_keys_and_the_rollout_keys_as_plain_dicts
             }
         ],
         "stop_reason": "no_tool_call",
+        "assistant_turns": 2,
     }
     assert type(info["calls"][0]) is dict
 
@@ -416,10 +417,11 @@ def test_process_rewards_land_on_the_last_token_of_the_calling_turn(tokenizer):
     finally:
         manager.close()
     assert out.scores.tolist() == [1.0, 1.0]
-    assert out.token_rewards is not None
+    token_rewards = out.token_rewards(batch.response_mask)
+    assert token_rewards is not None
     last = int(batch.response_mask[0].sum()) - 1
     expected = {3: 2.0 * 0.25, last: 1.0}
-    nonzero = {int(j): float(v) for j, v in enumerate(out.token_rewards[0]) if v != 0}
+    nonzero = {int(j): float(v) for j, v in enumerate(token_rewards[0]) if v != 0}
     assert nonzero == pytest.approx(expected)
-    assert float(out.token_rewards[1].sum()) == 1.0
+    assert float(token_rewards[1].sum()) == 1.0
     assert out.metrics["reward/process"] == pytest.approx(0.25)

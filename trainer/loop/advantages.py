@@ -1,0 +1,98 @@
+"""The advantage phase of a training step: the token rewards (scores on each last sampled
+token, turn-level rewards, an optional KL penalty), then the estimator's advantages: GAE from
+the critic's values (with the critic's returns), or ``algorithm.adv_estimator`` over the
+step's groups, plus the turn term of ``algorithm.turn_credit`` (``trainer.algos.turns``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agentloop import RolloutBatch
+from trainer.algos import apply_kl_in_reward, compute_advantages, scores_to_token_rewards
+from trainer.algos.turns import turn_credit_term
+from trainer.algos.value import gae_for_policy
+from trainer.config.run import AlgorithmConfig
+from trainer.rewards.manager import RewardOutput
+from trainer.rewards.turn_rewards import turn_ends
+from trainer.workers import TrainBatch
+
+__all__ = ["StepRewards", "step_advantages"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRewards:
+    """What the advantages were computed from, for verl's metrics."""
+
+    token_scores: torch.Tensor | None
+    """[batch, response] the scores on each last sampled token plus the turn rewards; None:
+    the scores alone."""
+    token_rewards: torch.Tensor | None
+    """``token_scores`` after the KL-in-reward penalty (None: the scores alone)."""
+
+
+def step_advantages(
+    algo: AlgorithmConfig,
+    batch: TrainBatch,
+    rollout: RolloutBatch,
+    reward: RewardOutput,
+    metrics: dict[str, float],
+    *,
+    use_critic: bool,
+) -> StepRewards:
+    """Set ``batch.advantages`` (and with a critic ``batch.returns``; its ``values`` must be
+    set) from the step's rewards; metrics go into ``metrics``."""
+    mask, scores, weights = batch.response_mask, reward.scores, batch.weights
+    token_scores = reward.token_rewards(mask)  # None: the scores alone
+    credit = algo.turn_credit
+    turn_rewards = reward.turn_rewards if credit.coef > 0 and not use_critic else None
+    # with turn credit the estimator reads the scores alone: the turn term carries the rest
+    token_rewards = token_scores if turn_rewards is None else None
+    if algo.use_kl_in_reward:
+        assert batch.ref_log_probs is not None and batch.old_log_probs is not None
+        if token_rewards is None:
+            token_rewards = scores_to_token_rewards(scores, mask)
+        token_rewards, kl = apply_kl_in_reward(
+            token_rewards,
+            batch.old_log_probs,
+            batch.ref_log_probs,
+            mask,
+            beta=algo.kl_ctrl.kl_coef,
+            kind=algo.kl_penalty,
+        )
+        metrics["actor/reward_kl_penalty"] = kl
+    if use_critic:  # GAE: advantages and the critic's targets together
+        assert batch.values is not None
+        if token_rewards is None:
+            token_rewards = scores_to_token_rewards(scores, mask)
+        batch.advantages, batch.returns = gae_for_policy(
+            token_rewards, batch.values, mask, gamma=algo.gamma, lam=algo.lam, weights=weights
+        )
+        return StepRewards(token_scores, token_rewards)
+    batch.advantages = compute_advantages(
+        algo.adv_estimator,
+        scores,
+        mask,
+        rollout.uid,
+        norm_by_std=algo.norm_adv_by_std_in_grpo,
+        gamma=algo.gamma,
+        token_rewards=token_rewards,
+        weights=weights,
+    )
+    if turn_rewards is not None:
+        ends = [turn_ends(record, mask[i]) for i, record in enumerate(rollout.records)]
+        term = turn_credit_term(
+            turn_rewards,
+            ends,
+            mask,
+            rollout.uid,
+            gamma=credit.gamma,
+            norm_by_std=credit.norm_by_std,
+            weights=weights,
+        )
+        batch.advantages = batch.advantages + credit.coef * term
+        picked = term[mask.bool()]
+        if picked.numel():
+            metrics["turn_reward/credit_abs_mean"] = float(picked.abs().mean())
+    return StepRewards(token_scores, token_rewards)
