@@ -17,6 +17,9 @@ sampled tokens), g(i) its group (same uid), n_g the group's size.
   weight, so a session split into segments ranks once.
 - ``gpg``: alpha (R_i - mean_g R), alpha = B / max(1, M) with B the batch's samples and M those
   whose score is not 0.
+- ``remax``: A_it = G_it - b_g(i), G_it the sample's reward-to-go from token t (its score on
+  every token when only the outcome is rewarded) and b the score of the prompt's greedy
+  response (``baselines``: one greedy rollout per prompt each step); not whitened (ReMax).
 - ``gae``: PPO's generalized advantage estimation from the critic's ``values`` over the sampled
   tokens only (``trainer.algos.core.gae_advantages``; ``gamma``, ``lam``), whitened
   (``trainer.algos.value.gae_for_policy``). Needs a critic (``critic.enable``).
@@ -57,6 +60,7 @@ __all__ = [
     "grpo_passk_advantages",
     "opo_advantages",
     "reinforce_plus_plus_baseline_advantages",
+    "remax_advantages",
 ]
 
 
@@ -76,6 +80,8 @@ class AdvantageInputs:
     values: torch.Tensor | None = None
     """[batch, response] the critic's values (``gae`` only)."""
     lam: float = 1.0
+    baselines: torch.Tensor | None = None
+    """[batch] the score of each sample's prompt's greedy response (``remax`` only)."""
 
     @property
     def outcome(self) -> torch.Tensor:
@@ -166,6 +172,22 @@ def _reinforce_plus_plus(x: AdvantageInputs) -> torch.Tensor:
     return reinforce_plus_plus_advantages(rewards, x.mask, x.gamma, x.weights)
 
 
+def remax_advantages(x: AdvantageInputs) -> torch.Tensor:
+    if x.baselines is None:
+        raise ValueError(
+            "algorithm.adv_estimator=remax needs the greedy baselines: the trainer rolls out "
+            "one greedy response per prompt each step (sync training only)"
+        )
+    rewards = x.token_rewards
+    if rewards is None:
+        rewards = scores_to_token_rewards(x.scores, x.mask)
+    m = x.mask.to(torch.float32)
+    to_go = (rewards * m).flip(-1).cumsum(-1).flip(-1)  # reward-to-go from each position
+    w = _weights(x.weights, x.scores.to(torch.float32))
+    baselines = x.baselines.to(torch.float32).unsqueeze(1)
+    return (to_go - baselines) * m * w.unsqueeze(1)
+
+
 def _gae(x: AdvantageInputs) -> torch.Tensor:
     from trainer.algos.value import gae_for_policy
 
@@ -188,6 +210,7 @@ _ESTIMATORS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {
     "opo": opo_advantages,
     "grpo_passk": grpo_passk_advantages,
     "gpg": gpg_advantages,
+    "remax": remax_advantages,
     "gae": _gae,
 }
 ADV_ESTIMATORS = tuple(_ESTIMATORS)
@@ -213,15 +236,17 @@ def compute_advantages(
     weights: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     lam: float = 1.0,
+    baselines: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token-level advantages [batch, response] (0 where ``mask`` is 0) of ``estimator``.
 
     ``token_rewards`` (e.g. scores with a per-token KL penalty) replace the scores when given:
     ``reinforce_plus_plus`` uses them per token, the others their per-sample sum.
     ``weights`` [batch]: each sample's weight (None: all 1; see ``trainer.algos.core``).
-    ``values``/``lam``: the critic's values and GAE's lambda (``gae``)."""
+    ``values``/``lam``: the critic's values and GAE's lambda (``gae``); ``baselines``: the
+    greedy responses' scores (``remax``)."""
     inputs = AdvantageInputs(
-        scores, mask, group_ids, token_rewards, weights, norm_by_std, gamma, values, lam
+        scores, mask, group_ids, token_rewards, weights, norm_by_std, gamma, values, lam, baselines
     )
     out = estimator_for(estimator)(inputs)
     if out.shape != mask.shape:

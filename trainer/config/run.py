@@ -134,8 +134,8 @@ class TurnCreditConfig:
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk | gpg |
-    gae (PPO with a critic), or a function of your own as package.module:function
-    (``trainer.algos.estimators``)."""
+    remax (a greedy rollout per prompt as baseline) | gae (PPO with a critic), or a function of
+    your own as package.module:function (``trainer.algos.estimators``)."""
     norm_adv_by_std_in_grpo: bool = True
     """False: GRPO advantages are (s - mean) only (Dr. GRPO)."""
     gamma: float = 1.0

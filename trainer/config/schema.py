@@ -287,6 +287,12 @@ class Config:
                 f"algorithm.rollout_correction.mode={algo.rollout_correction.mode} has nothing "
                 "to correct (every weight is 1): set one of them off"
             )
+        if run.enable and algo.adv_estimator == "remax":
+            raise ValueError(
+                "algorithm.adv_estimator=remax rolls out one greedy response per prompt beside "
+                "each step's samples, which the async stream does not: set "
+                "async_training.enable=False, or use another estimator"
+            )
         if not run.enable:
             if algo.filter_groups.enable:
                 raise ValueError(

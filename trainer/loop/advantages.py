@@ -40,9 +40,11 @@ def step_advantages(
     metrics: dict[str, float],
     *,
     use_critic: bool,
+    baselines: torch.Tensor | None = None,
 ) -> StepRewards:
     """Set ``batch.advantages`` (and with a critic ``batch.returns``; its ``values`` must be
-    set) from the step's rewards; metrics go into ``metrics``."""
+    set) from the step's rewards (``baselines``: remax's greedy scores); metrics go into
+    ``metrics``."""
     mask, scores, weights = batch.response_mask, reward.scores, batch.weights
     token_scores = reward.token_rewards(mask)  # None: the scores alone
     credit = algo.turn_credit
@@ -79,6 +81,7 @@ def step_advantages(
         gamma=algo.gamma,
         token_rewards=token_rewards,
         weights=weights,
+        baselines=baselines,
     )
     if turn_rewards is not None:
         ends = [turn_ends(record, mask[i]) for i, record in enumerate(rollout.records)]

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from contextlib import contextmanager
 from typing import Any
 
@@ -234,21 +235,46 @@ class RayPPOTrainer:
         start = time.perf_counter()
         rows = self.sampler.next_batch()
         epoch = self.sampler.epoch
+        remax = self.config.algorithm.adv_estimator == "remax"
+        if remax:  # the greedy rollout's groups must be the sampled rollout's
+            rows = [{**row, "uid": row.get("uid") or uuid.uuid4().hex} for row in rows]
         # timing_s/gen inside its metrics
         rollout = self.manager.generate_sequences(rows, trace=TraceContext(step=step))
         metrics |= rollout.metrics
         metrics["timing_s/tools"] = rollout.metrics.get("agent_loop/tool_s/mean", 0.0)
+        greedy = self._greedy_rollout(step, rows, metrics) if remax else None
         self.sync.release_servers()
         with _timer(metrics, "reward"):
             reward = self.rewards.score(rollout)
         metrics |= reward.metrics
         if self.tagger is not None:
             self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
-        metrics |= self.update(step, rollout, reward)
+        baselines = None if greedy is None else self._greedy_baselines(greedy, rollout, metrics)
+        metrics |= self.update(step, rollout, reward, baselines=baselines)
         metrics |= self.sync.push()
         metrics["timing_s/step"] = time.perf_counter() - start
         metrics |= self._verl_step_metrics(metrics, rollout, epoch)
         return metrics
+
+    def _greedy_rollout(
+        self, step: int, rows: list[dict[str, Any]], metrics: dict[str, float]
+    ) -> RolloutBatch:
+        """ReMax's baseline rollout: one greedy response per prompt (``timing_s/gen_max``)."""
+        rollout = self.config.actor_rollout_ref.rollout
+        greedy = {**rollout.sampling_params(), "temperature": 0.0, "top_p": 1.0, "top_k": -1}
+        with _timer(metrics, "gen_max"):
+            return self.manager.generate_sequences(
+                rows, n=1, sampling_params=greedy, trace=TraceContext(step=step)
+            )
+
+    def _greedy_baselines(
+        self, greedy: RolloutBatch, rollout: RolloutBatch, metrics: dict[str, float]
+    ) -> torch.Tensor:
+        """[batch] each sample's prompt's greedy score (a session's last segment's)."""
+        scored = self.rewards.score(greedy)
+        by_uid = dict(zip(greedy.uid, scored.scores.tolist(), strict=True))  # last one wins
+        metrics["remax/baseline_mean"] = sum(by_uid.values()) / max(len(by_uid), 1)
+        return torch.tensor([by_uid[uid] for uid in rollout.uid], dtype=torch.float32)
 
     def _verl_step_metrics(
         self, metrics: dict[str, float], rollout: RolloutBatch, epoch: int
@@ -261,9 +287,16 @@ class RayPPOTrainer:
             n_gpus=self.config.trainer.world_size,
         )
 
-    def update(self, step: int, rollout: RolloutBatch, reward: RewardOutput) -> dict[str, float]:
+    def update(
+        self,
+        step: int,
+        rollout: RolloutBatch,
+        reward: RewardOutput,
+        baselines: torch.Tensor | None = None,
+    ) -> dict[str, float]:
         """Old (and reference) log-probs, advantages and the PPO update of a scored rollout
-        batch; returns their metrics. The weights are not pushed."""
+        batch (``baselines``: remax's greedy scores); returns their metrics. The weights are
+        not pushed."""
         cfg = self.config
         metrics: dict[str, float] = {}
         scores = reward.scores
@@ -301,7 +334,13 @@ class RayPPOTrainer:
                 batch.values = self.workers.compute_values(batch)
         with _timer(metrics, "adv"):
             rewards = step_advantages(
-                cfg.algorithm, batch, rollout, reward, metrics, use_critic=self.use_critic
+                cfg.algorithm,
+                batch,
+                rollout,
+                reward,
+                metrics,
+                use_critic=self.use_critic,
+                baselines=baselines,
             )
         metrics |= _masked_stats("critic/advantages", batch.advantages, mask)
         metrics |= data_metrics(

@@ -155,8 +155,8 @@ def test_unknown_estimator_is_named():
         compute_advantages("vtrace", torch.zeros(1), torch.ones(1, 1), ["g"])
     assert str(info.value) == (
         "algorithm.adv_estimator='vtrace' is not supported; use one of grpo, rloo, "
-        "reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg, gae, or a "
-        "function of your own as package.module:function"
+        "reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg, remax, gae, "
+        "or a function of your own as package.module:function"
     )
 
 
@@ -192,12 +192,15 @@ def test_all_weights_one_give_bit_identical_advantages():
     assert torch.equal(rloo_advantages(scores, groups, ones), expected_rloo)
     mask = (torch.rand(64, 9, generator=g) > 0.3).long()
     values = torch.randn(64, 9, generator=g)  # the critic's (gae reads them, others do not)
+    baselines = torch.randn(64, generator=g)  # greedy scores (remax)
     for estimator in ADV_ESTIMATORS:
         if estimator == "grpo_passk":  # refuses the groups of one here (tested on its own)
             continue
         assert torch.equal(
-            compute_advantages(estimator, scores, mask, groups, weights=ones, values=values),
-            compute_advantages(estimator, scores, mask, groups, values=values),
+            compute_advantages(
+                estimator, scores, mask, groups, weights=ones, values=values, baselines=baselines
+            ),
+            compute_advantages(estimator, scores, mask, groups, values=values, baselines=baselines),
         ), estimator
     rewards = scores_to_token_rewards(scores, mask)
     assert torch.equal(

@@ -189,9 +189,9 @@ class Built:
             self.trainer = AsyncPPOTrainer(config, parts, self.sampler, stream=self.stream)  # type: ignore[arg-type]
         update = self.trainer.update
 
-        def recorded(step, rollout, reward):
+        def recorded(step, rollout, reward, **kwargs):
             self.trained.append(sorted({r["extra_info"]["index"] for r in rollout.rows}))
-            return update(step, rollout, reward)
+            return update(step, rollout, reward, **kwargs)
 
         self.trainer.update = recorded  # type: ignore[method-assign]
 

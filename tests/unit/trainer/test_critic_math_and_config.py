@@ -205,3 +205,38 @@ def test_older_checkpoints_lose_their_critic_folder_first(tmp_path):
     assert kept == ["global_step_2", "global_step_3", "global_step_4"]
     with_critic = [s for s in (2, 3, 4) if (manager.step_dir(s) / "critic" / "dcp").is_dir()]
     assert with_critic == [4]
+
+
+def test_remax_is_reward_to_go_minus_the_greedy_baseline():
+    from trainer.algos.estimators import AdvantageInputs, remax_advantages
+
+    g = torch.Generator().manual_seed(4)
+    mask = _spans(g, 4, 12)
+    rewards = torch.randn(4, 12, generator=g, dtype=torch.float64) * mask
+    baselines = torch.tensor([0.5, -0.25, 0.0, 1.0])
+    weights = torch.tensor([1.0, 0.5, 0.5, 0.0])
+    x = AdvantageInputs(
+        scores=torch.zeros(4),
+        mask=mask,
+        group_ids=["a", "b", "b", "c"],
+        token_rewards=rewards.float(),
+        weights=weights,
+        baselines=baselines,
+    )
+    got = remax_advantages(x)
+    for i in range(4):
+        for t in range(12):
+            to_go = sum(float(rewards[i, j]) for j in range(t, 12) if mask[i, j])
+            want = (to_go - float(baselines[i])) * float(weights[i]) if mask[i, t] else 0.0
+            assert float(got[i, t]) == pytest.approx(want, abs=1e-5)
+    with pytest.raises(ValueError) as info:
+        remax_advantages(AdvantageInputs(torch.zeros(4), mask, ["a"] * 4))
+    assert str(info.value).startswith("algorithm.adv_estimator=remax needs the greedy baselines")
+
+
+def test_remax_is_refused_in_async_training():
+    assert _error("algorithm.adv_estimator=remax", "async_training.enable=True") == (
+        "algorithm.adv_estimator=remax rolls out one greedy response per prompt beside each "
+        "step's samples, which the async stream does not: set async_training.enable=False, or "
+        "use another estimator"
+    )

@@ -53,6 +53,7 @@ class ScriptedRollout:
     def __init__(self, config: RolloutConfig, events: list[str]) -> None:
         self.config, self.events = config, events
         self.traces: list[TraceContext | None] = []
+        self.params: list[dict[str, Any] | None] = []
         self.batches: list[RolloutBatch] = []
         self.shut_down = False
         self.segments: dict[int, int] = {}
@@ -71,6 +72,7 @@ class ScriptedRollout:
     ) -> RolloutBatch:
         self.events.append("rollout")
         self.traces.append(trace)
+        self.params.append(sampling_params)
         samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
         outputs = [self._session(k, len(row["raw_prompt"])) for k, row in enumerate(samples)]
         batch = collate(

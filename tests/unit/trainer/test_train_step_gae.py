@@ -181,3 +181,28 @@ def test_turn_credit_adds_the_turn_term_to_grpo(make_run, coef):  # noqa: F811
         expected = compute_advantages("grpo", reward.scores, mask, rollout.uid)
         expected = expected + coef * turn_credit_term(reward.turn_rewards, ends, mask, rollout.uid)
     assert torch.equal(update["batch"].advantages, expected)
+
+
+# ---- remax: a greedy rollout per prompt as the baseline ------------------------------------------
+def test_remax_rolls_out_one_greedy_response_per_prompt_as_the_baseline(make_run):  # noqa: F811
+    def edit(cfg: Config) -> None:
+        cfg.algorithm.adv_estimator = "remax"
+
+    run = make_run(edit=edit)
+    metrics = run.trainer.train_step(1)
+    sampled, greedy = run.rollout.batches
+    assert run.events[:4] == ["rollout", "rollout", "release_servers", "reward"]
+    assert len(greedy) == PROMPTS and len(sampled) == PROMPTS * 2
+    assert set(greedy.uid) == set(sampled.uid)  # the same prompts, one greedy response each
+    assert run.rollout.params[0] is None  # the rollout's own sampling
+    assert run.rollout.params[1]["temperature"] == 0.0
+    reward, greedy_reward = run.scored
+    baseline = dict(zip(greedy.uid, greedy_reward.scores.tolist(), strict=True))
+    mask = sampled.response_mask
+    expected = torch.zeros(mask.shape)
+    for i, uid in enumerate(sampled.uid):  # the score on every sampled token, minus b
+        expected[i] = (float(reward.scores[i]) - baseline[uid]) * mask[i]
+    (update,) = run.policy.updates
+    torch.testing.assert_close(update["batch"].advantages, expected)
+    assert metrics["remax/baseline_mean"] == pytest.approx(sum(baseline.values()) / PROMPTS)
+    assert metrics["timing_s/gen_max"] >= 0
