@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -507,6 +508,15 @@ def test_a_kill_between_an_update_and_its_checkpoint_trains_every_prompt_once(
     first = Built(tmp_path, tokenizer, cfg)
     for k in range(1, killed_after_update_of + 1):
         first.trainer.train_step(k)
+        # the producer admits what the push made room for before the next step pushes
+        # again, so step k + 1 trains groups one version old (else a race decides)
+        deadline = time.monotonic() + 10
+        while True:
+            with first.trainer._lock:
+                if first.trainer.schedule.room() == 0:
+                    break
+            assert time.monotonic() < deadline, "the producer did not fill the room"
+            time.sleep(0.01)
         if k < killed_after_update_of:
             first.trainer._save(k)
     first.trainer.close()
