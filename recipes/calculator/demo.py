@@ -19,7 +19,10 @@ the update, staleness 1 with partial rollout; on 2 cores it was not sooner, see 
 without LoRA and gets merged weights, sooner on CPU: docs/demo.md), ``DEMO_GATEWAY`` (0; 1: a
 second GRPO run from the same SFT model whose rollouts are an agent on the bare ``openai`` SDK
 served by the session gateway, ``recipes/calculator/gateway_agent.py``, reported beside
-``tool_agent`` with its step time).
+``tool_agent`` with its step time), ``DEMO_PPO`` (0; 1: a second run from the same SFT model
+with PPO instead of GRPO: ``algorithm.adv_estimator=gae`` and a critic of the same model
+(``DEMO_CRITIC_LR``, 1e-5), on the same samples, reported beside GRPO with its critic's update
+time and memory).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ __all__ = [
     "grpo_mode",
     "lora_overrides",
     "main",
+    "ppo_overrides",
     "reward_curve",
     "sft_warm_start",
     "trained_model",
@@ -229,6 +233,35 @@ def step_seconds(metrics_path: Path) -> float:
     return sum(times) / max(len(times), 1)
 
 
+def ppo_overrides(critic_lr: str) -> list[str]:
+    """``agentloop-train`` overrides (verl's keys) for PPO: GAE with verl's defaults (gamma =
+    lambda = 1) and a critic started from the actor's model (``critic.enable: null``)."""
+    return ["algorithm.adv_estimator=gae", f"critic.optim.lr={critic_lr}"]
+
+
+def critic_figures(metrics_path: Path) -> dict[str, float]:
+    """Mean actor and critic update seconds (after the first step) and their state MB."""
+    steps = [json.loads(line) for line in metrics_path.read_text().splitlines()][1:]
+    if not steps:
+        return {}
+
+    def mean(key: str) -> float:
+        values = [r[key] for r in steps if key in r]
+        return sum(values) / max(len(values), 1)
+
+    return {
+        key.split("/")[-1]: round(mean(key), 2)
+        for key in (
+            "timing_s/update_actor",
+            "timing_s/update_critic",
+            "timing_s/values",
+            "perf/actor_state_mb",
+            "perf/critic_state_mb",
+            "critic/vf_explained_var",
+        )
+    }
+
+
 def grpo_mode(async_mode: bool) -> tuple[str, list[str]]:
     """The GRPO mode's name in the table and its ``agentloop-train`` overrides."""
     if not async_mode:
@@ -269,7 +302,12 @@ def reward_curve(metrics_path: Path, png: Path) -> None:
 
 def _run_dir(name: str) -> str:
     """The run folder of a GRPO run of the table, under the demo's folder."""
-    return {"RL": "grpo", "RL (LoRA)": "grpo_lora", "RL (gateway)": "grpo_gateway"}[name]
+    return {
+        "RL": "grpo",
+        "RL (LoRA)": "grpo_lora",
+        "RL (gateway)": "grpo_gateway",
+        "RL (PPO)": "ppo",
+    }[name]
 
 
 def main() -> int:
@@ -296,6 +334,8 @@ def main() -> int:
     runs = [("RL", False)] + ([("RL (LoRA)", True)] if _env("DEMO_LORA", "0") != "0" else [])
     if _env("DEMO_GATEWAY", "0") != "0":
         runs.append(("RL (gateway)", False))
+    if _env("DEMO_PPO", "0") != "0":
+        runs.append(("RL (PPO)", False))
     minutes: dict[str, float] = {}
     for index, (name, lora) in enumerate(runs, start=1):
         kind = f"LoRA rank {LORA_RANK}, all linear layers" if lora else "full fine-tuning"
@@ -310,6 +350,8 @@ def main() -> int:
         if name == "RL (gateway)":
             train_file, gateway = gateway_rows(data, home)
             extra += gateway
+        if name == "RL (PPO)":
+            extra += ppo_overrides(_env("DEMO_CRITIC_LR", "1e-5"))
         minutes[name] = grpo(sft_model, data, rl_dir, rl_steps, lr, extra, train_file)
 
     print("[demo] 5/5 SFT and RL models on the held-out prompts", flush=True)
@@ -333,6 +375,8 @@ def main() -> int:
             for name, _ in runs[1:]
         },
     }
+    if "RL (PPO)" in minutes:
+        summary["ppo"]["critic"] = critic_figures(home / "ppo" / "metrics.jsonl")
     (home / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     n = results["base model"]["samples"]
@@ -346,9 +390,11 @@ def main() -> int:
     for name, took in minutes.items():
         step = step_seconds(home / _run_dir(name) / "metrics.jsonl")
         print(
-            f"GRPO {name} ({mode}) took {took:.1f} min, {step:.1f} s per step after the first "
+            f"{name} ({mode}) took {took:.1f} min, {step:.1f} s per step after the first "
             "(DEMO_ASYNC=0/1 picks the mode)"
         )
+    if "RL (PPO)" in minutes:
+        print(f"PPO critic vs actor (s per update, MB of state): {summary['ppo']['critic']}")
     print(f"demo took {(time.perf_counter() - start) / 60:.1f} min")
     return 0
 

@@ -43,6 +43,7 @@ from trainer.data.sampler import PromptSampler
 from trainer.loop.assembly import RunParts
 from trainer.loop.async_schedule import Admitted, GroupSchedule
 from trainer.loop.ray_trainer import RayPPOTrainer
+from trainer.metrics.verl_names import memory_metrics
 from trainer.rewards.manager import RewardOutput
 
 __all__ = [
@@ -255,6 +256,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
             self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
         metrics |= staleness_metrics(rollout, self.version)
         metrics |= self.update(step, rollout, reward)
+        metrics |= memory_metrics(self.workers.memory_stats())
         self._log_prompts(step, [admitted for admitted, _ in taken])
         self.version += 1
         if self.version % self.sync_every == 0 or step == self.total_steps:

@@ -51,7 +51,7 @@ from trainer.loop.advantages import step_advantages
 from trainer.loop.assembly import RunParts, needs_ref_policy
 from trainer.loop.checkpoint import CheckpointManager, CheckpointSaveError
 from trainer.metrics.validation import validation_metrics
-from trainer.metrics.verl_names import data_metrics, step_metrics
+from trainer.metrics.verl_names import data_metrics, memory_metrics, step_metrics
 from trainer.rewards.manager import RewardOutput
 from trainer.workers import TrainBatch, TrainerWorkerDiedError
 from trainer.workers.policy_math import correction_weights
@@ -251,6 +251,7 @@ class RayPPOTrainer:
             self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
         baselines = None if greedy is None else self._greedy_baselines(greedy, rollout, metrics)
         metrics |= self.update(step, rollout, reward, baselines=baselines)
+        metrics |= memory_metrics(self.workers.memory_stats())
         metrics |= self.sync.push()
         metrics["timing_s/step"] = time.perf_counter() - start
         metrics |= self._verl_step_metrics(metrics, rollout, epoch)

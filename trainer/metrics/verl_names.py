@@ -27,7 +27,14 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["SAME_NAMES", "VERL_NAMES", "data_metrics", "step_metrics", "verl_names"]
+__all__ = [
+    "SAME_NAMES",
+    "VERL_NAMES",
+    "data_metrics",
+    "memory_metrics",
+    "step_metrics",
+    "verl_names",
+]
 
 VERL_NAMES: dict[str, str] = {
     "training/step": "training/global_step",
@@ -149,4 +156,24 @@ def step_metrics(
             out[f"timing_per_token_ms/{phase}"] = metrics[f"timing_s/{phase}"] * 1000 / all_tokens
     out["perf/throughput"] = all_tokens / max(metrics["timing_s/step"] * n_gpus, 1e-9)
     out["training/epoch"] = float(epoch)
+    return out
+
+
+def memory_metrics(ranks: list[dict[str, float]]) -> dict[str, float]:
+    """The trainer ranks' memory after the update (``FSDPWorker.memory_stats``), the largest
+    rank's: ``perf/cpu_memory_used_gb`` (peak RSS, verl's name), ``perf/actor_state_mb`` and,
+    with a critic, ``perf/critic_state_mb`` (each model's shard of its trainable parameters,
+    their gradients and the optimizer state)."""
+    if not ranks:
+        return {}
+    out = {
+        "perf/cpu_memory_used_gb": max(r["peak_rss_mb"] for r in ranks) / 1024,
+        "perf/actor_state_mb": max(
+            r["trainable_mb"] + r["grad_mb"] + r["optimizer_mb"] for r in ranks
+        ),
+    }
+    if "critic_trainable_mb" in ranks[0]:
+        out["perf/critic_state_mb"] = max(
+            2 * r["critic_trainable_mb"] + r["critic_optimizer_mb"] for r in ranks
+        )
     return out

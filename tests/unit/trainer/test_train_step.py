@@ -170,6 +170,21 @@ class OneProcessPolicy:
         )
         return metrics | {"actor/filler_samples": float((~real).sum())}
 
+    def memory_stats(self) -> list[dict[str, float]]:
+        """``WorkerGroup.memory_stats`` of the one rank (``model_state.state_mb``)."""
+        from trainer.workers.model_state import state_mb
+
+        trainable, optim = state_mb(self.model, self.optimizer)
+        return [
+            {
+                "rank": 0.0,
+                "peak_rss_mb": 1.0,
+                "trainable_mb": trainable,
+                "grad_mb": trainable,
+                "optimizer_mb": optim,
+            }
+        ]
+
     def shutdown(self) -> None:
         self.shut_down = True
 
@@ -342,6 +357,8 @@ STEP_KEYS = {
     "weight_sync/version",
     "perf/total_tokens",
     "perf/trainer_tokens_per_s",
+    "perf/cpu_memory_used_gb",
+    "perf/actor_state_mb",
     "timing_s/step",
 }
 """What a step adds to the rollout's own metrics (``timing_s/gen``, ``agent_loop/*``, ...)."""

@@ -43,6 +43,13 @@ class OneProcessActorCritic(OneProcessPolicy):
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=1e-3)
         self.critic_updates: list[dict[str, Any]] = []
 
+    def memory_stats(self) -> list[dict[str, float]]:
+        from trainer.workers.model_state import state_mb
+
+        trainable, optim = state_mb(self.critic, self.critic_optimizer)
+        (rank,) = super().memory_stats()
+        return [rank | {"critic_trainable_mb": trainable, "critic_optimizer_mb": optim}]
+
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         self.events.append("values")
         return values_in_micro_batches(self.critic, batch, micro_batch_size=4)
@@ -118,6 +125,8 @@ def test_a_gae_step_computes_values_then_advantages_then_updates_critic_then_act
     assert metrics["critic/vf_loss"] > 0
     assert metrics["timing_s/values"] >= 0 and metrics["timing_s/update_critic"] > 0
     assert {f"critic/advantages/{stat}" for stat in STATS} <= set(metrics)
+    # the critic's memory beside the actor's: the same architecture, Adam's two moments
+    assert metrics["perf/critic_state_mb"] > 0 and metrics["perf/actor_state_mb"] > 0
 
 
 def test_critic_warmup_trains_the_critic_alone_for_that_many_steps(gae_run):
