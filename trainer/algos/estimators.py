@@ -84,6 +84,13 @@ class AdvantageInputs:
     """[batch] the score of each sample's prompt's greedy response (``remax`` only)."""
 
     @property
+    def rewards(self) -> torch.Tensor:
+        """[batch, response] the token rewards, or the scores on each last sampled token."""
+        if self.token_rewards is None:
+            return scores_to_token_rewards(self.scores, self.mask)
+        return self.token_rewards
+
+    @property
     def outcome(self) -> torch.Tensor:
         """R: each sample's score, or with ``token_rewards`` their sum over sampled tokens."""
         if self.token_rewards is None:
@@ -166,9 +173,7 @@ def _rloo(x: AdvantageInputs) -> torch.Tensor:
 
 
 def _reinforce_plus_plus(x: AdvantageInputs) -> torch.Tensor:
-    rewards = x.token_rewards
-    if rewards is None:
-        rewards = scores_to_token_rewards(x.scores, x.mask)
+    rewards = x.rewards
     return reinforce_plus_plus_advantages(rewards, x.mask, x.gamma, x.weights)
 
 
@@ -178,9 +183,7 @@ def remax_advantages(x: AdvantageInputs) -> torch.Tensor:
             "algorithm.adv_estimator=remax needs the greedy baselines: the trainer rolls out "
             "one greedy response per prompt each step (sync training only)"
         )
-    rewards = x.token_rewards
-    if rewards is None:
-        rewards = scores_to_token_rewards(x.scores, x.mask)
+    rewards = x.rewards
     m = x.mask.to(torch.float32)
     to_go = (rewards * m).flip(-1).cumsum(-1).flip(-1)  # reward-to-go from each position
     w = _weights(x.weights, x.scores.to(torch.float32))
@@ -196,9 +199,7 @@ def _gae(x: AdvantageInputs) -> torch.Tensor:
             "algorithm.adv_estimator=gae needs the critic's values: set critic.enable=null "
             "(on for gae) or True"
         )
-    rewards = x.token_rewards
-    if rewards is None:
-        rewards = scores_to_token_rewards(x.scores, x.mask)
+    rewards = x.rewards
     return gae_for_policy(rewards, x.values, x.mask, gamma=x.gamma, lam=x.lam, weights=x.weights)[0]
 
 

@@ -25,6 +25,7 @@ from trainer.workers.policy_math import (
     _micro_batches,
     _world,
     accumulate_gradients,
+    epoch_mini_batches,
     global_denominator,
     model_kwargs,
 )
@@ -109,47 +110,42 @@ def update_critic(
     world = _world()
     totals: dict[str, float] = {}
     steps = 0
-    order = torch.arange(len(batch))
-    for epoch in range(spec.ppo_epochs):
-        if spec.shuffle:
-            order = torch.randperm(
-                len(batch), generator=torch.Generator().manual_seed(seed + epoch)
-            )
-        for start in range(0, len(batch), samples_per_mini_batch):
-            mini = batch.select(order[start : start + samples_per_mini_batch])
-            denominator = global_denominator(
-                mini.response_mask, spec.loss_agg_mode, batch.response_length, mini.weights
-            )
-            norm = max(denominator, 1.0)
-            groups = _micro_batches(
-                mini,
-                spec.micro_batch_size,
-                spec.use_dynamic_bsz,
-                spec.max_token_len,
-                packed=remove_padding,
-            )
-            loss_fn = partial(
-                _value_micro_loss,
-                model,
-                spec=spec,
-                denominator=norm,
-                scale=world,
-                remove_padding=remove_padding,
-            )
-            sums = accumulate_gradients(model, mini, groups, loss_fn)
-            grad_norm = _clip_and_step(model, optimizer, None, spec.grad_clip)
-            reduced = dict(zip(sums, _all_reduce(list(sums.values())), strict=True))
-            tokens = max(reduced["tokens"], 1.0)
-            metrics = {
-                "critic/vf_loss": reduced["vf_loss"] / norm,
-                "critic/vf_clipfrac": reduced["vf_clipped"] / tokens,
-                "critic/vpred_mean": reduced["vpred"] / tokens,
-                "critic/grad_norm": grad_norm,
-                "critic/lr": optimizer.param_groups[0]["lr"],
-            }
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
-            steps += 1
+    for mini in epoch_mini_batches(
+        batch, samples_per_mini_batch, spec.ppo_epochs, spec.shuffle, seed
+    ):
+        denominator = global_denominator(
+            mini.response_mask, spec.loss_agg_mode, batch.response_length, mini.weights
+        )
+        norm = max(denominator, 1.0)
+        groups = _micro_batches(
+            mini,
+            spec.micro_batch_size,
+            spec.use_dynamic_bsz,
+            spec.max_token_len,
+            packed=remove_padding,
+        )
+        loss_fn = partial(
+            _value_micro_loss,
+            model,
+            spec=spec,
+            denominator=norm,
+            scale=world,
+            remove_padding=remove_padding,
+        )
+        sums = accumulate_gradients(model, mini, groups, loss_fn)
+        grad_norm = _clip_and_step(model, optimizer, None, spec.grad_clip)
+        reduced = dict(zip(sums, _all_reduce(list(sums.values())), strict=True))
+        tokens = max(reduced["tokens"], 1.0)
+        metrics = {
+            "critic/vf_loss": reduced["vf_loss"] / norm,
+            "critic/vf_clipfrac": reduced["vf_clipped"] / tokens,
+            "critic/vpred_mean": reduced["vpred"] / tokens,
+            "critic/grad_norm": grad_norm,
+            "critic/lr": optimizer.param_groups[0]["lr"],
+        }
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + value
+        steps += 1
     out = {key: value / max(steps, 1) for key, value in totals.items()}
     out["critic/optimizer_steps"] = float(steps)
     return out

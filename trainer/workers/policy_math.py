@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -42,6 +42,7 @@ __all__ = [
     "LossSpec",
     "accumulate_gradients",
     "correction_weights",
+    "epoch_mini_batches",
     "forward_log_probs",
     "global_denominator",
     "log_probs_in_micro_batches",
@@ -369,64 +370,74 @@ def update_policy(
     world = _world()
     totals: dict[str, float] = {}
     steps = 0
+    minis = epoch_mini_batches(batch, samples_per_mini_batch, cfg.ppo_epochs, cfg.shuffle, seed)
+    for mini in minis:
+        denominator = global_denominator(
+            mini.response_mask, spec.loss_agg_mode, batch.response_length, mini.weights
+        )
+        pg_denominator = denominator
+        if spec.pg_agg_mode != spec.loss_agg_mode:
+            pg_denominator = global_denominator(
+                mini.response_mask, spec.pg_agg_mode, batch.response_length, mini.weights
+            )
+        groups = _micro_batches(
+            mini,
+            cfg.ppo_micro_batch_size_per_gpu,
+            cfg.use_dynamic_bsz,
+            cfg.ppo_max_token_len_per_gpu,
+            packed=remove_padding,
+        )
+        norm = max(denominator, 1.0)
+        sums = accumulate_gradients(
+            model,
+            mini,
+            groups,
+            partial(
+                _micro_loss,
+                model,
+                spec=spec,
+                denominator=norm,
+                scale=world,
+                pg_denominator=max(pg_denominator, 1.0),
+            ),
+        )
+        grad_norm = _clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
+        reduced = dict(zip(sums, _all_reduce(list(sums.values())), strict=True))
+        tokens = max(reduced.pop("tokens"), 1.0)
+        metrics = {
+            "actor/pg_loss": reduced["pg_loss"] / max(pg_denominator, 1.0),
+            "actor/pg_clipfrac": reduced["pg_clipfrac"] / tokens,
+            "actor/pg_clipfrac_lower": reduced["pg_clipfrac_lower"] / tokens,
+            "actor/ppo_kl": reduced["ppo_kl"] / tokens,
+            "actor/grad_norm": grad_norm,
+            "actor/lr": optimizer.param_groups[0]["lr"],
+        }
+        if "entropy" in reduced:
+            metrics["actor/entropy_loss"] = reduced["entropy"] / max(denominator, 1.0)
+        if "kl_loss" in reduced:
+            metrics["actor/kl_loss"] = reduced["kl_loss"] / max(denominator, 1.0)
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + value
+        steps += 1
+    out = {key: value / max(steps, 1) for key, value in totals.items()}
+    out["actor/optimizer_steps"] = float(steps)
+    return out
+
+
+def epoch_mini_batches(
+    batch: TrainBatch, samples_per_mini_batch: int, epochs: int, shuffle: bool, seed: int
+) -> Iterator[TrainBatch]:
+    """Each epoch's mini-batches of ``samples_per_mini_batch`` rows of ``batch`` in turn (the
+    last may be short); with ``shuffle`` the rows in a new order each epoch (seeded by
+    ``seed + epoch``, so every rank draws the same order of its own share)."""
     order = torch.arange(len(batch))
-    for epoch in range(cfg.ppo_epochs):
-        if cfg.shuffle:
+    for epoch in range(epochs):
+        if shuffle:
             order = torch.randperm(
                 len(batch), generator=torch.Generator().manual_seed(seed + epoch)
             )
         for start in range(0, len(batch), samples_per_mini_batch):
-            mini = batch.select(order[start : start + samples_per_mini_batch])
-            denominator = global_denominator(
-                mini.response_mask, spec.loss_agg_mode, batch.response_length, mini.weights
-            )
-            pg_denominator = denominator
-            if spec.pg_agg_mode != spec.loss_agg_mode:
-                pg_denominator = global_denominator(
-                    mini.response_mask, spec.pg_agg_mode, batch.response_length, mini.weights
-                )
-            groups = _micro_batches(
-                mini,
-                cfg.ppo_micro_batch_size_per_gpu,
-                cfg.use_dynamic_bsz,
-                cfg.ppo_max_token_len_per_gpu,
-                packed=remove_padding,
-            )
-            norm = max(denominator, 1.0)
-            sums = accumulate_gradients(
-                model,
-                mini,
-                groups,
-                partial(
-                    _micro_loss,
-                    model,
-                    spec=spec,
-                    denominator=norm,
-                    scale=world,
-                    pg_denominator=max(pg_denominator, 1.0),
-                ),
-            )
-            grad_norm = _clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
-            reduced = dict(zip(sums, _all_reduce(list(sums.values())), strict=True))
-            tokens = max(reduced.pop("tokens"), 1.0)
-            metrics = {
-                "actor/pg_loss": reduced["pg_loss"] / max(pg_denominator, 1.0),
-                "actor/pg_clipfrac": reduced["pg_clipfrac"] / tokens,
-                "actor/pg_clipfrac_lower": reduced["pg_clipfrac_lower"] / tokens,
-                "actor/ppo_kl": reduced["ppo_kl"] / tokens,
-                "actor/grad_norm": grad_norm,
-                "actor/lr": optimizer.param_groups[0]["lr"],
-            }
-            if "entropy" in reduced:
-                metrics["actor/entropy_loss"] = reduced["entropy"] / max(denominator, 1.0)
-            if "kl_loss" in reduced:
-                metrics["actor/kl_loss"] = reduced["kl_loss"] / max(denominator, 1.0)
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
-            steps += 1
-    out = {key: value / max(steps, 1) for key, value in totals.items()}
-    out["actor/optimizer_steps"] = float(steps)
-    return out
+            yield batch.select(order[start : start + samples_per_mini_batch])
 
 
 def _clip_and_step(
