@@ -122,3 +122,45 @@ def test_lora_fsdp2_nccl_bf16_update_moves_only_the_adapter(tmp_path):
     assert all(d.startswith("cuda") for d in out["adapter_device"])
     plain = load_model(path, ModelConfig(path=path), "cpu").state_dict()
     assert out["merged_names"] == list(plain)  # untied: every entry, transformers' names
+
+
+def _critic_rank(rank: int, world: int, port: int, path: str, out: dict) -> None:
+    from trainer.algos.value import gae_for_policy
+    from trainer.config.critic import CriticConfig
+    from trainer.workers.critic import Critic
+
+    os.environ["LOCAL_RANK"] = str(rank)
+    init_distributed(rank, world, f"127.0.0.1:{port}", "cuda")
+    actor = ActorConfig(ppo_micro_batch_size_per_gpu=1)
+    critic = Critic(CriticConfig().spec(actor, ModelConfig(path=path)), "cuda", total_steps=1)
+    batch = _batch().chunk(world)[rank]
+    batch.values = critic.compute_values(batch)
+    rewards = torch.zeros_like(batch.response_mask, dtype=torch.float32)
+    rewards[:, -1] = 1.0
+    batch.advantages, batch.returns = gae_for_policy(
+        rewards, batch.values, batch.response_mask, gamma=1.0, lam=0.95
+    )
+    metrics = critic.update(batch, samples_per_mini_batch=len(batch), seed=0)
+    after = critic.compute_values(batch)
+    if rank == 0:
+        out["metrics"] = metrics
+        out["values"] = batch.values
+        out["after"] = after
+    torch.distributed.destroy_process_group()
+
+
+def test_critic_fsdp2_nccl_bf16_update(tmp_path):
+    """The critic (value head on the same architecture) on NCCL in bf16: values near the fp32
+    CPU value model's, a finite update that moves them toward the returns."""
+    from trainer.workers.critic import CRITIC_SEED
+
+    path, world, out = _spawn(_critic_rank, tmp_path)
+    torch.manual_seed(CRITIC_SEED)
+    cpu = load_model(path, ModelConfig(path=path), "cpu", value_head=True)
+    from trainer.workers.critic_math import values_in_micro_batches
+
+    reference = values_in_micro_batches(cpu, _batch().chunk(world)[0], micro_batch_size=2)
+    assert (out["values"] - reference).abs().max() < 0.1
+    assert torch.isfinite(torch.tensor(out["metrics"]["critic/grad_norm"]))
+    assert out["metrics"]["critic/vf_loss"] > 0
+    assert not torch.equal(out["after"], out["values"])
