@@ -185,6 +185,10 @@ class TrainerConfig(RunConfig):
     """Newest checkpoints that keep their critic folder (older ones lose it); None: all."""
     critic_warmup: int = 0
     """The first this many steps train the critic alone (the actor waits for useful values)."""
+    balance_batch: bool = True
+    """Spread each mini-batch's samples over the trainer ranks so that they get similar token
+    counts (verl's default; ``balance/imbalance_{before,after}``); False: equal contiguous
+    shares in batch order."""
     weight_sync_bucket_mb: int = 256
     """MiB of weights per bucket when the actor's weights are sent to the servers."""
     worker_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"

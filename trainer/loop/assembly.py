@@ -233,7 +233,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             total_steps=config.trainer.total_steps(len(plan.sampler)),
             critic=critic,
         )
-        workers = WorkerGroup(spec, world)
+        workers = WorkerGroup(spec, world, balance=config.trainer.balance_batch)
         undo.callback(workers.shutdown)
         sync = WeightSync(
             workers,

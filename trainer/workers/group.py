@@ -2,7 +2,9 @@
 actor per rank, splits each batch into equal contiguous shares (rank order), and joins the
 results back in order. A batch that does not split evenly (a gateway session's segments add
 samples) is filled up with filler rows that train nothing (``pad_for_ranks``): every rank
-runs the same forwards and optimizer steps, whatever the sample count."""
+runs the same forwards and optimizer steps, whatever the sample count. With ``balance``
+(``trainer.balance_batch``) the rows of each mini-batch are spread so that the ranks get
+similar token counts (``trainer.workers.balance``); results come back in the batch's order."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from typing import Any
 
 import torch
 
-from trainer.workers.batch import TrainBatch, pad_for_ranks
+from trainer.workers.balance import RankLayout, rank_layout
+from trainer.workers.batch import TrainBatch
 from trainer.workers.fsdp import free_port
 from trainer.workers.fsdp_worker import FSDPWorker, WorkerSpec
 
@@ -33,10 +36,13 @@ class TrainerWorkerDiedError(RuntimeError):
 
 
 class WorkerGroup:
-    def __init__(self, spec: WorkerSpec, world_size: int) -> None:
+    def __init__(self, spec: WorkerSpec, world_size: int, balance: bool = False) -> None:
+        """``balance``: lay each batch out so that the ranks get similar token counts
+        (``trainer.balance_batch``; ``trainer.workers.balance``)."""
         import ray
 
         self.world_size = world_size
+        self.balance = balance
         self.broken = False
         """A rank died: the others may be stuck in a collective, so only kill them."""
         master = f"{ray.util.get_node_ip_address()}:{free_port()}"
@@ -112,14 +118,18 @@ class WorkerGroup:
                     return died
         return None
 
+    def _layout(self, batch: TrainBatch, mini_batches: int = 1) -> RankLayout:
+        return rank_layout(batch, self.world_size, mini_batches, self.balance)
+
     def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        padded, real, _ = pad_for_ranks(batch, self.world_size)
-        parts = self._scatter("compute_log_prob", padded)
-        return torch.cat([p[0] for p in parts])[real], torch.cat([p[1] for p in parts])[real]
+        layout = self._layout(batch)
+        parts = self._scatter("compute_log_prob", layout.padded)
+        order = layout.order
+        return torch.cat([p[0] for p in parts])[order], torch.cat([p[1] for p in parts])[order]
 
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
-        padded, real, _ = pad_for_ranks(batch, self.world_size)
-        return torch.cat(self._scatter("compute_ref_log_prob", padded))[real]
+        layout = self._layout(batch)
+        return torch.cat(self._scatter("compute_ref_log_prob", layout.padded))[layout.order]
 
     def update_actor(
         self,
@@ -132,27 +142,30 @@ class WorkerGroup:
         """PPO epochs over ``mini_batches`` equal mini-batches of ``batch`` (one optimizer
         step each), or over mini-batches of ``samples_per_mini_batch`` samples (global; the
         last may be short); each rank takes its share of every mini-batch. Logs
-        ``actor/filler_samples``: the filler rows that made the shares equal."""
+        ``actor/filler_samples``: the filler rows that made the shares equal; with
+        ``balance``, ``balance/imbalance_{before,after}``."""
         if (mini_batches is None) == (samples_per_mini_batch is None):
             raise ValueError("update_actor takes one of samples_per_mini_batch and mini_batches")
         if mini_batches is None:
             assert samples_per_mini_batch is not None
             mini_batches = -(-len(batch) // samples_per_mini_batch)
-        padded, real, per_rank = pad_for_ranks(batch, self.world_size, mini_batches)
-        metrics = self._scatter("update_actor", padded, per_rank, seed)[0]
-        metrics["actor/filler_samples"] = float((~real).sum())
+        layout = self._layout(batch, mini_batches)
+        metrics = self._scatter("update_actor", layout.padded, layout.per_mini, seed)[0]
+        metrics["actor/filler_samples"] = float(len(layout.padded) - len(batch))
+        if self.balance:
+            metrics |= layout.metrics()
         return metrics
 
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """The critic's values [batch, R] (0 where ``response_mask`` is 0)."""
-        padded, real, _ = pad_for_ranks(batch, self.world_size)
-        return torch.cat(self._scatter("compute_values", padded))[real]
+        layout = self._layout(batch)
+        return torch.cat(self._scatter("compute_values", layout.padded))[layout.order]
 
     def update_critic(self, batch: TrainBatch, mini_batches: int, seed: int = 0) -> dict:
         """The critic's epochs over ``mini_batches`` equal mini-batches of ``batch`` (which
         carries ``values`` and ``returns``), each rank its share of every one."""
-        padded, _, per_rank = pad_for_ranks(batch, self.world_size, mini_batches)
-        return self._scatter("update_critic", padded, per_rank, seed)[0]
+        layout = self._layout(batch, mini_batches)
+        return self._scatter("update_critic", layout.padded, layout.per_mini, seed)[0]
 
     def save_critic(self, directory: str, contents: list[str]) -> None:
         self._each("save_critic", directory, contents)

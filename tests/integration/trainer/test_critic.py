@@ -72,8 +72,9 @@ def test_critic_on_two_gloo_ranks_matches_one_process(local_ray, tiny_qwen3_path
         model, optimizer, batch.select(order), spec.critic, samples_per_mini_batch=4, seed=3
     )
     expected = model.state_dict()
-    # ---- two FSDP2 ranks over gloo, the actor beside it
-    group = WorkerGroup(spec, world_size=2)
+    # ---- two FSDP2 ranks over gloo, the actor beside it; rows balanced by tokens over the
+    # ranks within each mini-batch (trainer.balance_batch), which changes no mini-batch
+    group = WorkerGroup(spec, world_size=2, balance=True)
     try:
         sharded_values = group.compute_values(batch)
         sharded = group.update_critic(batch, mini_batches=2, seed=3)

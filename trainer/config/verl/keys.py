@@ -341,12 +341,6 @@ RULES: tuple[KeyRule, ...] = (
         "0",
     ),
     _w("trainer.use_legacy_worker_impl", "there is one worker implementation here"),
-    _w(
-        "trainer.balance_batch",
-        "ranks get equal contiguous shares of a batch by sample count (token budgets then "
-        "balance each rank's micro-batches)",
-        *OFF,
-    ),
     _w("global_profiler.*", NO_PROFILER),
 )
 
