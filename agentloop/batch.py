@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from agentloop.base import AgentLoopOutput
-from agentloop.records import SampleRecord
+from agentloop.records import SampleRecord, ToolCallRecord
 
-__all__ = ["RolloutBatch", "collate", "rollout_metrics", "session_samples"]
+__all__ = ["RolloutBatch", "collate", "rollout_metrics", "session_samples", "tool_metrics"]
 
 
 @dataclass(slots=True)
@@ -225,6 +225,7 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
     repaired = sum(c.repaired for c in ran)
     metrics["agent_loop/repaired_calls"] = float(repaired)
     metrics["agent_loop/repaired_calls/frac"] = repaired / len(ran) if ran else 0.0
+    metrics |= tool_metrics(ran)
     slowest = max(range(len(outputs)), key=lambda i: outputs[i].metrics.get("total_s", 0.0))
     out = outputs[slowest]
     metrics |= {
@@ -237,3 +238,19 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
         "agent_loop/slowest/response_length": float(len(out.response_ids)),
     }
     return metrics
+
+
+def tool_metrics(calls: list[ToolCallRecord]) -> dict[str, float]:
+    """Per tool name, over the step's calls that ran (or failed to start):
+    ``tool/<name>/{calls,failures,seconds_mean,seconds_max}``."""
+    by_name: dict[str, list[ToolCallRecord]] = {}
+    for call in calls:
+        by_name.setdefault(call.name, []).append(call)
+    out: dict[str, float] = {}
+    for name, mine in sorted(by_name.items()):
+        seconds = [c.seconds for c in mine]
+        out[f"tool/{name}/calls"] = float(len(mine))
+        out[f"tool/{name}/failures"] = float(sum(not c.ok for c in mine))
+        out[f"tool/{name}/seconds_mean"] = float(np.mean(seconds))
+        out[f"tool/{name}/seconds_max"] = float(max(seconds))
+    return out

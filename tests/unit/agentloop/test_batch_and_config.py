@@ -84,6 +84,28 @@ def test_rollout_metrics_count_the_repaired_calls_of_the_step():
     assert rollout_metrics([output([1], [2], [1])], 1.0)["agent_loop/repaired_calls/frac"] == 0.0
 
 
+def test_rollout_metrics_aggregate_each_tools_calls_failures_and_seconds():
+    def call(name: str, ok: bool, seconds: float) -> ToolCallRecord:
+        return ToolCallRecord(
+            name=name, arguments={}, ok=ok, seconds=seconds, repaired=False, reward=None, turn=0
+        )
+
+    outs = [output([1], [2], [1]), output([1], [2], [1])]
+    outs[0].record.calls = [call("search", True, 0.5), call("calc", False, 0.25)]
+    outs[1].record.calls = [call("search", False, 1.5), call("search", True, 1.0)]
+    m = rollout_metrics(outs, wall_s=1.0)
+    assert {k: v for k, v in m.items() if k.startswith("tool/")} == {
+        "tool/calc/calls": 1.0,
+        "tool/calc/failures": 1.0,
+        "tool/calc/seconds_mean": 0.25,
+        "tool/calc/seconds_max": 0.25,
+        "tool/search/calls": 3.0,
+        "tool/search/failures": 1.0,
+        "tool/search/seconds_mean": 1.0,
+        "tool/search/seconds_max": 1.5,
+    }
+
+
 def test_rollout_metrics_say_what_happened_to_the_calls_and_count_model_turns():
     outs = [output([1], [2], [1]) for _ in range(4)]
     outs[0].record = SampleRecord(tool_calls=2, assistant_turns=3)
