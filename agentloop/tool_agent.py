@@ -43,6 +43,7 @@ class ToolAgentLoop(AgentLoopBase):
         session = self.tool_session(tools_kwargs)
         schemas = list(self.schemas.values())
         messages = list(raw_prompt)
+        session.agent_data.messages = messages  # verl tools read the chat so far
         head = len(messages)
         traj = Trajectory(await self.encode_prompt(messages, schemas), self.config.response_length)
         sampling_params = self.with_end_tokens(sampling_params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "BaseTool",
@@ -56,6 +56,10 @@ def normalize_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 class BaseTool:
     """Subclass and implement ``execute``. ``config`` is the tool's own config mapping."""
+
+    takes_call_context: ClassVar[bool] = False
+    """True: ``execute`` also takes keyword arguments about the call (a verl tool's
+    ``agent_data`` and the row's ``execute_kwargs``; ``agentloop.tools.verl_adapter``)."""
 
     def __init__(
         self, config: dict[str, Any] | None = None, tool_schema: dict[str, Any] | None = None

@@ -74,23 +74,36 @@ class ToolRunner:
             if tool.config.get("call_timeout_s")
         }
 
-    async def run(self, calls: list[ToolCall], instances: Mapping[str, str]) -> list[CallOutcome]:
-        return list(await asyncio.gather(*(self._one(c, instances) for c in calls)))
+    async def run(
+        self,
+        calls: list[ToolCall],
+        instances: Mapping[str, str],
+        context: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> list[CallOutcome]:
+        """Run ``calls`` concurrently; ``context``: per tool name, the keyword arguments a
+        tool that ``takes_call_context`` also gets."""
+        context = context or {}
+        return list(await asyncio.gather(*(self._one(c, instances, context) for c in calls)))
 
-    async def _one(self, call: ToolCall, instances: Mapping[str, str]) -> CallOutcome:
+    async def _one(
+        self, call: ToolCall, instances: Mapping[str, str], context: Mapping[str, Any]
+    ) -> CallOutcome:
         async with contextlib.AsyncExitStack() as stack:
             for sem in (self._all, self._per_tool.get(call.name)):
                 if sem is not None:
                     await stack.enter_async_context(sem)
-            return await self._execute(call, instances)
+            return await self._execute(call, instances, context)
 
-    async def _execute(self, call: ToolCall, instances: Mapping[str, str]) -> CallOutcome:
+    async def _execute(
+        self, call: ToolCall, instances: Mapping[str, str], context: Mapping[str, Any]
+    ) -> CallOutcome:
         tool = self.tools[call.name]
         timeout_s = self._timeouts.get(call.name, self.timeout_s)
+        kwargs = dict(context.get(call.name) or {}) if tool.takes_call_context else {}
         start = time.perf_counter()
         try:
             result = await asyncio.wait_for(
-                tool.execute(instances[call.name], call.arguments), timeout_s
+                tool.execute(instances[call.name], call.arguments, **kwargs), timeout_s
             )
             if not isinstance(result, ToolResult):
                 raise TypeError(f"returned {type(result).__name__}, not ToolResult")

@@ -14,6 +14,7 @@ from agentloop.parsers import ToolCall
 from agentloop.records import SampleRecord, ToolCallRecord
 from agentloop.tools.base import BaseTool
 from agentloop.tools.runner import CallOutcome, ToolRunner, truncate_text
+from agentloop.tools.verl_adapter import AgentData
 
 __all__ = ["ToolSession"]
 
@@ -38,6 +39,8 @@ class ToolSession:
         self.instances: dict[str, str] = {}
         self.calls: list[ToolCallRecord] = []
         self.error_kinds: list[str] = []
+        self.agent_data = AgentData(request_id, self.tools_kwargs)
+        """What verl tools get as ``agent_data`` (the loop sets ``messages``)."""
 
     def truncate(self, text: str) -> str:
         mt = self.multi_turn
@@ -78,13 +81,24 @@ class ToolSession:
             else:
                 outcomes[i] = CallOutcome(call.name, error, False, 0.0, error_kind="create_failed")
         start_ns = time.time_ns()
-        ran = await self.runner.run([calls[i] for i in to_run], self.instances)
+        data = self.agent_data
+        data.assistant_turns, data.user_turns = turn + 1, turn
+        context = {
+            name: {
+                "agent_data": data,
+                **((self.tools_kwargs.get(name) or {}).get("execute_kwargs") or {}),
+            }
+            for name in {calls[i].name for i in to_run}
+        }
+        ran = await self.runner.run([calls[i] for i in to_run], self.instances, context)
         for i, outcome in zip(to_run, ran, strict=True):
             outcomes[i] = outcome
         done: list[CallOutcome] = []
         for call, outcome in zip(calls, outcomes, strict=True):
             assert outcome is not None
             self.record(call, outcome, turn, start_ns)
+            if outcome.reward is not None:
+                data.tool_rewards.append(outcome.reward)
             outcome.text = self.truncate(outcome.text)
             done.append(outcome)
         return done

@@ -17,6 +17,11 @@ verl is never imported to recognize one: a class qualifies by its shape (duck ty
   it): then a JSON string. It may return ``(text, reward, metrics)`` or ``(ToolResponse,
   reward, metrics)``; the text is the tool message, the reward the call's step reward
   (``ToolCallRecord.reward``, the process reward), the metrics the call's tool metrics.
+- ``execute`` also gets ``agent_data=`` (an ``AgentData``: the sample's ``request_id``,
+  ``messages`` so far, ``tools_kwargs``, ``extra_fields`` that persist across the sample's
+  calls, ``tool_rewards`` and turn counts, verl's attribute names) and the row's
+  ``tools_kwargs.<tool>.execute_kwargs`` as keywords, each only where the method takes it
+  (``**kwargs`` takes all).
 - ``calc_reward`` when the sample ends; ``release`` exactly once per created instance, also
   when ``create`` returned something that is no instance id (the id it was given is released).
 - ``create``, ``execute``, ``calc_reward`` and ``release`` must be ``async def``, as in verl: a
@@ -33,11 +38,19 @@ import inspect
 import json
 import logging
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop.tools.base import BaseTool, ToolResult, normalize_schema
 
-__all__ = ["SchemaView", "VerlTool", "missing_verl_api", "verl_limits", "verl_tool"]
+__all__ = [
+    "AgentData",
+    "SchemaView",
+    "VerlTool",
+    "missing_verl_api",
+    "verl_limits",
+    "verl_tool",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +212,23 @@ def _normalized(schema: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: {exc}") from exc
 
 
+@dataclass(slots=True)
+class AgentData:
+    """What a verl tool's ``execute(..., agent_data=...)`` may read of its sample (verl's
+    ``AgentData`` names); one per sample, shared by its tools' calls."""
+
+    request_id: str
+    tools_kwargs: Mapping[str, Any]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The chat so far (the loop's own list: later messages appear in it)."""
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+    """A tool's own session data, kept across the sample's calls."""
+    tool_rewards: list[float] = field(default_factory=list)
+    """Each earlier call's step reward."""
+    assistant_turns: int = 0
+    user_turns: int = 0
+
+
 class VerlTool(BaseTool):
     """A verl-style tool instance behind our ``BaseTool`` (the module docstring says how each
     call is bridged). ``self.tool`` is the wrapped instance; ``config`` holds the tool's
@@ -210,6 +240,7 @@ class VerlTool(BaseTool):
         self.json_parameters = _annotated_str(tool.execute)
         """``execute`` gets its arguments as a JSON string (it annotates them ``str``)."""
         self._create_kwargs = _takes(tool.create, "create_kwargs")
+        self._execute_params = _parameters(tool.execute)
         self._live: set[str] = set()
         self._media_warned = False
 
@@ -233,11 +264,20 @@ class VerlTool(BaseTool):
         self._live.add(created)
         return created
 
-    async def execute(self, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
+    takes_call_context = True
+
+    async def execute(
+        self, instance_id: str, arguments: dict[str, Any], **context: Any
+    ) -> ToolResult:
+        """``context``: ``agent_data`` and the row's ``execute_kwargs``, each passed on where
+        the wrapped ``execute`` takes it."""
         parameters: Any = dict(arguments)
         if self.json_parameters:
             parameters = json.dumps(arguments, ensure_ascii=False)
-        result = await _awaited(self.tool.execute(instance_id, parameters))
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in self._execute_params)
+        named = {p.name for p in self._execute_params}
+        kwargs = {k: v for k, v in context.items() if takes_all or k in named}
+        result = await _awaited(self.tool.execute(instance_id, parameters, **kwargs))
         if not (isinstance(result, tuple) and len(result) == 3):
             raise TypeError(
                 f"{self._label}.execute returned {type(result).__name__}; return a tuple "

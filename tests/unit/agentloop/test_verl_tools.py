@@ -102,6 +102,27 @@ async def test_newer_verl_tool_gets_a_dict_and_its_schema_from_the_class(tmp_pat
     ]
 
 
+async def test_a_verl_tool_gets_agent_data_and_the_rows_execute_kwargs_as_verl_passes_them(
+    tmp_path,
+):
+    name = f"{HERE}.verl_api_tools.SessionVerlTool"
+    tools = load(tmp_path, {"class_name": name, "config": {"type": "native"}})
+    session = session_of(tools, {"add": {"execute_kwargs": {"offset": 100}}})
+    session.agent_data.messages = [{"role": "user", "content": "add"}]
+    first = await session.execute([add(2, 5)], turn=0)
+    session.agent_data.messages.append({"role": "assistant", "content": "..."})
+    second = await session.execute([add(1, 1)], turn=1)
+    assert [o.text for o in first + second] == ["107", "102"]
+    # extra_fields persist across the sample's calls; the chat so far; the step rewards
+    assert [entry[1:] for entry in NewVerlTool.log if entry[0] == "execute"] == [
+        ("r", 1, 1, 100),
+        ("r", 2, 2, 100),
+    ]
+    assert session.agent_data.tool_rewards == [1.0, 2.0]
+    assert (session.agent_data.assistant_turns, session.agent_data.user_turns) == (2, 1)
+    await session.release()
+
+
 def test_the_tool_reads_its_schema_by_attribute_as_from_verls_pydantic_model(tmp_path):
     wrapped = load(tmp_path, old_entry())["add"].tool
     assert isinstance(wrapped.tool_schema, SchemaView)

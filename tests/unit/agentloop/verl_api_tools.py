@@ -133,3 +133,16 @@ class NoReleaseTool:
 
     async def execute(self, instance_id, parameters, **kwargs):
         return "", 0.0, {}
+
+
+class SessionVerlTool(NewVerlTool):
+    """Reads what verl's agent loop passes ``execute``: ``agent_data`` (keeps a counter in its
+    ``extra_fields`` across the sample's calls, reads the chat so far) and the row's
+    ``execute_kwargs`` (here ``offset``)."""
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], *, agent_data, offset=0):
+        calls = agent_data.extra_fields.get("calls", 0) + 1
+        agent_data.extra_fields["calls"] = calls
+        self.log.append(("execute", agent_data.request_id, len(agent_data.messages), calls, offset))
+        total = parameters["a"] + parameters["b"] + offset
+        return Response(text=str(total)), float(calls), {}
