@@ -46,7 +46,7 @@ def _timed(group: WorkerGroup, batch, balance: bool) -> tuple[list[float], dict]
 
 
 @pytest.mark.slow
-def test_bench_balance_batch_on_two_ranks(local_ray, smollm2_path):
+def test_bench_balance_batch_on_two_ranks(ray_local, smollm2_path):
     batch = agentic_batch(SPEC)
     batch.old_log_probs = torch.zeros(batch.response_mask.shape)
     g = torch.Generator().manual_seed(0)
