@@ -34,8 +34,9 @@ class FakeRewards:
 class FakeWorkers:
     specs: list[Any] = []
 
-    def __init__(self, spec: Any, world_size: int) -> None:
+    def __init__(self, spec: Any, world_size: int, balance: bool = False) -> None:
         self.specs.append((spec, world_size))
+        self.balance = balance
 
     def shutdown(self) -> None:
         pass
@@ -121,6 +122,8 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
         1,
     )
     assert spec.model.path == "/models/m"  # the resolved model config, not the configured one
+    assert parts.workers.balance  # trainer.balance_batch, verl's default
+    assert spec.critic is None  # grpo: no critic
     assert parts.sync.workers is parts.workers and parts.sync.servers is parts.servers
     assert parts.servers == ["server-0"] and not parts.sync.colocated
     assert parts.manager.on_server_restart == parts.sync.push_to
@@ -132,7 +135,7 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
 
 
 def test_a_part_that_fails_to_start_stops_those_before_it(tmp_path, started, monkeypatch):
-    def no_ranks(spec: Any, world_size: int) -> None:
+    def no_ranks(spec: Any, world_size: int, balance: bool) -> None:
         raise RuntimeError("no room for the trainer ranks")
 
     monkeypatch.setattr(trainer.loop.assembly, "WorkerGroup", no_ranks)
