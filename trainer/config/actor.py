@@ -117,16 +117,19 @@ class OptimConfig:
     lr_warmup_steps_ratio: float = 0.0
     """With ``lr_warmup_steps=0``: warm up over this fraction of the run's training steps."""
 
+    PREFIX: ClassVar[str] = "actor_rollout_ref.actor.optim"
+    """Where these keys live, for error messages."""
+
     def __post_init__(self) -> None:
+        key = self.PREFIX
         if self.lr <= 0:
-            raise ValueError(f"actor.optim.lr must be > 0, got {self.lr}")
+            raise ValueError(f"{key}.lr must be > 0, got {self.lr}")
         if not 0 <= self.lr_warmup_steps_ratio <= 1:
             raise ValueError(
-                f"actor.optim.lr_warmup_steps_ratio must be in [0, 1], got "
-                f"{self.lr_warmup_steps_ratio}"
+                f"{key}.lr_warmup_steps_ratio must be in [0, 1], got {self.lr_warmup_steps_ratio}"
             )
         if len(self.betas) != 2:
-            raise ValueError(f"actor.optim.betas must be two numbers, got {self.betas}")
+            raise ValueError(f"{key}.betas must be two numbers, got {self.betas}")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,7 +6,7 @@ schedule, micro-batches and checkpoint (``trainer.workers.critic``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 from trainer.algos import LOSS_AGG_MODES
 from trainer.config.actor import (
@@ -17,12 +17,16 @@ from trainer.config.actor import (
     OptimConfig,
 )
 
-__all__ = ["CriticConfig", "CriticModelConfig", "CriticSpec", "critic_optim"]
+__all__ = ["CriticConfig", "CriticModelConfig", "CriticOptimConfig", "CriticSpec"]
 
 
-def critic_optim() -> OptimConfig:
-    """verl's critic optimizer defaults (a value head learns faster than a policy moves)."""
-    return OptimConfig(lr=1e-5)
+@dataclass(kw_only=True, slots=True)
+class CriticOptimConfig(OptimConfig):
+    """``critic.optim``: the actor's keys, verl's critic default learning rate."""
+
+    lr: float = 1e-5
+
+    PREFIX: ClassVar[str] = "critic.optim"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -93,7 +97,7 @@ class CriticConfig:
     strategy: Literal["fsdp2", "fsdp"] = "fsdp2"
     """Both names mean FSDP2 (``fully_shard``), as for the actor."""
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    optim: OptimConfig = field(default_factory=critic_optim)
+    optim: CriticOptimConfig = field(default_factory=CriticOptimConfig)
     ppo_mini_batch_size: int | None = None
     """Prompts per critic optimizer step (times rollout.n samples); null: the actor's."""
     ppo_micro_batch_size_per_gpu: int | None = None

@@ -75,11 +75,7 @@ class SFTOptimConfig(OptimConfig):
     clip_grad: float = 1.0
     """Max global gradient norm (0 or less: no clipping)."""
 
-    def __post_init__(self) -> None:  # OptimConfig's messages name actor.optim
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if len(self.betas) != 2:
-            raise ValueError(f"optim.betas must be two numbers, got {self.betas}")
+    PREFIX: ClassVar[str] = "optim"
 
 
 @dataclass(kw_only=True, slots=True)

@@ -162,6 +162,7 @@ def test_critic_batches_must_split_as_the_actors_do():
         ),
         ("critic.ppo_epochs=0", "critic.ppo_epochs must be >= 1 (or null: the actor's), got 0"),
         ("trainer.critic_warmup=-1", "trainer.critic_warmup must be >= 0, got -1"),
+        ("critic.optim.lr=-1", "critic.optim.lr must be > 0, got -1.0"),
         ("algorithm.lam=1.5", "algorithm.gamma=1.0 and algorithm.lam=1.5 must be in [0, 1]"),
     ],
 )
