@@ -48,9 +48,10 @@ def tekken(version: str) -> MistralTokenizer:
     ]
     spec["config"] = {**spec["config"], "version": version}
     spec["special_tokens"] = special
-    path = Path(tempfile.mkdtemp(prefix="agentloop-tekken-")) / f"tekken_{version}.json"
-    path.write_text(json.dumps(spec))
-    tokenizer = MistralTokenizer.from_file(path)
+    with tempfile.TemporaryDirectory(prefix="agentloop-tekken-") as folder:
+        path = Path(folder) / f"tekken_{version}.json"
+        path.write_text(json.dumps(spec))
+        tokenizer = MistralTokenizer.from_file(path)
     assert tokenizer.instruct_tokenizer.tokenizer.version.value == version
     return tokenizer
 
