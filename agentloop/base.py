@@ -116,6 +116,9 @@ class AgentLoopContext:
     """Shared by every sample of a worker (worker-wide tool concurrency limits)."""
     gateway: Any = None
     """The worker's session gateway (``agentloop.gateway``), started by its first session."""
+    interactions: Mapping[str, Any] = field(default_factory=dict)
+    """Simulated users by name (``multi_turn.interaction_config_path``), one instance per
+    worker shared by its samples (verl's ``BaseInteraction`` API; ``agentloop.interactions``)."""
 
     def __post_init__(self) -> None:
         if self.tool_runner is None:
@@ -135,6 +138,9 @@ class AgentLoopBase(abc.ABC):
     """Whether the loop puts the configured tools in front of the model: False for
     ``single_turn_agent`` (start-up warns when tools are configured but rows run it), None
     where a loop does not say (user loops)."""
+    talks_to_users: ClassVar[bool] = False
+    """Whether the loop runs the row's interaction (simulated user) when interactions are
+    configured (``tool_agent``): start-up then checks each row names a configured one."""
     uses_tools_kwargs: ClassVar[bool] = True
     """Whether the row's ``tools_kwargs`` create configured tools (False for gateway agents,
     which bring their own: start-up then does not check the names against the config)."""

@@ -226,6 +226,7 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
     metrics["agent_loop/repaired_calls"] = float(repaired)
     metrics["agent_loop/repaired_calls/frac"] = repaired / len(ran) if ran else 0.0
     metrics |= tool_metrics(ran)
+    metrics |= interaction_metrics(records)
     slowest = max(range(len(outputs)), key=lambda i: outputs[i].metrics.get("total_s", 0.0))
     out = outputs[slowest]
     metrics |= {
@@ -238,6 +239,32 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
         "agent_loop/slowest/response_length": float(len(out.response_ids)),
     }
     return metrics
+
+
+def interaction_metrics(records: list[SampleRecord]) -> dict[str, float]:
+    """Over the samples that talked to a simulated user (none: no keys):
+    ``interaction/{samples,user_turns/mean,terminated_frac,errors,seconds_mean,seconds_max,
+    turn_score/mean,final_score/mean}`` (``seconds``: time in the interaction's calls per
+    sample, a model-backed user's generation included)."""
+    talks = [r.interaction for r in records if r.interaction is not None]
+    if not talks:
+        return {}
+    seconds = [t.seconds for t in talks]
+    scores = [s for t in talks for s in t.turn_scores if s is not None]
+    finals = [t.final_score for t in talks if t.final_score is not None]
+    out = {
+        "interaction/samples": float(len(talks)),
+        "interaction/user_turns/mean": float(np.mean([len(t.turn_scores) for t in talks])),
+        "interaction/terminated_frac": float(np.mean([t.terminated for t in talks])),
+        "interaction/errors": float(sum(t.error is not None for t in talks)),
+        "interaction/seconds_mean": float(np.mean(seconds)),
+        "interaction/seconds_max": float(max(seconds)),
+    }
+    if scores:
+        out["interaction/turn_score/mean"] = float(np.mean(scores))
+    if finals:
+        out["interaction/final_score/mean"] = float(np.mean(finals))
+    return out
 
 
 def tool_metrics(calls: list[ToolCallRecord]) -> dict[str, float]:

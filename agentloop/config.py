@@ -23,9 +23,31 @@ __all__ = [
     "RecoveryConfig",
     "RolloutConfig",
     "TraceConfig",
+    "UserModelConfig",
     "ValKwargsConfig",
     "from_dict",
 ]
+
+
+@dataclass(kw_only=True, slots=True)
+class UserModelConfig:
+    """The model a ``SimulatedUser`` interaction talks through: its own server group, started
+    by the trainer beside the rollout servers (as the judge's is)."""
+
+    model_path: str | None = None
+    """The user's model (a folder or an agentloop-models asset name); None: no user model."""
+    num_servers: int = 1
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.3
+    max_model_len: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.num_servers < 1:
+            raise ValueError(
+                f"multi_turn.user_model.num_servers must be >= 1, got {self.num_servers}"
+            )
+        if self.max_model_len < 16:
+            raise ValueError("multi_turn.user_model.max_model_len must be >= 16")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,6 +69,15 @@ class MultiTurnConfig:
     own ``config.max_concurrency`` limits that tool."""
     tool_config_path: str | None = None
     """verl-layout tool YAML (``tools: [{class_name, config, tool_schema}]``)."""
+    interaction_config_path: str | None = None
+    """verl-layout interaction YAML (``interaction: [{name, class_name, config}]``): simulated
+    users that answer each tool_agent turn that calls no tool (docs/interactions.md); a row
+    picks one with ``extra_info.interaction_kwargs.name``."""
+    interaction_timeout_s: float = 120.0
+    """Wall-clock limit of one interaction call; past it the sample fails (recorded, weight 0)
+    and the rest of the batch goes on."""
+    user_model: UserModelConfig = field(default_factory=UserModelConfig)
+    """The server group of model-backed simulated users (``SimulatedUser``)."""
     format: str | None = None
     """The model family's chat format (``agentloop.registered_formats()``): tool-call syntax,
     end-of-turn tokens, history messages. ``hermes``/``qwen`` (Qwen2.5, Qwen3),
@@ -82,6 +113,8 @@ class MultiTurnConfig:
             raise ValueError("multi_turn.max_concurrent_tool_calls must be >= 1 or null")
         if self.tool_timeout_s <= 0:
             raise ValueError("multi_turn.tool_timeout_s must be > 0")
+        if self.interaction_timeout_s <= 0:
+            raise ValueError("multi_turn.interaction_timeout_s must be > 0")
         if self.max_tokens_per_turn is not None and self.max_tokens_per_turn < 1:
             raise ValueError("multi_turn.max_tokens_per_turn must be >= 1 or null")
 
@@ -92,8 +125,10 @@ class AgentConfig:
     """AgentLoopWorker Ray actors the batch is split over."""
     agent_loop_config_path: str | None = None
     """YAML list of user loops ``[{name, _target_, ...kwargs}]``."""
-    default_agent_loop: str = "single_turn_agent"
-    """Loop for rows without an ``agent_name`` field."""
+    default_agent_loop: str | None = None
+    """Loop for rows without an ``agent_name`` field; None: ``tool_agent`` when
+    ``multi_turn.interaction_config_path`` is set (the simulated user needs a multi-turn loop),
+    else ``single_turn_agent``."""
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -325,6 +360,9 @@ class RolloutConfig:
             )
         if self.n < 1:
             raise ValueError(f"rollout.n must be >= 1, got {self.n}")
+        if self.agent.default_agent_loop is None:
+            interacts = self.multi_turn.interaction_config_path is not None
+            self.agent.default_agent_loop = "tool_agent" if interacts else "single_turn_agent"
         if self.temperature < 0:
             raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -51,10 +51,14 @@ class AgentLoopManager:
         tokenizer: TokenizerSource | str,
         *,
         worker_options: dict[str, Any] | None = None,
+        user_servers: list[Any] | None = None,
+        user_tokenizer: str | None = None,
     ) -> None:
         """``servers``: handles, or a ``ServerGroup`` whose dead servers get restarted.
         ``tokenizer``: where the workers load the policy's tokenizer from (a folder, or a
-        ``TokenizerSource`` with the model's loading options and chat template)."""
+        ``TokenizerSource`` with the model's loading options and chat template).
+        ``user_servers``/``user_tokenizer``: the simulated users' server group and tokenizer
+        folder (``multi_turn.user_model``), when one runs."""
         import ray
 
         self.group = None if isinstance(servers, list) else servers
@@ -73,14 +77,22 @@ class AgentLoopManager:
         options = {"num_cpus": 0, "max_concurrency": 1000, **(worker_options or {})}
         actor = ray.remote(AgentLoopWorker).options(**options)
         self.workers = [
-            actor.remote(asdict(config), servers, tokenizer)
+            actor.remote(
+                asdict(config),
+                servers,
+                tokenizer,
+                user_servers=user_servers,
+                user_tokenizer=user_tokenizer,
+            )
             for _ in range(config.agent.num_workers)
         ]
         self.tool_names: list[str] = ray.get(self.workers[0].tool_names.remote())
+        self.interaction_names: list[str] = ray.get(self.workers[0].interaction_names.remote())
 
     def validate(self, rows: list[dict[str, Any]]) -> None:
         """Start-up checks of a whole dataset (see ``validate_rows``)."""
-        validate_rows(rows, self.tool_names, self.config.agent.default_agent_loop)
+        default = self.config.agent.default_agent_loop
+        validate_rows(rows, self.tool_names, default, self.interaction_names)
 
     def generate_sequences(
         self,
@@ -93,7 +105,9 @@ class AgentLoopManager:
         """Roll out every row ``n`` times (default ``rollout.n``) and pad into a batch.
         ``trace``: step and validation flag the traces are tagged with."""
         samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
-        validate_rows(samples, self.tool_names, self.config.agent.default_agent_loop)
+        validate_rows(
+            samples, self.tool_names, self.config.agent.default_agent_loop, self.interaction_names
+        )
         restarts = self.server_restarts
         retried = self.retried_requests()
         self.heal()  # a server that died between batches comes back before this one

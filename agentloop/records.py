@@ -15,7 +15,13 @@ from typing import Any, get_args
 
 from agentloop.parsers import ErrorKind
 
-__all__ = ["MALFORMED_CALL_KINDS", "SAMPLE_RECORD_FIELDS", "SampleRecord", "ToolCallRecord"]
+__all__ = [
+    "MALFORMED_CALL_KINDS",
+    "SAMPLE_RECORD_FIELDS",
+    "InteractionRecord",
+    "SampleRecord",
+    "ToolCallRecord",
+]
 
 MALFORMED_CALL_KINDS = frozenset(get_args(ErrorKind))
 """Error kinds of calls the model wrote wrongly (they never ran); every other kind is a call
@@ -45,13 +51,32 @@ class ToolCallRecord:
 
 
 @dataclass(slots=True, kw_only=True)
+class InteractionRecord:
+    """What a sample's interaction (simulated user, ``agentloop.interactions``) did."""
+
+    name: str
+    """The interaction the row picked (``extra_info.interaction_kwargs.name``)."""
+    turn_scores: list[float | None] = field(default_factory=list)
+    """Each ``generate_response``'s turn score, in order (None where it gave none)."""
+    final_score: float | None = None
+    """``calculate_score`` at the end of the sample (None: none, or the sample failed)."""
+    terminated: bool = False
+    """The interaction ended the episode (``should_terminate``)."""
+    seconds: float = 0.0
+    """Wall time spent in the interaction's calls (a model-backed user's generation too)."""
+    error: str | None = None
+    """Why a call failed (raised, timed out, returned something malformed); None: none did."""
+
+
+@dataclass(slots=True, kw_only=True)
 class SampleRecord:
     """What the trainer reads of one sample besides its tokens. Every field has a default, so a
     user loop sets only what it knows."""
 
     stop_reason: str | None = None
     """Why the loop stopped: a finish reason (``stop``, ``length``, ``abort``), or
-    ``stop_token``, ``no_tool_call``, ``max_assistant_turns``, ``max_user_turns``, ... ;
+    ``stop_token``, ``no_tool_call``, ``max_assistant_turns``, ``max_user_turns``,
+    ``interaction_done`` (the simulated user ended it), ``interaction_error``, ... ;
     None when the loop does not say."""
     finish_reasons: list[str] | None = None
     """The engine's finish reason of each model turn; None when the loop does not say."""
@@ -75,6 +100,8 @@ class SampleRecord:
     turn_scores: list[float] = field(default_factory=list)
     """A score of each model turn, in order (e.g. a simulated user's): turn-level rewards
     placed on the last token of their turn (``turn_ends``); empty: none."""
+    interaction: InteractionRecord | None = None
+    """The sample's simulated-user conversation (None: the row had none)."""
     trace_id: str | None = None
     """The sample's MLflow trace id, when it was traced (set by the worker)."""
     weight: float = 1.0

@@ -20,6 +20,7 @@ from agentloop.base import (
     registered_agent_loops,
 )
 from agentloop.config import RolloutConfig, from_dict
+from agentloop.interactions import UserModel, load_interactions, row_interaction
 from agentloop.tokenizer import load_tokenizer
 from agentloop.tools import BaseTool, load_tool_config
 from agentloop.trace import TraceContext, make_tracer
@@ -42,10 +43,14 @@ def prepare_row(row: Mapping[str, Any], default_agent_loop: str) -> dict[str, An
 
 
 def validate_rows(
-    rows: list[Mapping[str, Any]], tool_names: list[str], default_agent_loop: str
+    rows: list[Mapping[str, Any]],
+    tool_names: list[str],
+    default_agent_loop: str,
+    interaction_names: list[str] | None = None,
 ) -> None:
     """Start-up checks, so a bad row fails before any generation: a chat prompt, a registered
-    ``agent_name``, and only configured tools in ``tools_kwargs``."""
+    ``agent_name``, only configured tools in ``tools_kwargs``, and (with interactions
+    configured) a configured interaction named by each row whose loop talks to users."""
     for i, row in enumerate(rows):
         fields = prepare_row(row, default_agent_loop)
         prompt = fields.get("raw_prompt")
@@ -55,6 +60,11 @@ def validate_rows(
                 "column of messages and set data.return_raw_chat=True"
             )
         spec = get_agent_loop(str(fields["agent_name"]))
+        if interaction_names and spec.cls.talks_to_users:
+            try:
+                row_interaction(fields, interaction_names)
+            except ValueError as exc:
+                raise ValueError(f"row {i} {exc}") from None
         if not spec.cls.uses_tools_kwargs:  # gateway agents bring their own tools
             continue
         for name in fields.get("tools_kwargs") or {}:
@@ -85,10 +95,14 @@ class AgentLoopWorker:
         tokenizer: Any,
         *,
         tools: Mapping[str, BaseTool] | None = None,
+        user_servers: Any = None,
+        user_tokenizer: Any = None,
     ) -> None:
         """``servers``: server handles (wrapped in an ``AsyncLLMServerManager``) or a ready
         generate client. ``tokenizer``: a tokenizer, or a ``TokenizerSource`` or folder to
-        load it from. ``tools`` default to ``multi_turn.tool_config_path``."""
+        load it from. ``tools`` default to ``multi_turn.tool_config_path``.
+        ``user_servers``/``user_tokenizer``: the simulated users' model (handles or a client,
+        and its tokenizer or folder), given to each interaction that has ``setup``."""
         if isinstance(config, dict):
             config = from_dict(RolloutConfig, config)
         self.config = config
@@ -104,7 +118,26 @@ class AgentLoopWorker:
             servers = AsyncLLMServerManager(
                 list(servers), restart_wait_s=config.recovery.restart_wait_s
             )
-        self.context = AgentLoopContext(servers, tokenizer, config, dict(tools))
+        mt = config.multi_turn
+        interactions = (
+            load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
+        )
+        user_model = None
+        if user_servers is not None:
+            if not hasattr(user_servers, "generate"):
+                from servers.manager import AsyncLLMServerManager
+
+                user_servers = AsyncLLMServerManager(list(user_servers))
+            user_model = UserModel(
+                user_servers, load_tokenizer(user_tokenizer), mt.user_model.max_model_len
+            )
+        for interaction in interactions.values():
+            setup = getattr(interaction, "setup", None)
+            if callable(setup):
+                setup(user_model)
+        self.context = AgentLoopContext(
+            servers, tokenizer, config, dict(tools), interactions=interactions
+        )
         self.tracer = make_tracer(config.trace, tokenizer)
         self._traced: dict[tuple[Any, Any], int] = {}  # samples traced per (step, validate)
 
@@ -140,6 +173,9 @@ class AgentLoopWorker:
 
     def tool_names(self) -> list[str]:
         return sorted(self.context.tools)
+
+    def interaction_names(self) -> list[str]:
+        return sorted(self.context.interactions)
 
     def agent_loops(self) -> list[str]:
         return registered_agent_loops()

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentloop.config import RolloutConfig
+from agentloop.config import RolloutConfig, UserModelConfig
 from servers import engine_args, stop_servers
 from trainer.config.actor import ModelConfig
 from trainer.config.reward import JudgeConfig
@@ -28,6 +28,8 @@ __all__ = [
     "prepare_rollout",
     "serves_lora",
     "start_judge",
+    "start_model_group",
+    "start_user_model",
     "start_rollout",
     "stop_rollout",
 ]
@@ -45,6 +47,8 @@ class RolloutSetup:
     """The policy's tokenizer (``tokenizer_path``, with ``custom_chat_template``)."""
     tool_names: list[str]
     tool_schemas: list[dict[str, Any]]
+    interaction_names: list[str]
+    """Configured simulated users (``multi_turn.interaction_config_path``)."""
 
     @property
     def model_path(self) -> str:
@@ -67,6 +71,7 @@ def prepare_rollout(config: Config) -> RolloutSetup:
     get_agent_loop(rollout.agent.default_agent_loop)
     path = rollout.multi_turn.tool_config_path
     tools = load_tool_config(path) if path else {}
+    interactions = check_interactions(rollout)
     tokenizer = tokenizer_source(model).load()
     check_chat_format(rollout, tokenizer)
     return RolloutSetup(
@@ -74,7 +79,33 @@ def prepare_rollout(config: Config) -> RolloutSetup:
         tokenizer=tokenizer,
         tool_names=sorted(tools),
         tool_schemas=[t.tool_schema for t in tools.values()],
+        interaction_names=interactions,
     )
+
+
+def check_interactions(rollout: RolloutConfig) -> list[str]:
+    """The configured interactions' names, each loaded once here so a bad class fails before
+    any server starts; one that needs a model (``SimulatedUser``) needs
+    ``multi_turn.user_model.model_path``. Raises ValueError."""
+    from agentloop.interactions import load_interactions
+
+    mt = rollout.multi_turn
+    if mt.interaction_config_path is None:
+        if mt.user_model.model_path is not None:
+            logger.warning(
+                "actor_rollout_ref.rollout.multi_turn.user_model.model_path is set but no "
+                "interaction_config_path: the user model's servers are not started"
+            )
+            mt.user_model.model_path = None
+        return []
+    interactions = load_interactions(mt.interaction_config_path)
+    for name, interaction in interactions.items():
+        if mt.user_model.model_path is None and getattr(interaction, "needs_user_model", False):
+            raise ValueError(
+                f"interaction {name!r} ({type(interaction).__name__}) is model-backed: set "
+                "actor_rollout_ref.rollout.multi_turn.user_model.model_path"
+            )
+    return sorted(interactions)
 
 
 def check_chat_format(rollout: RolloutConfig, tokenizer: Any) -> None:
@@ -111,7 +142,8 @@ def load_split(config: Config, setup: RolloutSetup, split: str) -> list[dict[str
         tools=setup.tool_schemas,
         chat_template_kwargs=rollout.chat_template_kwargs,
     )
-    validate_rows(rows, setup.tool_names, rollout.agent.default_agent_loop)
+    default = rollout.agent.default_agent_loop
+    validate_rows(rows, setup.tool_names, default, setup.interaction_names)
     warn_toolless_rows(rows, setup.tool_names, rollout.agent.default_agent_loop, split)
     return rows
 
@@ -184,6 +216,8 @@ def start_rollout(
     *,
     num_servers: int,
     lora: bool = True,
+    user_servers: list[Any] | None = None,
+    user_tokenizer: str | None = None,
 ) -> tuple[list[Any], AgentLoopManager]:
     """Ray (local unless already connected), the AsyncServers and the AgentLoopManager (which
     restarts a server that dies; the handles list is updated in place), from
@@ -227,33 +261,60 @@ def start_rollout(
         num_gpus=num_gpus,
         max_restarts=rollout.recovery.max_server_restarts,
     )
-    return group.handles, AgentLoopManager(rollout, group, tokenizer_source(model))
+    manager = AgentLoopManager(
+        rollout,
+        group,
+        tokenizer_source(model),
+        user_servers=user_servers or None,
+        user_tokenizer=user_tokenizer,
+    )
+    return group.handles, manager
 
 
 def start_judge(judge: JudgeConfig, device: str) -> tuple[list[Any], Any, Any]:
     """The judge's own AsyncServer group (``reward_model.judge``): its servers, the load
-    balancer over them and the judge tokenizer. On GPU each server takes
-    ``tensor_model_parallel_size`` GPUs of its own; on CPU it shares the node (no CPU claimed
-    in Ray's accounting, like the trainer ranks)."""
+    balancer over them and the judge tokenizer."""
     from transformers import AutoTokenizer
 
-    from servers import AsyncLLMServerManager, ServerConfig, launch_servers
+    from servers import AsyncLLMServerManager
+
+    path, servers = start_model_group(judge, "reward_model.judge", device)
+    return servers, AsyncLLMServerManager(servers), AutoTokenizer.from_pretrained(path)
+
+
+def start_user_model(user: UserModelConfig, device: str) -> tuple[list[Any], str | None]:
+    """The simulated users' own AsyncServer group (``multi_turn.user_model``) and its model
+    folder (the workers' tokenizer); ``([], None)`` without ``model_path``."""
+    if user.model_path is None:
+        return [], None
+    path, servers = start_model_group(
+        user, "actor_rollout_ref.rollout.multi_turn.user_model", device
+    )
+    return servers, path
+
+
+def start_model_group(group: JudgeConfig | UserModelConfig, key: str, device: str):
+    """A model's own server group beside the rollout servers (the judge's, the simulated
+    users'), without HTTP: on GPU each server takes ``tensor_model_parallel_size`` GPUs of its
+    own; on CPU it shares the node (no CPU claimed in Ray's accounting, like the trainer
+    ranks). Returns the resolved model folder and the server handles."""
+    from servers import ServerConfig, launch_servers
     from trainer.models import resolve_model
 
-    path = resolve_model(judge.model_path, "reward_model.judge.model_path")
+    path = resolve_model(group.model_path, f"{key}.model_path")
     server_config = ServerConfig(
         model=path,
-        tensor_parallel_size=judge.tensor_model_parallel_size,
-        gpu_memory_utilization=judge.gpu_memory_utilization,
-        max_model_len=judge.max_model_len,
+        tensor_parallel_size=group.tensor_model_parallel_size,
+        gpu_memory_utilization=group.gpu_memory_utilization,
+        max_model_len=group.max_model_len,
         http=False,
     )
     init_ray()
-    gpus = float(judge.tensor_model_parallel_size) if device == "cuda" else 0.0
+    gpus = float(group.tensor_model_parallel_size) if device == "cuda" else 0.0
     servers = launch_servers(
-        server_config, judge.num_servers, num_cpus=0 if device == "cpu" else 1, num_gpus=gpus
+        server_config, group.num_servers, num_cpus=0 if device == "cpu" else 1, num_gpus=gpus
     )
-    return servers, AsyncLLMServerManager(servers), AutoTokenizer.from_pretrained(path)
+    return path, servers
 
 
 def stop_rollout(servers: list[Any], manager: AgentLoopManager) -> None:

@@ -37,6 +37,7 @@ from trainer.launch.rollout import (
     prepare_rollout,
     serves_lora,
     start_rollout,
+    start_user_model,
     stop_rollout,
 )
 from trainer.launch.worker_logs import init_ray
@@ -85,6 +86,8 @@ class RunParts:
     rewards: RewardManager
     judge_servers: list[Any]
     """The judge's own servers (empty without a judge reward)."""
+    user_servers: list[Any]
+    """The simulated users' own servers (empty without ``multi_turn.user_model``)."""
     sync: WeightSync
     """Sends the actor's weights to ``servers`` after each update."""
     tracking: Tracking
@@ -101,6 +104,7 @@ class RunParts:
             return
         self.closed = True
         with ExitStack() as stops:  # runs its callbacks last-registered first
+            stops.callback(stop_servers, self.user_servers)
             stops.callback(stop_rollout, self.servers, self.manager)
             stops.callback(self.workers.shutdown)
             stops.callback(_stop_rewards, self.rewards, self.judge_servers)
@@ -210,7 +214,17 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         # Before the servers: the agent-loop workers take the trace settings with them.
         count = config.servers_for(plan.device)
         lora = ref.rollout.lora_sync == "adapter"  # merged: servers without LoRA
-        servers, manager = start_rollout(ref.rollout, model, share, num_servers=count, lora=lora)
+        user_servers, user_path = start_user_model(ref.rollout.multi_turn.user_model, plan.device)
+        undo.callback(stop_servers, user_servers)
+        servers, manager = start_rollout(
+            ref.rollout,
+            model,
+            share,
+            num_servers=count,
+            lora=lora,
+            user_servers=user_servers,
+            user_tokenizer=user_path,
+        )
         undo.callback(stop_rollout, servers, manager)
         rewards, judge_servers = build_rewards(config, plan.setup.tokenizer, plan.device)
         undo.callback(_stop_rewards, rewards, judge_servers)
@@ -251,6 +265,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         workers=workers,
         rewards=rewards,
         judge_servers=judge_servers,
+        user_servers=user_servers,
         sync=sync,
         tracking=plan.tracking,
         checkpoints=plan.checkpoints,

@@ -141,6 +141,11 @@ def reward_info(record: SampleRecord, num_turns: int) -> dict[str, Any]:
         "calls": [dataclasses.asdict(c) for c in record.calls],
         "stop_reason": record.stop_reason,
         "assistant_turns": int(record.assistant_turns) or 1,
+        # the simulated user's conversation: its turn scores and final score (None: no user)
+        "interaction": (
+            dataclasses.asdict(record.interaction) if record.interaction is not None else None
+        ),
+        "turn_scores": list(record.interaction.turn_scores) if record.interaction else [],
     }
 
 

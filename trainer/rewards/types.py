@@ -25,8 +25,10 @@ class RewardSample:
     ground_truth: Any
     extra_info: dict[str, Any]
     """The row's ``extra_info`` plus ``tool_rewards``, ``tool_calls``, ``num_turns``,
-    ``calls`` (each tool call as the dict of its ``ToolCallRecord`` fields) and
-    ``stop_reason`` (built by ``trainer.rewards.manager.reward_info``)."""
+    ``calls`` (each tool call as the dict of its ``ToolCallRecord`` fields), ``stop_reason``,
+    ``assistant_turns``, ``interaction`` (the simulated user's ``InteractionRecord`` as a dict:
+    ``turn_scores``, ``final_score``, ``terminated``, ...; None without one) and
+    ``turn_scores`` (the user's, verl's name) (built by ``trainer.rewards.manager.reward_info``)."""
     row: dict[str, Any] = field(repr=False)
 
     @property

@@ -58,8 +58,16 @@ def started(monkeypatch) -> list[str]:
     events: list[str] = []
 
     def start_rollout(
-        rollout: Any, model: ModelConfig, share: float | None, *, num_servers: int, lora: bool
+        rollout: Any,
+        model: ModelConfig,
+        share: float | None,
+        *,
+        num_servers: int,
+        lora: bool,
+        user_servers: list[Any],
+        user_tokenizer: str | None,
     ):
+        assert (user_servers, user_tokenizer) == ([], None)  # no simulated-user model
         events.append(f"start rollout {model.path} share={share} servers={num_servers}")
         return ["server-0"], FakeManager()
 
@@ -86,7 +94,9 @@ def started(monkeypatch) -> list[str]:
 
 def plan_of(tmp_path: Path, events: list[str]) -> RunPlan:
     model = ModelConfig(path="/models/m", tokenizer_path="/models/m")  # as resolved at start-up
-    setup = RolloutSetup(model=model, tokenizer=None, tool_names=[], tool_schemas=[])
+    setup = RolloutSetup(
+        model=model, tokenizer=None, tool_names=[], tool_schemas=[], interaction_names=[]
+    )
     return RunPlan(
         device="cpu",
         setup=setup,

@@ -172,6 +172,7 @@ class Built:
             workers=self.policy,  # type: ignore[arg-type]
             rewards=RewardManager(config.custom_reward_function, config.reward_model, tokenizer),
             judge_servers=[],
+            user_servers=[],
             sync=self.sync,  # type: ignore[arg-type]
             tracking=Tracking(
                 run.logger,

@@ -221,7 +221,7 @@ def test_start_rollout_hands_servers_and_agent_loops_the_resolved_model(monkeypa
             seen["server"] = config
             self.handles = ["server-0"]
 
-    def manager(rollout, group, tokenizer):
+    def manager(rollout, group, tokenizer, **users):
         seen["tokenizer"] = tokenizer
         return "manager"
 
@@ -258,7 +258,9 @@ def test_servers_run_with_lora_only_for_a_lora_actor_on_vllm_with_adapter_sync(m
             self.handles = ["server-0"]
 
     monkeypatch.setattr(servers, "ServerGroup", Group)
-    monkeypatch.setattr(agentloop, "AgentLoopManager", lambda rollout, group, tokenizer: None)
+    monkeypatch.setattr(
+        agentloop, "AgentLoopManager", lambda rollout, group, tokenizer, **users: None
+    )
     monkeypatch.setattr(trainer.launch.rollout, "init_ray", lambda: None)
     model = ModelConfig(path="/snap/model", lora_rank=8)
     start_rollout(RolloutConfig(), model, num_servers=1)

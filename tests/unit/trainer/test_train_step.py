@@ -290,6 +290,7 @@ class Run:
             workers=self.policy,  # type: ignore[arg-type]
             rewards=rewards,
             judge_servers=[],
+            user_servers=[],
             sync=self.sync,  # type: ignore[arg-type]
             tracking=Tracking(
                 run.logger,

@@ -271,11 +271,6 @@ RULES: tuple[KeyRule, ...] = (
         "MoE router replay is not implemented",
         *OFF,
     ),
-    _r(
-        f"{ARR}.rollout.multi_turn.interaction_config_path",
-        "simulated users are written as an agent loop here (docs/agent-loops.md)",
-        *OFF,
-    ),
     # ---- algorithm ------------------------------------------------------------------------------
     _r("algorithm.use_pf_ppo", "PF-PPO reweighting is not implemented", *OFF),
     _r("algorithm.pf_ppo.*", "PF-PPO reweighting is not implemented"),

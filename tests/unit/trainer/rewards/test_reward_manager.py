@@ -127,6 +127,8 @@ def test_extra_info_has_exactly_the_row_keys_and_the_rollout_keys_as_plain_dicts
                 "turn": 1,
             }
         ],
+        "interaction": None,
+        "turn_scores": [],
         "stop_reason": "no_tool_call",
         "assistant_turns": 2,
     }
