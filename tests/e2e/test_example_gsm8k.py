@@ -3,7 +3,9 @@
 GRPO steps from a project folder laid out as verl's, with verl's config file, a hub model id
 (served from an offline Hugging Face cache the test builds), rows in the layout verl's
 ``gsm8k_tool_agent_loop.py`` writes, and a tool class written against verl's tool API; metrics
-under verl's names and rollout traces land in MLflow. Also: our own CPU example script's
+under verl's names and rollout traces land in MLflow. verl's GSM8K interaction script likewise
+trains two steps with simulated users: an interaction class written against verl's API and a
+model-backed ``SimulatedUser`` on its own server group. Also: our own CPU example script's
 config and data pass every start-up check."""
 
 from __future__ import annotations
@@ -150,6 +152,121 @@ def test_verls_tool_agent_script_trains_two_steps(tmp_path, tiny_qwen3_path):
     train = [t for t in traces if t.info.tags["validate"] == "false"]
     assert len(train) == 8 and all(t.info.tags["agent_name"] == "tool_agent" for t in train)
     assert all(t.info.trace_metadata.get("mlflow.sourceRun") == run_id for t in traces)
+
+
+def interaction_rows(split: str, pairs: list[tuple[str, str]], users: list[str]) -> list[dict]:
+    """Rows as verl's examples/data_preprocess/gsm8k_multiturn_w_interaction.py lays them out
+    (no agent_name: the interaction config makes tool_agent the default), the i-th row talking
+    to ``users[i % len(users)]``."""
+    rows = []
+    for index, (question, answer) in enumerate(pairs):
+        truth = answer.split("####")[-1].strip().replace(",", "")
+        query = f"{question} Let's think step by step and output the final answer after ####."
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [
+                    {
+                        "role": "system",
+                        "content": "You are a math expert. Solve the question step by step and "
+                        "rethink carefully if the user says your answer is wrong. Put your final "
+                        "answer in the format of `#### <answer>`.",
+                    },
+                    {"role": "user", "content": query},
+                ],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": truth},
+                "extra_info": {
+                    "split": split,
+                    "index": index,
+                    "answer": answer,
+                    "question": question,
+                    "interaction_kwargs": {
+                        "name": users[index % len(users)],
+                        "query": query,
+                        "ground_truth": truth,
+                    },
+                },
+            }
+        )
+    return rows
+
+
+@pytest.mark.slow
+def test_verls_interaction_script_trains_two_steps_with_simulated_users(tmp_path, tiny_qwen3_path):
+    project = tmp_path / "project"
+    config = project / "examples" / "sglang_multiturn" / "config"
+    (config / "interaction_config").mkdir(parents=True)
+    shutil.copy(FIXTURES / "config" / "gsm8k_multiturn_grpo_w_interaction.yaml", config)
+    shutil.copy(
+        REPO / "tests" / "e2e" / "verl_tools" / "gsm8k_interaction_config.yaml",
+        config / "interaction_config" / "gsm8k_interaction_config.yaml",
+    )
+    data = tmp_path / "data"
+    data.mkdir()
+    train = interaction_rows("train", pairs(2, 4), ["gsm8k", "student"])
+    pq.write_table(pa.Table.from_pylist(train), data / "train.parquet")
+    val = interaction_rows("test", pairs(7, 2), ["gsm8k"])
+    pq.write_table(pa.Table.from_pylist(val), data / "test.parquet")
+    hub_id = "Qwen/Qwen2.5-0.5B-Instruct"  # what verl's script names; tiny-qwen3 files here
+    add_to_hf_cache(tmp_path / "hf", hub_id, tiny_qwen3_path)
+    env = {
+        **os.environ,
+        **hf_env(tmp_path / "hf"),
+        "PY": sys.executable,
+        "PYTHONPATH": str(REPO),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    proc = subprocess.run(
+        [
+            "bash",
+            str(FIXTURES / "run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh"),
+            # The script's trailing "$@": the data, and the simulated student's model.
+            f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'test.parquet'}",
+            "actor_rollout_ref.rollout.multi_turn.user_model.model_path=tiny-qwen3",
+            "actor_rollout_ref.rollout.multi_turn.user_model.max_model_len=1024",
+            "trainer.worker_log_level=INFO",
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "done: 2 steps" in proc.stdout
+    console = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+    # two engines: the policy's and the simulated student's own server group
+    engines = re.findall(r"vLLM engine for (\S+) .*ready in", console)
+    assert len(engines) == 2, console[-3000:]
+    assert "actor_rollout_ref.model.enable_activation_offload=True has no effect on CPU" in console
+
+    run = project / "checkpoints" / "gsm8k_async_rl"
+    run = run / "qwen2.5-0.5b_function_rm-gsm8k-sgl-multi-w-interaction-n8"
+    resolved = yaml.safe_load((run / "config.yaml").read_text())
+    rollout = resolved["actor_rollout_ref"]["rollout"]
+    assert rollout["multi_turn"]["max_user_turns"] == 5  # verl's config file
+    assert rollout["agent"]["default_agent_loop"] == "tool_agent"  # rows name no loop
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run / 'mlruns.db'}")
+    run_id = (run / "mlflow_run_id").read_text().strip()
+    for name in ("interaction/samples", "interaction/seconds_mean", "interaction/errors"):
+        history = client.get_metric_history(run_id, name)
+        assert sorted(m.step for m in history) == [1, 2], name
+        values = [m.value for m in history]
+        if name == "interaction/samples":
+            assert values == [4.0, 4.0]  # every sample talked to a user
+        elif name == "interaction/errors":
+            assert values == [0.0, 0.0]
+        else:
+            assert all(v > 0 for v in values)
+    # the student (a model on its own servers) answered: its calls take far longer than the
+    # rule-based checker's microseconds
+    maxima = [m.value for m in client.get_metric_history(run_id, "interaction/seconds_max")]
+    assert max(maxima) > 0.05, maxima
 
 
 def test_cpu_example_script_passes_every_start_up_check(tmp_path, monkeypatch):

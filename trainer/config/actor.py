@@ -40,6 +40,10 @@ class ModelConfig:
     registering a custom architecture with transformers' Auto classes)."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+    enable_activation_offload: bool = False
+    """On GPU, keep the tensors the backward pass needs in pinned host memory instead of GPU
+    memory (``torch.autograd.graph.save_on_cpu``); with gradient checkpointing only the
+    checkpointed layer inputs move. No effect on CPU (they are there already)."""
     use_remove_padding: bool = True
     """Pack each micro-batch's samples into one sequence without padding (attention confined
     to each sample; ``trainer.workers.varlen_attention``), and count token budgets

@@ -40,6 +40,8 @@ class CriticModelConfig:
     """null: the actor's ``external_lib``."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the critic's backward pass."""
+    enable_activation_offload: bool = False
+    """Keep the critic's saved activations in host memory on GPU (as the actor's key)."""
     use_remove_padding: bool | None = None
     """Pack micro-batches without padding; null: the actor's ``model.use_remove_padding``."""
     lora_rank: int = 0
@@ -60,6 +62,7 @@ class CriticModelConfig:
             else self.trust_remote_code,
             external_lib=self.external_lib or actor_model.external_lib,
             enable_gradient_checkpointing=self.enable_gradient_checkpointing,
+            enable_activation_offload=self.enable_activation_offload,
             use_remove_padding=actor_model.use_remove_padding
             if self.use_remove_padding is None
             else self.use_remove_padding,

@@ -23,9 +23,39 @@ from trainer.config.critic import CriticConfig
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
 from trainer.config.run import AlgorithmConfig, TrainerConfig
 
-__all__ = ["ActorRolloutRefConfig", "Config", "DataConfig", "ModelConfig"]
+__all__ = [
+    "ActorRolloutRefConfig",
+    "Config",
+    "CustomClsConfig",
+    "DataConfig",
+    "ModelConfig",
+    "SamplerConfig",
+]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class CustomClsConfig:
+    """verl's ``data.custom_cls``: a dataset class of the user's that reads the data files."""
+
+    path: str | None = None
+    """Where the class lives: ``pkg://package.module``, ``file://path/to/file.py`` or a
+    ``.py`` path (verl's forms); None: rows are read from the files as they are."""
+    name: str | None = None
+    """The class's name in that module."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SamplerConfig:
+    """verl's ``data.sampler``: a sampler of the user's that picks the order of the rows (a
+    curriculum sampler also gets ``update(batch)`` after every training step)."""
+
+    class_path: str | None = None
+    """Where the class lives (``pkg://...``, ``file://...`` or a ``.py`` path); None: the
+    rows are shuffled from ``data.seed`` every epoch."""
+    class_name: str | None = None
+    """The class's name in that module."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -48,8 +78,23 @@ class DataConfig:
     """Reshuffle the rows every epoch."""
     seed: int = 0
     """Seed of the shuffle."""
+    custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
+    """A dataset class that reads the files (verl's contract: ``cls(data_files=, tokenizer=,
+    processor=None, config=, max_samples=-1)``, ``len`` and ``[i]`` giving row dicts); its
+    rows go through the same checks as file rows (docs/data.md)."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """A sampler class picking the row order (verl's contract: ``cls(data_source=,
+    data_config=)`` iterating dataset indices; ``update(batch)`` after each step when it has
+    one; ``state_dict``/``load_state_dict`` kept in checkpoints when it has them)."""
 
     def __post_init__(self) -> None:
+        for key, pair in (
+            ("custom_cls", (self.custom_cls.path, self.custom_cls.name)),
+            ("sampler", (self.sampler.class_path, self.sampler.class_name)),
+        ):
+            if (pair[0] is None) != (pair[1] is None):
+                names = "path and name" if key == "custom_cls" else "class_path and class_name"
+                raise ValueError(f"data.{key}: set both {names}, or neither")
         if self.max_prompt_length < 1:
             raise ValueError("data.max_prompt_length must be >= 1")
         if self.train_batch_size < 1:

@@ -104,8 +104,16 @@ def load_rows(
     tools: Sequence[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Read, convert and (if configured) length-filter; an empty result is an error."""
-    rows = to_agent_rows(read_rows(files), config, source=", ".join(files))
+    """Read (the files, or ``data.custom_cls`` over them), convert and (if configured)
+    length-filter; an empty result is an error."""
+    if config.custom_cls.path is not None:
+        from trainer.data.custom import custom_rows
+
+        raw = custom_rows(files, config, tokenizer)
+        source = f"data.custom_cls {config.custom_cls.name}"
+    else:
+        raw, source = read_rows(files), ", ".join(files)
+    rows = to_agent_rows(raw, config, source=source)
     total = len(rows)
     if config.filter_overlong_prompts:
         rows, dropped = filter_overlong(

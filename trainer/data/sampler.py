@@ -73,6 +73,10 @@ class PromptSampler:
     def next_batch(self) -> list[dict[str, Any]]:
         return [self.next_row()[1] for _ in range(self.batch_size)]
 
+    def after_step(self, step: int, rollout: Any, scores: torch.Tensor) -> None:
+        """Called after every training step with its samples and scores (a ``data.sampler``
+        curriculum updates here; this seeded shuffle does not change)."""
+
     def requeue(self, keys: list[RowKey]) -> None:
         """Hand these rows out again, first, in this order."""
         self.requeued = [tuple(k) for k in keys] + self.requeued  # type: ignore[misc]

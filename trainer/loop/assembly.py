@@ -28,8 +28,10 @@ from agentloop.config import TraceConfig
 from agentloop.tools.mcp_errors import RUN_DIR_ENV
 from servers import stop_servers
 from servers.config import parse_cores
+from trainer.config import warn_no_effect
 from trainer.config.run import TrainerConfig
 from trainer.config.schema import Config
+from trainer.data.curriculum import build_sampler
 from trainer.data.sampler import PromptSampler
 from trainer.launch.rollout import (
     RolloutSetup,
@@ -121,6 +123,7 @@ def plan_run(config: Config) -> RunPlan:
     # Tool servers (MCP) started from here on write their logs under the run folder.
     os.environ[RUN_DIR_ENV] = str(Path(config.trainer.default_local_dir).expanduser().resolve())
     device = config.trainer.resolve_device()
+    warn_cpu_only_keys(config, device)
     if config.async_training.enable and device == "cuda" and config.actor_rollout_ref.hybrid_engine:
         raise ValueError(
             "async_training.enable=True needs rollout servers on their own GPUs (they generate "
@@ -133,7 +136,7 @@ def plan_run(config: Config) -> RunPlan:
     train_rows = load_split(config, setup, "train")
     val_rows = load_split(config, setup, "val") if config.data.val_files else []
     data, run = config.data, config.trainer
-    sampler = PromptSampler(train_rows, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
+    sampler = build_sampler(train_rows, data)
     checkpoints = CheckpointManager(
         run.default_local_dir, run.max_actor_ckpt_to_keep, run.max_critic_ckpt_to_keep
     )
@@ -189,6 +192,21 @@ def write_config(config: Config, run_dir: Path) -> Path:
     path.write_text(yaml.safe_dump(plain, sort_keys=False))
     logger.info("resolved config written to %s", path)
     return path
+
+
+def warn_cpu_only_keys(config: Config, device: str) -> None:
+    """Keys that do something only on GPU say so once when set on CPU."""
+    if device != "cpu":
+        return
+    keys = {
+        "actor_rollout_ref.model.enable_activation_offload": (
+            config.actor_rollout_ref.model.enable_activation_offload
+        ),
+        "critic.model.enable_activation_offload": config.critic.model.enable_activation_offload,
+    }
+    for key, value in keys.items():
+        if value:
+            warn_no_effect(logger, key, value, "on CPU: activations are in host memory already")
 
 
 def build_run(config: Config, plan: RunPlan) -> RunParts:

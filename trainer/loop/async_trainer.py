@@ -256,6 +256,8 @@ class AsyncPPOTrainer(RayPPOTrainer):
             self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
         metrics |= staleness_metrics(rollout, self.version)
         metrics |= self.update(step, rollout, reward)
+        with self._lock:  # the producer draws rows under this lock
+            self.sampler.after_step(step, rollout, reward.scores)  # a curriculum's update
         metrics |= memory_metrics(self.workers.memory_stats())
         self._log_prompts(step, [admitted for admitted, _ in taken])
         self.version += 1

@@ -251,6 +251,7 @@ class RayPPOTrainer:
             self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
         baselines = None if greedy is None else self._greedy_baselines(greedy, rollout, metrics)
         metrics |= self.update(step, rollout, reward, baselines=baselines)
+        self.sampler.after_step(step, rollout, reward.scores)  # a curriculum's update(batch)
         metrics |= memory_metrics(self.workers.memory_stats())
         metrics |= self.sync.push()
         metrics["timing_s/step"] = time.perf_counter() - start

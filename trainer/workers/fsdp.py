@@ -9,12 +9,14 @@ model's weights leave through ``trainer.workers.lora`` (``adapter_tensors``, ``m
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -90,9 +92,25 @@ def load_model(
     model.config.use_cache = False
     if config.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.enable_activation_offload and device == "cuda":
+        offload_activations(model)
     return apply_lora(model, config, task_type="TOKEN_CLS" if value_head else "CAUSAL_LM").to(
         device
     )
+
+
+def offload_activations(model: torch.nn.Module) -> None:
+    """Every forward of ``model`` keeps the tensors autograd saves for backward in pinned host
+    memory (copied back when the backward needs them): activation memory leaves the GPU at
+    the cost of host-device copies (verl's ``enable_activation_offload``)."""
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def offloaded(*args: Any, **kwargs: Any) -> Any:
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            return forward(*args, **kwargs)
+
+    model.forward = offloaded  # type: ignore[method-assign]
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -141,7 +141,13 @@ def test_multiturn_scripts_load_or_stop_on_a_refused_key(caplog):
         "run_qwen2.5-3b_gsm8k_multiturn_server.sh",
         "run_qwen3-4b_gsm8k_multiturn.sh",
         "run_qwen2.5-3b_geo3k_multiturn.sh",
+        "run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh",  # interactions, activation offload
+        "run_qwen0.5b_gsm8k_multiturn_curriculum.sh",  # data.sampler
+        "run_gsm8k_grpo_toolcall_shaping.sh",  # data.sampler
+        "run_qwen3_4b_dapo_multiturn.sh",  # data.custom_cls
     } <= set(loaded)
+    # all 16 but the two Megatron ones (8 before interactions, samplers and custom datasets)
+    assert len(scripts()) == 16 and len(loaded) == 14
 
 
 def test_the_tool_agent_script_means_what_it_means_in_verl():
@@ -359,13 +365,12 @@ def test_a_command_line_alias_beats_the_files_own_key(tmp_path):
 
 
 def test_a_config_file_with_a_refused_key_stops(tmp_path):
-    text = VERL_FILE.replace("data:\n", "data:\n  sampler:\n    class_name: X\n")
+    text = VERL_FILE.replace("data:\n", "data:\n  image_key: pics\n")
     folder = write(tmp_path, "bad", text)
     with pytest.raises(ConfigError) as info:
         load_config([f"--config-path={folder}", "--config-name=bad"])
     assert str(info.value) == (
-        "data.sampler.class_name=X is not supported here: the sampler is fixed: data.shuffle "
-        "and data.seed set its order"
+        "data.image_key=pics is not supported here: images are not supported here (text-only rows)"
     )
 
 

@@ -114,12 +114,6 @@ RULES: tuple[KeyRule, ...] = (
     _w("data.return_multi_modal_inputs", "rows are text-only here", *OFF),
     _r("data.image_key", "images are not supported here (text-only rows)", "images"),
     _r(
-        "data.custom_cls.*",
-        "rows are read in verl's parquet/jsonl layout; convert yours to it",
-        *OFF,
-    ),
-    _r("data.sampler.*", "the sampler is fixed: data.shuffle and data.seed set its order"),
-    _r(
         "data.gen_batch_size",
         "dynamic sampling refills dropped groups from the stream: async_training.enable=True "
         "with algorithm.filter_groups.enable=True",
@@ -202,11 +196,6 @@ RULES: tuple[KeyRule, ...] = (
     _w(f"{ARR}.*.profiler.*", NO_PROFILER),
     _r(f"{ARR}.model.lora.*", MEGATRON_LORA),
     _w(f"{ARR}.model.use_shm", "models load from their folder (no shared-memory copy)", *OFF),
-    _r(
-        f"{ARR}.model.enable_activation_offload",
-        f"use {ARR}.model.enable_gradient_checkpointing=True to save activation memory",
-        *OFF,
-    ),
     _r(f"{ARR}.model.override_config.*", "edit the model folder's config.json instead"),
     _r(f"{ARR}.model.mtp.*", "multi-token prediction is not supported"),
     _w(f"{ARR}.nccl_timeout", "process groups use PyTorch's default timeout"),
