@@ -22,6 +22,7 @@ from agentloop.base import load_agent_loop_config
 from agentloop.batch import RolloutBatch, collate, rollout_metrics
 from agentloop.config import RolloutConfig
 from agentloop.tokenizer import TokenizerSource, load_tokenizer
+from agentloop.tools.job_limit import JobLimiter
 from agentloop.trace import TraceContext
 from agentloop.worker import AgentLoopWorker, prepare_row, validate_rows
 
@@ -87,6 +88,12 @@ class AgentLoopManager:
             for _ in range(config.agent.num_workers)
         ]
         self.tool_names: list[str] = ray.get(self.workers[0].tool_names.remote())
+        # One limiter per tool with a job-wide cap, shared by every worker (verl's rate_limit).
+        caps: dict[str, int] = ray.get(self.workers[0].tool_job_limits.remote())
+        limiter = ray.remote(JobLimiter).options(num_cpus=0, max_concurrency=1000)
+        self.job_limiters = {name: limiter.remote(cap) for name, cap in caps.items()}
+        if self.job_limiters:
+            ray.get([w.set_job_limiters.remote(self.job_limiters) for w in self.workers])
         self.interaction_names: list[str] = ray.get(self.workers[0].interaction_names.remote())
 
     def validate(self, rows: list[dict[str, Any]]) -> None:
@@ -192,3 +199,6 @@ class AgentLoopManager:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
+        for handle in self.job_limiters.values():
+            ray.kill(handle)
+        self.job_limiters = {}

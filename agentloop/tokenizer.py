@@ -20,9 +20,16 @@ class TokenizerSource:
     """Let transformers run tokenizer code shipped in the folder."""
     chat_template: str | None = None
     """Jinja chat template text that replaces the tokenizer's own (None: keep it)."""
+    external_lib: str | None = None
+    """Module imported before the tokenizer loads, in whichever process loads it (the model's
+    ``external_lib``: it may register a tokenizer class with transformers)."""
 
     def load(self) -> Any:
         from transformers import AutoTokenizer
+
+        from servers.extern import import_external_lib
+
+        import_external_lib(self.external_lib, "actor_rollout_ref.model.external_lib")
 
         tokenizer = AutoTokenizer.from_pretrained(
             self.path, trust_remote_code=self.trust_remote_code

@@ -23,6 +23,7 @@ from agentloop.config import RolloutConfig, from_dict
 from agentloop.interactions import UserModel, load_interactions, row_interaction
 from agentloop.tokenizer import load_tokenizer
 from agentloop.tools import BaseTool, load_tool_config
+from agentloop.tools.job_limit import JobLimiter
 from agentloop.trace import TraceContext, make_tracer
 
 __all__ = ["AgentLoopWorker", "prepare_row", "validate_rows"]
@@ -138,6 +139,11 @@ class AgentLoopWorker:
         self.context = AgentLoopContext(
             servers, tokenizer, config, dict(tools), interactions=interactions
         )
+        # Alone, the worker is the job; an AgentLoopManager replaces these with limiters
+        # shared by all its workers (set_job_limiters).
+        runner = self.context.tool_runner
+        assert runner is not None
+        runner.job_limits = {name: JobLimiter(cap) for name, cap in self.tool_job_limits().items()}
         self.tracer = make_tracer(config.trace, tokenizer)
         self._traced: dict[tuple[Any, Any], int] = {}  # samples traced per (step, validate)
 
@@ -176,6 +182,19 @@ class AgentLoopWorker:
 
     def interaction_names(self) -> list[str]:
         return sorted(self.context.interactions)
+
+    def tool_job_limits(self) -> dict[str, int]:
+        """Tools with a job-wide concurrency cap (``config.job_max_concurrency``)."""
+        return {
+            name: int(tool.config["job_max_concurrency"])
+            for name, tool in self.context.tools.items()
+            if tool.config.get("job_max_concurrency")
+        }
+
+    def set_job_limiters(self, limiters: dict[str, Any]) -> None:
+        """Use the job's shared limiters (Ray actor handles, by tool name)."""
+        assert self.context.tool_runner is not None
+        self.context.tool_runner.job_limits = dict(limiters)
 
     def agent_loops(self) -> list[str]:
         return registered_agent_loops()

@@ -16,6 +16,7 @@ import torch
 from servers.config import ServerConfig
 from servers.core import ServerCore
 from servers.engines import make_engine
+from servers.extern import import_external_lib
 from servers.http import HttpFront, build_app
 from servers.shm import SHM, engine_shm
 from servers.types import TokenOutput
@@ -31,6 +32,7 @@ class AsyncServer:
 
     def __init__(self, config: ServerConfig | dict[str, Any]) -> None:
         self.config = config if isinstance(config, ServerConfig) else ServerConfig(**config)
+        import_external_lib(self.config.external_lib)
         self.core = ServerCore(self.config, make_engine(self.config))
         self._http: HttpFront | None = None
 

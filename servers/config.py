@@ -56,6 +56,11 @@ class ServerConfig:
     chat_template: str | None = None
     """Jinja chat template text the OpenAI chat endpoint renders with, replacing the
     tokenizer's own (None: keep it)."""
+    external_lib: str | None = None
+    """Module imported in the server's process before its engine starts (transformers
+    registrations of a custom tokenizer or config). vLLM's engine processes are spawned and
+    do not inherit it: an architecture the engine must build is registered from a vLLM
+    plugin (``vllm.general_plugins`` entry point), which vLLM loads in each of them."""
     backend: Literal["vllm", "sglang"] = "vllm"
     """Inference engine behind the server."""
     dtype: str = "auto"

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from agentloop.parsers import ToolCall
 from agentloop.tools.base import BaseTool, ToolError, ToolInfraError, ToolResult
+from agentloop.tools.job_limit import job_slot
 
 __all__ = ["CallOutcome", "ToolRunner", "truncate_text"]
 
@@ -49,8 +50,10 @@ class ToolRunner:
 
     One runner is shared by every sample of a worker, so its limits are worker-wide:
     ``max_concurrency`` calls in flight over all tools, and ``config["max_concurrency"]`` of a
-    tool for that tool. A call's timeout is its tool's ``config["call_timeout_s"]``, else
-    ``timeout_s``; it counts from when the call starts, not while it queues.
+    tool for that tool; a tool's ``config["job_max_concurrency"]`` is job-wide (one limiter
+    shared by every worker, ``job_limits``). A call's timeout is its tool's
+    ``config["call_timeout_s"]``, else ``timeout_s``; it counts from when the call starts, not
+    while it queues.
     """
 
     def __init__(
@@ -68,6 +71,8 @@ class ToolRunner:
             for name, tool in tools.items()
             if tool.config.get("max_concurrency")
         }
+        self.job_limits: dict[str, Any] = {}
+        """Per tool name, its job-wide limiter (``tools.job_limit``), set by the worker."""
         self._timeouts = {
             name: float(tool.config["call_timeout_s"])
             for name, tool in tools.items()
@@ -92,6 +97,9 @@ class ToolRunner:
             for sem in (self._all, self._per_tool.get(call.name)):
                 if sem is not None:
                     await stack.enter_async_context(sem)
+            job = self.job_limits.get(call.name)
+            if job is not None:
+                await stack.enter_async_context(job_slot(job))
             return await self._execute(call, instances, context)
 
     async def _execute(

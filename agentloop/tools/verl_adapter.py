@@ -154,8 +154,9 @@ def _positive(config: Mapping[str, Any], key: str, kind: type, where: str) -> An
 
 def verl_limits(config: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Our runner's keys from verl's per-tool config: ``max_concurrency`` (calls of this tool
-    in flight per worker) is the smaller of ``num_workers`` (verl's execution pool size) and
-    ``rate_limit`` (verl's limiter, only on while ``enable_global_rate_limit``, its default,
+    in flight per worker) is ``num_workers`` (verl's execution pool size, one per worker);
+    ``job_max_concurrency`` (over the whole job, one limiter shared by every worker) is
+    ``rate_limit`` (verl's global limiter, on while ``enable_global_rate_limit``, its default,
     is true); ``call_timeout_s`` is ``timeout``. Keys of ours already in the config win."""
     limits: dict[str, Any] = {}
     flag = config.get("enable_global_rate_limit", True)
@@ -163,13 +164,11 @@ def verl_limits(config: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise ValueError(
             f"{where}: config.enable_global_rate_limit must be true or false, got {flag!r}"
         )
-    caps = []
-    if config.get("num_workers") is not None:
-        caps.append(_positive(config, "num_workers", int, where))
-    if config.get("rate_limit") is not None and flag:
-        caps.append(_positive(config, "rate_limit", int, where))
-    if caps and config.get("max_concurrency") is None:
-        limits["max_concurrency"] = min(caps)
+    if config.get("num_workers") is not None and config.get("max_concurrency") is None:
+        limits["max_concurrency"] = _positive(config, "num_workers", int, where)
+    rate = config.get("rate_limit")
+    if rate is not None and flag and config.get("job_max_concurrency") is None:
+        limits["job_max_concurrency"] = _positive(config, "rate_limit", int, where)
     if config.get("timeout") is not None and config.get("call_timeout_s") is None:
         limits["call_timeout_s"] = _positive(config, "timeout", float, where)
     return limits

@@ -20,7 +20,10 @@ with verl's contract:
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+import pickle
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -154,7 +157,12 @@ class UserSampler(PromptSampler):
         state["drawn"] = {str(e): list(d) for e, d in self._drawn.items()}
         own = getattr(self.sampler, "state_dict", None)
         if callable(own):
-            state["sampler_state"] = own()
+            value = own()
+            try:  # the loop's state is JSON; a state with tensors (RNGs) travels pickled
+                json.dumps(value)
+                state["sampler_state"] = value
+            except (TypeError, ValueError):
+                state["sampler_state_pickle"] = base64.b64encode(pickle.dumps(value)).decode()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -167,6 +175,9 @@ class UserSampler(PromptSampler):
         self._drawn = {self.epoch: drawn.get(self.epoch, [])[: self.offset]}
         self._skip = set(self._drawn[self.epoch])
         load = getattr(self.sampler, "load_state_dict", None)
+        if "sampler_state_pickle" in state:
+            state = {**state, "sampler_state": pickle.loads(base64.b64decode(state.pop(
+                "sampler_state_pickle")))}  # fmt: skip
         if "sampler_state" in state and callable(load):
             load(state["sampler_state"])
             return

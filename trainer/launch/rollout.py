@@ -237,6 +237,7 @@ def start_rollout(
         tokenizer=model.tokenizer_path,
         trust_remote_code=model.trust_remote_code,
         chat_template=model.custom_chat_template,
+        external_lib=model.external_lib,
         backend=rollout.name,
         tensor_parallel_size=rollout.tensor_model_parallel_size,
         gpu_memory_utilization=rollout.gpu_memory_utilization,

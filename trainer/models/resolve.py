@@ -6,7 +6,6 @@ folders with the same options."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -16,6 +15,8 @@ from trainer.models.registry import MODELS, prepare
 if TYPE_CHECKING:
     from agentloop.tokenizer import TokenizerSource
     from trainer.config.actor import ModelConfig
+
+from servers.extern import import_external_lib
 
 __all__ = [
     "import_external_lib",
@@ -45,20 +46,6 @@ def resolve_model(name_or_path: str, what: str = "--model", *, need_config: bool
         f"{what} {name_or_path!r} is neither a model folder nor a known asset name ({known}) "
         "nor a Hugging Face hub id (org/name)"
     )
-
-
-def import_external_lib(module: str | None, key: str = "external_lib") -> None:
-    """Import ``module`` (verl's ``model.external_lib``: e.g. one that registers a custom
-    architecture with transformers' Auto classes) before a model loads; None does nothing."""
-    if not module:
-        return
-    try:
-        importlib.import_module(module)
-    except Exception as exc:  # any failure inside the user's module is reported the same way
-        raise ValueError(
-            f"{key}={module!r} could not be imported ({type(exc).__name__}: {exc}): install the "
-            f"package that provides it or put its folder on PYTHONPATH, or set {key}=null"
-        ) from exc
 
 
 def read_chat_template(value: str | None, key: str) -> str | None:
@@ -114,4 +101,5 @@ def tokenizer_source(model: ModelConfig) -> TokenizerSource:
         path=model.tokenizer_path or model.path,
         trust_remote_code=model.trust_remote_code,
         chat_template=model.custom_chat_template,
+        external_lib=model.external_lib,
     )

@@ -154,13 +154,15 @@ async def test_parameters_are_a_json_string_only_where_annotated_str(cls, text):
     ("verl_config", "limits"),
     [
         ({"num_workers": 4}, {"max_concurrency": 4}),
-        ({"num_workers": 8, "rate_limit": 2}, {"max_concurrency": 2}),
-        ({"rate_limit": 3}, {"max_concurrency": 3}),
+        # verl's rate_limit is job-wide (one limiter for every worker); num_workers per worker
+        ({"num_workers": 8, "rate_limit": 2}, {"max_concurrency": 8, "job_max_concurrency": 2}),
+        ({"rate_limit": 3}, {"job_max_concurrency": 3}),
         (
             {"num_workers": 8, "rate_limit": 2, "enable_global_rate_limit": False},
             {"max_concurrency": 8},
         ),
         ({"num_workers": 8, "max_concurrency": 3}, {}),  # our own key wins
+        ({"rate_limit": 2, "job_max_concurrency": 5}, {}),
         ({"timeout": 5}, {"call_timeout_s": 5.0}),
         ({"timeout": 5, "call_timeout_s": 9}, {}),
         ({"retrieval_service_url": "http://x", "topk": 3}, {}),

@@ -176,6 +176,19 @@ def test_a_curriculum_resumes_exactly_from_its_checkpointed_state():
     assert head + tail == expected
 
 
+def test_a_sampler_state_that_is_not_json_survives_the_checkpoint_file():
+    import json
+
+    config = data(sampler=SamplerConfig(class_path=MODULE, class_name="SeededShuffle"))
+    expected = train(build_sampler(ROWS, config), 7, lambda i: 0.0)
+    first = build_sampler(ROWS, config)
+    head = train(first, 5, lambda i: 0.0)
+    state = json.loads(json.dumps(first.state_dict()))  # as trainer_state.json holds it
+    resumed = build_sampler(ROWS, config)
+    resumed.load_state_dict(state)
+    assert head + train(resumed, 2, lambda i: 0.0) == expected
+
+
 def test_a_stateless_sampler_resumes_without_repeating_or_skipping_a_prompt(caplog):
     config = data(sampler=SamplerConfig(class_path=MODULE, class_name="Reversed"))
     first = build_sampler(ROWS, config)

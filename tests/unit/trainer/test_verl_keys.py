@@ -150,6 +150,27 @@ def test_multiturn_scripts_load_or_stop_on_a_refused_key(caplog):
     assert len(scripts()) == 16 and len(loaded) == 14
 
 
+@pytest.mark.slow
+def test_of_verls_127_main_ppo_scripts_58_load_and_the_rest_stop_on_a_named_key():
+    """All of verl's example scripts (tests/fixtures/verl/main_ppo_overrides.txt): each loads,
+    or stops with an error naming what it set that has no equivalent here. 51 loaded before
+    interactions, curriculum samplers, custom datasets and activation offload."""
+    runs = scripts("main_ppo_overrides.txt")
+    assert len(runs) == 127
+    loaded, stopped = [], {}
+    for name, args in runs.items():
+        try:
+            load_config(as_here(args))
+            loaded.append(name)
+        except ConfigError as exc:
+            stopped[name] = str(exc)
+    for name, message in stopped.items():
+        keys = [a.split("=", 1)[0].lstrip("+~") for a in runs[name] if "=" in a]
+        named = [k for k in keys if message.startswith(f"{k}=") or f"{k}" in message]
+        assert named or "Megatron is not a backend here" in message, (name, message)
+    assert len(loaded) == 58, sorted(stopped)
+
+
 def test_the_tool_agent_script_means_what_it_means_in_verl():
     args = scripts()["examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh"]
     config, extras = load_config(as_here(args))

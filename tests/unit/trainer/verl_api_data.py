@@ -109,6 +109,33 @@ class HardestFirst:
         self.order, self.pos, self.resume = list(state["order"]), state["pos"], True
 
 
+class SeededShuffle:
+    """A fresh torch-seeded order every epoch; its state (an RNG state tensor, where the
+    epoch stands) is not JSON."""
+
+    def __init__(self, data_source, data_config):
+        self.n = len(data_source)
+        self.gen = torch.Generator().manual_seed(7)
+        self.order: list[int] = []
+        self.pos = 0
+        self.resume = False
+
+    def __iter__(self):
+        if not self.resume:
+            self.order, self.pos = torch.randperm(self.n, generator=self.gen).tolist(), 0
+        self.resume = False
+        while self.pos < len(self.order):
+            self.pos += 1
+            yield self.order[self.pos - 1]
+
+    def state_dict(self):
+        return {"rng": self.gen.get_state(), "order": self.order, "pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.gen.set_state(state["rng"])
+        self.order, self.pos, self.resume = state["order"], state["pos"], True
+
+
 class Reversed:
     """A stateless sampler: the rows in reverse order; no update, no state_dict."""
 
