@@ -216,6 +216,7 @@ def test_verls_interaction_script_trains_two_steps_with_simulated_users(tmp_path
         "PY": sys.executable,
         "PYTHONPATH": str(REPO),
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "RAY_DEDUP_LOGS": "0",  # each process's import line is shown
     }
     proc = subprocess.run(
         [
@@ -226,6 +227,9 @@ def test_verls_interaction_script_trains_two_steps_with_simulated_users(tmp_path
             f"data.val_files={data / 'test.parquet'}",
             "actor_rollout_ref.rollout.multi_turn.user_model.model_path=tiny-qwen3",
             "actor_rollout_ref.rollout.multi_turn.user_model.max_model_len=1024",
+            # a model's external_lib: imported in every process that loads the model or its
+            # tokenizer (it says so on stderr)
+            "actor_rollout_ref.model.external_lib=tests.e2e.verl_tools.import_marker",
             "trainer.worker_log_level=INFO",
         ],
         cwd=project,
@@ -241,6 +245,13 @@ def test_verls_interaction_script_trains_two_steps_with_simulated_users(tmp_path
     engines = re.findall(r"vLLM engine for (\S+) .*ready in", console)
     assert len(engines) == 2, console[-3000:]
     assert "actor_rollout_ref.model.enable_activation_offload=True has no effect on CPU" in console
+    imported = re.findall(
+        r"^(?:\((\w+) pid=\d+\) )?import_marker: external_lib imported", console, re.M
+    )
+    # the driver (no prefix), the policy's server, the agent-loop worker, both trainer ranks'
+    # process (one FSDPWorker here); not the student's server (another model)
+    assert sorted(set(imported)) == ["", "AgentLoopWorker", "AsyncServer", "FSDPWorker"], imported
+    assert imported.count("AsyncServer") == 1
 
     run = project / "checkpoints" / "gsm8k_async_rl"
     run = run / "qwen2.5-0.5b_function_rm-gsm8k-sgl-multi-w-interaction-n8"

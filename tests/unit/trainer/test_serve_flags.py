@@ -71,6 +71,7 @@ def adapter(tmp_path) -> str:
 # field -> (its flag's arguments, the value the config gets); other flags a value needs after
 CASES = {
     "trust_remote_code": (["--trust-remote-code"], True),
+    "external_lib": (["json"], "json"),
     "backend": (["sglang"], "sglang"),
     "dtype": (["bfloat16"], "bfloat16"),
     "tensor_parallel_size": (["2"], 2),
