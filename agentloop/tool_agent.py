@@ -96,7 +96,7 @@ class ToolAgentLoop(AgentLoopBase):
                 if no_call:
                     assert user is not None
                     messages.append(self.chat_format.assistant_message(text, parsed))
-                    reply = await user.respond(messages)
+                    reply = await self._user_turn(user, messages)
                     turn_scores += [0.0] * (assistant_turns - 1 - len(turn_scores))
                     turn_scores.append(reply.score or 0.0)
                     if reply.terminate:
@@ -153,6 +153,19 @@ class ToolAgentLoop(AgentLoopBase):
             out.record.weight = 0.0
             out.extra["interaction_error"] = error
         return out
+
+    async def _user_turn(self, user: InteractionSession, messages: list[dict[str, Any]]) -> Any:
+        """The simulated user's reply (traced as a ``user:<name>`` span)."""
+        start_ns = time.time_ns()
+        try:
+            reply = await user.respond(messages)
+        except InteractionError as exc:
+            if self.trace is not None:
+                self.trace.user(start_ns, user.name, None, str(exc))
+            raise
+        if self.trace is not None:
+            self.trace.user(start_ns, user.name, reply)
+        return reply
 
     def _interaction(self, request_id: str, row: dict[str, Any]) -> InteractionSession | None:
         """The row's simulated user, when interactions are configured."""

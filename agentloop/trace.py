@@ -159,6 +159,20 @@ class SampleTrace:
         except Exception:  # noqa: BLE001
             self.tracer.failed("chat call span")
 
+    def user(self, start_ns: int, name: str, reply: Any, error: str | None = None) -> None:
+        """One simulated-user turn (an interaction's ``generate_response``): its text, score
+        and whether it ended the episode, or the error that failed the sample."""
+        try:
+            end_ns = time.time_ns()
+            attributes = {"latency_s": f"{(end_ns - start_ns) / 1e9:.4f}"}
+            if reply is not None:
+                attributes |= {"terminate": str(reply.terminate), "score": str(reply.score)}
+            span = self._child(f"user:{name}", "AGENT", start_ns, inputs={}, attributes=attributes)
+            outputs = {"text": _preview(reply.text)} if reply is not None else {"error": error}
+            span.end(outputs=outputs, status="OK" if error is None else "ERROR", end_time_ns=end_ns)
+        except Exception:  # noqa: BLE001
+            self.tracer.failed("user span")
+
     def agent_error(self, error: str) -> None:
         """The agent of a gateway session failed: its traceback as an error span."""
         try:

@@ -77,6 +77,33 @@ def pairs(start: int, n: int) -> list[tuple[str, str]]:
     ]
 
 
+def run_verl_script(
+    script: str, project, tmp_path, hub_id: str, model_path, *overrides: str
+) -> subprocess.CompletedProcess:
+    """Run a verl script of tests/fixtures/verl/ from ``project`` (verl's layout: scripts run
+    from the project root), its hub id served from an offline cache holding ``model_path``'s
+    files, ``overrides`` as the script's trailing "$@"; it must exit 0."""
+    add_to_hf_cache(tmp_path / "hf", hub_id, model_path)
+    env = {
+        **os.environ,
+        **hf_env(tmp_path / "hf"),  # offline: the id resolves from this cache only
+        "PY": sys.executable,
+        "PYTHONPATH": str(REPO),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "RAY_DEDUP_LOGS": "0",  # each worker's own lines are shown
+    }
+    proc = subprocess.run(
+        ["bash", str(FIXTURES / script), *overrides],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
 @pytest.mark.slow
 def test_verls_tool_agent_script_trains_two_steps(tmp_path, tiny_qwen3_path):
     project = tmp_path / "project"  # verl's layout: the script runs from the project root
@@ -91,30 +118,17 @@ def test_verls_tool_agent_script_trains_two_steps(tmp_path, tiny_qwen3_path):
     data.mkdir()
     pq.write_table(pa.Table.from_pylist(verl_rows("train", pairs(2, 4))), data / "train.parquet")
     pq.write_table(pa.Table.from_pylist(verl_rows("test", pairs(7, 2))), data / "test.parquet")
-    add_to_hf_cache(tmp_path / "hf", HUB_ID, tiny_qwen3_path)
-    env = {
-        **os.environ,
-        **hf_env(tmp_path / "hf"),  # offline: the id resolves from this cache only
-        "PY": sys.executable,
-        "PYTHONPATH": str(REPO),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-    }
-    proc = subprocess.run(
-        [
-            "bash",
-            str(FIXTURES / "run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh"),
-            # The script's own trailing "$@": where this machine keeps the data, and worker logs.
-            f"data.train_files={data / 'train.parquet'}",
-            f"data.val_files={data / 'test.parquet'}",
-            "trainer.worker_log_level=INFO",
-        ],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    proc = run_verl_script(
+        "run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh",
+        project,
+        tmp_path,
+        HUB_ID,
+        tiny_qwen3_path,
+        # The script's own trailing "$@": where this machine keeps the data, and worker logs.
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        "trainer.worker_log_level=INFO",
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
     assert "done: 2 steps" in proc.stdout
     console = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     # Worker logs reach this console, prefixed with their actor, at the level asked for.
@@ -208,37 +222,22 @@ def test_verls_interaction_script_trains_two_steps_with_simulated_users(tmp_path
     pq.write_table(pa.Table.from_pylist(train), data / "train.parquet")
     val = interaction_rows("test", pairs(7, 2), ["gsm8k"])
     pq.write_table(pa.Table.from_pylist(val), data / "test.parquet")
-    hub_id = "Qwen/Qwen2.5-0.5B-Instruct"  # what verl's script names; tiny-qwen3 files here
-    add_to_hf_cache(tmp_path / "hf", hub_id, tiny_qwen3_path)
-    env = {
-        **os.environ,
-        **hf_env(tmp_path / "hf"),
-        "PY": sys.executable,
-        "PYTHONPATH": str(REPO),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "RAY_DEDUP_LOGS": "0",  # each process's import line is shown
-    }
-    proc = subprocess.run(
-        [
-            "bash",
-            str(FIXTURES / "run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh"),
-            # The script's trailing "$@": the data, and the simulated student's model.
-            f"data.train_files={data / 'train.parquet'}",
-            f"data.val_files={data / 'test.parquet'}",
-            "actor_rollout_ref.rollout.multi_turn.user_model.model_path=tiny-qwen3",
-            "actor_rollout_ref.rollout.multi_turn.user_model.max_model_len=1024",
-            # a model's external_lib: imported in every process that loads the model or its
-            # tokenizer (it says so on stderr)
-            "actor_rollout_ref.model.external_lib=tests.e2e.verl_tools.import_marker",
-            "trainer.worker_log_level=INFO",
-        ],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    proc = run_verl_script(
+        "run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh",
+        project,
+        tmp_path,
+        "Qwen/Qwen2.5-0.5B-Instruct",  # what verl's script names; tiny-qwen3 files here
+        tiny_qwen3_path,
+        # The script's trailing "$@": the data, and the simulated student's model.
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        "actor_rollout_ref.rollout.multi_turn.user_model.model_path=tiny-qwen3",
+        "actor_rollout_ref.rollout.multi_turn.user_model.max_model_len=1024",
+        # a model's external_lib: imported in every process that loads the model or its
+        # tokenizer (it says so on stderr)
+        "actor_rollout_ref.model.external_lib=tests.e2e.verl_tools.import_marker",
+        "trainer.worker_log_level=INFO",
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
     assert "done: 2 steps" in proc.stdout
     console = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     # two engines: the policy's and the simulated student's own server group

@@ -14,6 +14,7 @@ The padded reference runs on its own copy of the model, untouched by the packed 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from trainer.workers.policy_math import LossSpec, forward_log_probs
 
 pytestmark = pytest.mark.integration
 
+FORWARD = policy_math.forward_log_probs  # the real one (tests patch a caching wrapper in)
 P, R = 24, 40
 PROMPTS = [24, 9, 17, 5]
 RESPONSES = [40, 12, 29, 3]
@@ -62,38 +64,31 @@ def _spec(mode: str, packed: bool, chunk: int) -> LossSpec:
     )  # fmt: skip
 
 
-def _grads_per_mode(model: torch.nn.Module, packed: bool, chunk: int) -> dict:
-    """{mode: {parameter: gradient}} from one forward (``_micro_loss``'s forward is served
-    from a cache, the graph kept) and one backward per loss aggregation mode."""
+def _grads_per_mode(model: torch.nn.Module, packed: bool, chunk: int) -> Iterator:
+    """Yields (mode, all gradients flattened) for every loss aggregation mode in turn, from one
+    forward (``_micro_loss``'s forward is served from a cache, the graph kept) and one backward
+    per mode; only the mode at hand's gradients are held."""
     batch = _batch(model.config.vocab_size)
     cached: list = []
-    forward = policy_math.forward_log_probs
 
     def forward_once(*args, **kwargs):
         if not cached:
-            cached.append(forward(*args, **kwargs))
+            cached.append(FORWARD(*args, **kwargs))
         return cached[0]
 
-    out = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(policy_math, "forward_log_probs", forward_once)
-        for mode in LOSS_AGG_MODES:
-            model.zero_grad(set_to_none=True)
-            denominator = max(agg_denominator(batch.response_mask, mode, R), 1.0)
-            spec = _spec(mode, packed, chunk)
+    for mode in LOSS_AGG_MODES:
+        model.zero_grad(set_to_none=True)
+        denominator = max(agg_denominator(batch.response_mask, mode, R), 1.0)
+        spec = _spec(mode, packed, chunk)
+        # patched only around this model's loss: the generators of other models interleave
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(policy_math, "forward_log_probs", forward_once)
             loss, _ = policy_math._micro_loss(model, batch.trimmed(), spec, denominator, 1.0)
-            loss.backward(retain_graph=True)
-            out[mode] = {
-                n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
-            }
-    return out
-
-
-def _assert_same(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
-    assert ref.keys() == got.keys() and len(ref) > 0
-    assert all(g.dtype == torch.float64 for g in ref.values())
-    flat_got, flat_ref = (torch.cat([d[n].flatten() for n in ref]) for d in (got, ref))
-    torch.testing.assert_close(flat_got, flat_ref, rtol=1e-7, atol=1e-7)
+        loss.backward(retain_graph=True)
+        grads = [p.grad.flatten() for _, p in model.named_parameters() if p.grad is not None]
+        assert grads
+        yield mode, torch.cat(grads)
+        model.zero_grad(set_to_none=True)
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen3", "smollm2-135m-instruct"])
@@ -107,24 +102,34 @@ def models(request):
 
 
 @pytest.fixture(scope="module")
-def grads64(models):
-    """Gradients of both paths in float64, every mode."""
-    padded, packed = (copy.deepcopy(m).double() for m in models)
-    return _grads_per_mode(padded, False, chunk=0), _grads_per_mode(packed, True, chunk=16)
-
-
-@pytest.fixture(scope="module")
-def grads32(models):
-    """Gradients of both paths in fp32 (the trainer's dtype on CPU), every mode."""
-    padded, packed = models
-    return _grads_per_mode(padded, False, chunk=0), _grads_per_mode(packed, True, chunk=16)
-
-
-def _relative_error(got: dict[str, torch.Tensor], truth: dict[str, torch.Tensor]) -> float:
-    flat_got, flat_truth = (
-        torch.cat([d[n].double().flatten() for n in truth]) for d in (got, truth)
-    )
-    return float((flat_got - flat_truth).norm() / flat_truth.norm())
+def compared(models) -> dict[str, dict]:
+    """Per loss aggregation mode, the gradients of both paths in float64 and in fp32 (the
+    trainer's dtype on CPU), compared as they come: the float64 paths' mismatch (None: equal
+    within 1e-7) and each fp32 path's relative error against float64. Only one mode's
+    gradients are held at a time (smollm2's are 135M numbers per path and dtype)."""
+    padded32, packed32 = models
+    padded64, packed64 = (copy.deepcopy(m).double() for m in models)
+    runs = [
+        _grads_per_mode(padded64, False, chunk=0),
+        _grads_per_mode(packed64, True, chunk=16),
+        _grads_per_mode(padded32, False, chunk=0),
+        _grads_per_mode(packed32, True, chunk=16),
+    ]
+    out: dict[str, dict] = {}
+    for (mode, p64), (_, k64), (_, p32), (_, k32) in zip(*runs, strict=True):
+        assert p64.dtype == k64.dtype == torch.float64
+        try:
+            torch.testing.assert_close(k64, p64, rtol=1e-7, atol=1e-7)
+            mismatch = None
+        except AssertionError as exc:
+            mismatch = str(exc)
+        norm = p64.norm()  # the truth: == the packed float64 gradients within 1e-7
+        out[mode] = {
+            "float64_mismatch": mismatch,
+            "padded32_error": float((p32.double() - p64).norm() / norm),
+            "packed32_error": float((k32.double() - p64).norm() / norm),
+        }
+    return out
 
 
 def test_log_probs_and_entropy_match(models):
@@ -144,15 +149,12 @@ def test_log_probs_and_entropy_match(models):
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_packed_gradients_match_padded_for_every_loss_aggregation(grads64, mode):
-    padded, packed = grads64
-    _assert_same(packed[mode], padded[mode])
+def test_packed_gradients_match_padded_for_every_loss_aggregation(compared, mode):
+    assert compared[mode]["float64_mismatch"] is None, compared[mode]["float64_mismatch"]
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_packed_fp32_gradients_are_as_close_to_float64_as_the_padded_ones(grads32, grads64, mode):
-    truth = grads64[0][mode]  # == the packed float64 gradients within 1e-7 (test above)
-    padded = _relative_error(grads32[0][mode], truth)
-    packed = _relative_error(grads32[1][mode], truth)
+def test_packed_fp32_gradients_are_as_close_to_float64_as_the_padded_ones(compared, mode):
+    padded, packed = compared[mode]["padded32_error"], compared[mode]["packed32_error"]
     assert 0 < padded < 5e-4  # fp32 is not float64, and is close to it
     assert packed <= max(2 * padded, 1e-4), (packed, padded)

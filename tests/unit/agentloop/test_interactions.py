@@ -286,3 +286,41 @@ def test_interaction_metrics_cover_the_samples_that_talked_to_a_user():
         "interaction/final_score/mean": 1.0,
     }
     assert interaction_metrics([SampleRecord()]) == {}
+
+
+async def test_a_worker_loads_the_yaml_and_traces_each_user_turn(tokenizer, tmp_path):
+    import mlflow
+
+    from agentloop import AgentLoopWorker
+    from agentloop.config import TraceConfig
+    from agentloop.trace import TraceContext
+
+    path = write(tmp_path, f"interaction:\n  - class_name: {MODULE}.Gsm8kInteraction\n")
+    previous = mlflow.get_tracking_uri()
+    trace = TraceConfig(
+        backend="mlflow",
+        tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}",
+        experiment_name="users",
+    )
+    config = RolloutConfig(
+        prompt_length=1024,
+        response_length=1024,
+        multi_turn=MultiTurnConfig(interaction_config_path=str(path)),
+        trace=trace,
+    )
+    server = ScriptedServer(tokenizer, ["#### 4", "#### 5"])
+    worker = AgentLoopWorker(config, server, tokenizer, tools={})
+    assert worker.interaction_names() == ["gsm8k"]
+    try:
+        (out,) = await worker.generate_sequences(
+            [{"raw_prompt": PROMPT, **ROW}], None, TraceContext(step=1)
+        )  # no agent_name: tool_agent, as interactions are configured
+        worker.tracer.flush()
+        spans = mlflow.get_trace(out.record.trace_id).data.spans
+    finally:
+        mlflow.set_tracking_uri(previous)
+    users = sorted((s for s in spans if s.name == "user:gsm8k"), key=lambda s: s.start_time_ns)
+    assert [s.attributes["terminate"] for s in users] == ["False", "True"]
+    assert [s.attributes["score"] for s in users] == ["0.0", "1.0"]
+    assert users[0].outputs["text"] == "Your response is incorrect! Try again."
+    assert out.record.stop_reason == "interaction_done"
