@@ -14,7 +14,6 @@ The padded reference runs on its own copy of the model, untouched by the packed 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -28,8 +27,8 @@ from trainer.workers.policy_math import LossSpec, forward_log_probs
 
 pytestmark = pytest.mark.integration
 
-FORWARD = policy_math.forward_log_probs  # the real one (tests patch a caching wrapper in)
 P, R = 24, 40
+CHUNK = 1 << 22  # gradient entries compared at a time
 PROMPTS = [24, 9, 17, 5]
 RESPONSES = [40, 12, 29, 3]
 
@@ -64,31 +63,30 @@ def _spec(mode: str, packed: bool, chunk: int) -> LossSpec:
     )  # fmt: skip
 
 
-def _grads_per_mode(model: torch.nn.Module, packed: bool, chunk: int) -> Iterator:
-    """Yields (mode, all gradients flattened) for every loss aggregation mode in turn, from one
-    forward (``_micro_loss``'s forward is served from a cache, the graph kept) and one backward
-    per mode; only the mode at hand's gradients are held."""
+def _grads(model: torch.nn.Module, mode: str, packed: bool, chunk: int) -> torch.Tensor:
+    """All gradients of the PPO loss under ``mode``, flattened into one tensor (the model's
+    own ``.grad`` freed again)."""
     batch = _batch(model.config.vocab_size)
-    cached: list = []
+    model.zero_grad(set_to_none=True)
+    denominator = max(agg_denominator(batch.response_mask, mode, R), 1.0)
+    spec = _spec(mode, packed, chunk)
+    loss, _ = policy_math._micro_loss(model, batch.trimmed(), spec, denominator, 1.0)
+    loss.backward()
+    grads = [p.grad.flatten() for _, p in model.named_parameters() if p.grad is not None]
+    assert grads
+    flat = torch.cat(grads)
+    del grads
+    model.zero_grad(set_to_none=True)
+    return flat
 
-    def forward_once(*args, **kwargs):
-        if not cached:
-            cached.append(FORWARD(*args, **kwargs))
-        return cached[0]
 
-    for mode in LOSS_AGG_MODES:
-        model.zero_grad(set_to_none=True)
-        denominator = max(agg_denominator(batch.response_mask, mode, R), 1.0)
-        spec = _spec(mode, packed, chunk)
-        # patched only around this model's loss: the generators of other models interleave
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(policy_math, "forward_log_probs", forward_once)
-            loss, _ = policy_math._micro_loss(model, batch.trimmed(), spec, denominator, 1.0)
-        loss.backward(retain_graph=True)
-        grads = [p.grad.flatten() for _, p in model.named_parameters() if p.grad is not None]
-        assert grads
-        yield mode, torch.cat(grads)
-        model.zero_grad(set_to_none=True)
+def _grads64(model: torch.nn.Module, mode: str, packed: bool, chunk: int) -> torch.Tensor:
+    """``_grads`` of a float64 copy of ``model`` (dropped once its gradients are taken)."""
+    copy64 = copy.deepcopy(model).double()
+    flat = _grads(copy64, mode, packed, chunk)
+    del copy64
+    assert flat.dtype == torch.float64
+    return flat
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen3", "smollm2-135m-instruct"])
@@ -105,29 +103,28 @@ def models(request):
 def compared(models) -> dict[str, dict]:
     """Per loss aggregation mode, the gradients of both paths in float64 and in fp32 (the
     trainer's dtype on CPU), compared as they come: the float64 paths' mismatch (None: equal
-    within 1e-7) and each fp32 path's relative error against float64. Only one mode's
-    gradients are held at a time (smollm2's are 135M numbers per path and dtype)."""
-    padded32, packed32 = models
-    padded64, packed64 = (copy.deepcopy(m).double() for m in models)
-    runs = [
-        _grads_per_mode(padded64, False, chunk=0),
-        _grads_per_mode(packed64, True, chunk=16),
-        _grads_per_mode(padded32, False, chunk=0),
-        _grads_per_mode(packed32, True, chunk=16),
-    ]
+    within 1e-7) and each fp32 path's relative error against float64. One mode's gradients
+    and one float64 model copy are held at a time (smollm2's are 135M numbers each)."""
+    padded, packed = models
     out: dict[str, dict] = {}
-    for (mode, p64), (_, k64), (_, p32), (_, k32) in zip(*runs, strict=True):
-        assert p64.dtype == k64.dtype == torch.float64
-        try:
-            torch.testing.assert_close(k64, p64, rtol=1e-7, atol=1e-7)
-            mismatch = None
-        except AssertionError as exc:
-            mismatch = str(exc)
+    for mode in LOSS_AGG_MODES:
+        p64 = _grads64(padded, mode, False, chunk=0)
+        k64 = _grads64(packed, mode, True, chunk=16)
+        p32 = _grads(padded, mode, False, chunk=0)
+        k32 = _grads(packed, mode, True, chunk=16)
+        mismatch = None
+        for part in range(0, p64.numel(), CHUNK):  # in slices: no whole-size temporaries
+            try:
+                got, want = k64[part : part + CHUNK], p64[part : part + CHUNK]
+                torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-7)
+            except AssertionError as exc:
+                mismatch = f"elements {part}..: {exc}"
+                break
         norm = p64.norm()  # the truth: == the packed float64 gradients within 1e-7
         out[mode] = {
             "float64_mismatch": mismatch,
-            "padded32_error": float((p32.double() - p64).norm() / norm),
-            "packed32_error": float((k32.double() - p64).norm() / norm),
+            "padded32_error": _distance(p32, p64) / float(norm),
+            "packed32_error": _distance(k32, p64) / float(norm),
         }
     return out
 
@@ -146,6 +143,15 @@ def test_log_probs_and_entropy_match(models):
     assert padded.config._attn_implementation == "sdpa"
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
+
+
+def _distance(got: torch.Tensor, truth: torch.Tensor) -> float:
+    """||got - truth|| in float64, a slice at a time."""
+    total = 0.0
+    for part in range(0, truth.numel(), CHUNK):
+        diff = got[part : part + CHUNK].double() - truth[part : part + CHUNK]
+        total += float(diff.square().sum())
+    return total**0.5
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
