@@ -360,9 +360,6 @@ class RolloutConfig:
             )
         if self.n < 1:
             raise ValueError(f"rollout.n must be >= 1, got {self.n}")
-        if self.agent.default_agent_loop is None:
-            interacts = self.multi_turn.interaction_config_path is not None
-            self.agent.default_agent_loop = "tool_agent" if interacts else "single_turn_agent"
         if self.temperature < 0:
             raise ValueError(f"rollout.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -402,6 +399,17 @@ class RolloutConfig:
     @property
     def context_length(self) -> int:
         return self.max_model_len or self.prompt_length + self.response_length
+
+    @property
+    def default_agent_loop(self) -> str:
+        """The loop of rows without an ``agent_name``: ``agent.default_agent_loop``, or when
+        that is unset, ``tool_agent`` with interactions configured (a simulated user needs a
+        multi-turn loop; verl's scripts leave it to ``multi_turn.enable``), else
+        ``single_turn_agent``."""
+        if self.agent.default_agent_loop is not None:
+            return self.agent.default_agent_loop
+        interacts = self.multi_turn.interaction_config_path is not None
+        return "tool_agent" if interacts else "single_turn_agent"
 
     def sampling_params(self, *, validate: bool = False) -> dict[str, Any]:
         """Sampling keys of every turn (the loop caps ``max_tokens`` by the budget left);

@@ -98,7 +98,7 @@ class AgentLoopManager:
 
     def validate(self, rows: list[dict[str, Any]]) -> None:
         """Start-up checks of a whole dataset (see ``validate_rows``)."""
-        default = self.config.agent.default_agent_loop
+        default = self.config.default_agent_loop
         validate_rows(rows, self.tool_names, default, self.interaction_names)
 
     def generate_sequences(
@@ -111,9 +111,9 @@ class AgentLoopManager:
     ) -> RolloutBatch:
         """Roll out every row ``n`` times (default ``rollout.n``) and pad into a batch.
         ``trace``: step and validation flag the traces are tagged with."""
-        samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
+        samples = expand_rows(rows, n or self.config.n, self.config.default_agent_loop)
         validate_rows(
-            samples, self.tool_names, self.config.agent.default_agent_loop, self.interaction_names
+            samples, self.tool_names, self.config.default_agent_loop, self.interaction_names
         )
         restarts = self.server_restarts
         retried = self.retried_requests()

@@ -68,7 +68,7 @@ class RolloutStream:
         trace: TraceContext | None = None,
     ) -> None:
         """Start ``n`` (default ``rollout.n``) samples of ``row`` on the least loaded worker."""
-        default = self.config.agent.default_agent_loop
+        default = self.config.default_agent_loop
         samples = expand_rows([row], n or self.config.n, default)
         validate_rows(samples, self.manager.tool_names, default, self.manager.interaction_names)
         worker = min(range(len(self._load)), key=self._load.__getitem__)

@@ -240,7 +240,7 @@ class AgentLoopWorker:
         params: dict[str, Any],
         trace: TraceContext | None = None,
     ) -> AgentLoopOutput:
-        fields = prepare_row(row, self.config.agent.default_agent_loop)
+        fields = prepare_row(row, self.config.default_agent_loop)
         spec = get_agent_loop(str(fields["agent_name"]))
         loop = spec.cls(self.context, **spec.kwargs)
         if trace is not None and self.tracer is not None:

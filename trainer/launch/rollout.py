@@ -68,7 +68,7 @@ def prepare_rollout(config: Config) -> RolloutSetup:
     check_engine_kwargs(rollout)
     if rollout.agent.agent_loop_config_path:
         load_agent_loop_config(rollout.agent.agent_loop_config_path)
-    get_agent_loop(rollout.agent.default_agent_loop)
+    get_agent_loop(rollout.default_agent_loop)
     path = rollout.multi_turn.tool_config_path
     tools = load_tool_config(path) if path else {}
     interactions = check_interactions(rollout)
@@ -142,9 +142,9 @@ def load_split(config: Config, setup: RolloutSetup, split: str) -> list[dict[str
         tools=setup.tool_schemas,
         chat_template_kwargs=rollout.chat_template_kwargs,
     )
-    default = rollout.agent.default_agent_loop
+    default = rollout.default_agent_loop
     validate_rows(rows, setup.tool_names, default, setup.interaction_names)
-    warn_toolless_rows(rows, setup.tool_names, rollout.agent.default_agent_loop, split)
+    warn_toolless_rows(rows, setup.tool_names, rollout.default_agent_loop, split)
     return rows
 
 

@@ -248,16 +248,17 @@ def test_rows_must_name_a_configured_interaction():
 
 
 def test_rows_without_an_agent_name_run_tool_agent_when_interactions_are_configured():
-    assert RolloutConfig().agent.default_agent_loop == "single_turn_agent"
+    assert RolloutConfig().default_agent_loop == "single_turn_agent"
     with_users = RolloutConfig(multi_turn=MultiTurnConfig(interaction_config_path="u.yaml"))
-    assert with_users.agent.default_agent_loop == "tool_agent"
+    assert with_users.default_agent_loop == "tool_agent"
+    assert with_users.agent.default_agent_loop is None  # the key stays unset
     from agentloop.config import AgentConfig
 
     chosen = RolloutConfig(
         multi_turn=MultiTurnConfig(interaction_config_path="u.yaml"),
         agent=AgentConfig(default_agent_loop="single_turn_agent"),
     )
-    assert chosen.agent.default_agent_loop == "single_turn_agent"  # set explicitly: kept
+    assert chosen.default_agent_loop == "single_turn_agent"  # set explicitly: kept
 
 
 def test_interaction_metrics_cover_the_samples_that_talked_to_a_user():

@@ -73,7 +73,7 @@ class ScriptedRollout:
         self.events.append("rollout")
         self.traces.append(trace)
         self.params.append(sampling_params)
-        samples = expand_rows(rows, n or self.config.n, self.config.agent.default_agent_loop)
+        samples = expand_rows(rows, n or self.config.n, self.config.default_agent_loop)
         outputs = [self._session(k, len(row["raw_prompt"])) for k, row in enumerate(samples)]
         batch = collate(
             outputs,
