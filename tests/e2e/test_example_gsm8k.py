@@ -10,6 +10,7 @@ config and data pass every start-up check."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -79,24 +80,31 @@ def pairs(start: int, n: int) -> list[tuple[str, str]]:
 
 
 def run_verl_script(
-    script: str, project, tmp_path, hub_id: str, model_path, *overrides: str
+    script: str,
+    project,
+    tmp_path,
+    hub_id: str,
+    model_path,
+    *overrides: str,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run a verl script of tests/fixtures/verl/ from ``project`` (verl's layout: scripts run
     from the project root), its hub id served from an offline cache holding ``model_path``'s
     files, ``overrides`` as the script's trailing "$@"; it must exit 0."""
     add_to_hf_cache(tmp_path / "hf", hub_id, model_path)
-    env = {
+    full_env = {
         **os.environ,
         **hf_env(tmp_path / "hf"),  # offline: the id resolves from this cache only
         "PY": sys.executable,
         "PYTHONPATH": str(REPO),
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "RAY_DEDUP_LOGS": "0",  # each worker's own lines are shown
+        **(env or {}),
     }
     proc = subprocess.run(
         ["bash", str(FIXTURES / script), *overrides],
         cwd=project,
-        env=env,
+        env=full_env,
         capture_output=True,
         text=True,
         timeout=900,
@@ -119,16 +127,23 @@ def test_verls_tool_agent_script_trains_two_steps(tmp_path, tiny_qwen3_path):
     data.mkdir()
     pq.write_table(pa.Table.from_pylist(verl_rows("train", pairs(2, 4))), data / "train.parquet")
     pq.write_table(pa.Table.from_pylist(verl_rows("test", pairs(7, 2))), data / "test.parquet")
+    log = tmp_path / "sampler.jsonl"
     proc = run_verl_script(
         "run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh",
         project,
         tmp_path,
         HUB_ID,
         tiny_qwen3_path,
-        # The script's own trailing "$@": where this machine keeps the data, and worker logs.
+        # The script's own trailing "$@": where this machine keeps the data, and worker logs;
+        # and the three keys verl's curriculum script (run_qwen0.5b_gsm8k_multiturn_curriculum
+        # .sh: this script's config and tools, sizes aside) adds, its sampler written here
         f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}",
         "trainer.worker_log_level=INFO",
+        "data.sampler.class_name=RandomCurriculumSampler",
+        "data.sampler.class_path=pkg://tests.e2e.verl_tools.curriculum",
+        "data.dataloader_num_workers=0",
+        env={"AGENTLOOP_TEST_SAMPLER_LOG": str(log)},
     )
     assert "done: 2 steps" in proc.stdout
     console = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
@@ -167,6 +182,15 @@ def test_verls_tool_agent_script_trains_two_steps(tmp_path, tiny_qwen3_path):
     train = [t for t in traces if t.info.tags["validate"] == "false"]
     assert len(train) == 8 and all(t.info.tags["agent_name"] == "tool_agent" for t in train)
     assert all(t.info.trace_metadata.get("mlflow.sourceRun") == run_id for t in traces)
+    # the curriculum sampler was built as verl builds it and updated after each step with
+    # that step's samples: 2 prompts x n=2, every row of the epoch once over the 2 steps
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls[0] == {"init": 4, "train_batch_size": 2}
+    updates = calls[1:]
+    assert [(u["update"], u["step"]) for u in updates] == [(4, 1), (4, 2)]
+    drawn = sorted(i for u in updates for i in u["indices"])
+    assert drawn == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(len(u["scores"]) == 4 for u in updates)
 
 
 def interaction_rows(split: str, pairs: list[tuple[str, str]], users: list[str]) -> list[dict]:

@@ -110,7 +110,7 @@ RULES: tuple[KeyRule, ...] = (
     ),
     _w("data.val_batch_size", "validation runs the whole val set as one batch", *OFF),
     _w("data.filter_overlong_prompts_workers", "prompts are filtered in the driver process"),
-    _w("data.dataloader_num_workers", "rows are read once, in the driver process"),
+    _w("data.dataloader_num_workers", "rows are read once, in the driver process", "0"),
     _w("data.return_multi_modal_inputs", "rows are text-only here", *OFF),
     _r("data.image_key", "images are not supported here (text-only rows)", "images"),
     _r(
