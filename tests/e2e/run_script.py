@@ -43,13 +43,13 @@ def run_script(
         "VLLM_CPU_KVCACHE_SPACE": "1",
         **env,
     }
+    return run_bash([script, *ONE_STEP, *overrides], REPO, full_env)
+
+
+def run_bash(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``bash *args`` in ``cwd`` with ``env``, output captured; asserts it exits 0."""
     proc = subprocess.run(
-        ["bash", script, *ONE_STEP, *overrides],
-        cwd=REPO,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+        ["bash", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

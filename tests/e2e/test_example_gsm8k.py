@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.e2e.run_script import REPO
+from tests.e2e.run_script import REPO, run_bash
 from tests.hf_cache import add_to_hf_cache, hf_env
 from tests.script_calls import script_calls, train_overrides
 from tests.turn_ending_model import turn_ending_copy
@@ -101,30 +101,28 @@ def run_verl_script(
         "RAY_DEDUP_LOGS": "0",  # each worker's own lines are shown
         **(env or {}),
     }
-    proc = subprocess.run(
-        ["bash", str(FIXTURES / script), *overrides],
-        cwd=project,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+    return run_bash([str(FIXTURES / script), *overrides], project, full_env)
+
+
+def verl_project(tmp_path, config_file: str, folder: str, yaml_file: str):
+    """verl's layout under ``tmp_path/project`` (its scripts run from the project root): the
+    script's config file in examples/sglang_multiturn/config/ and our ``yaml_file`` (from
+    tests/e2e/verl_tools/) in its ``folder`` there; and an empty data folder. Returns both."""
+    project = tmp_path / "project"
+    config = project / "examples" / "sglang_multiturn" / "config"
+    (config / folder).mkdir(parents=True)
+    shutil.copy(FIXTURES / "config" / config_file, config)
+    shutil.copy(REPO / "tests" / "e2e" / "verl_tools" / yaml_file, config / folder / yaml_file)
+    data = tmp_path / "data"
+    data.mkdir()
+    return project, data
 
 
 @pytest.mark.slow
 def test_verls_tool_agent_script_trains_two_steps(tmp_path, tiny_qwen3_path):
-    project = tmp_path / "project"  # verl's layout: the script runs from the project root
-    config = project / "examples" / "sglang_multiturn" / "config"
-    (config / "tool_config").mkdir(parents=True)
-    shutil.copy(FIXTURES / "config" / "gsm8k_multiturn_grpo.yaml", config)
-    shutil.copy(
-        REPO / "tests" / "e2e" / "verl_tools" / "gsm8k_tool_config.yaml",
-        config / "tool_config" / "gsm8k_tool_config.yaml",
+    project, data = verl_project(
+        tmp_path, "gsm8k_multiturn_grpo.yaml", "tool_config", "gsm8k_tool_config.yaml"
     )
-    data = tmp_path / "data"
-    data.mkdir()
     pq.write_table(pa.Table.from_pylist(verl_rows("train", pairs(2, 4))), data / "train.parquet")
     pq.write_table(pa.Table.from_pylist(verl_rows("test", pairs(7, 2))), data / "test.parquet")
     log = tmp_path / "sampler.jsonl"
@@ -233,16 +231,12 @@ def interaction_rows(split: str, pairs: list[tuple[str, str]], users: list[str])
 
 @pytest.mark.slow
 def test_verls_interaction_script_trains_two_steps_with_simulated_users(tmp_path, tiny_qwen3_path):
-    project = tmp_path / "project"
-    config = project / "examples" / "sglang_multiturn" / "config"
-    (config / "interaction_config").mkdir(parents=True)
-    shutil.copy(FIXTURES / "config" / "gsm8k_multiturn_grpo_w_interaction.yaml", config)
-    shutil.copy(
-        REPO / "tests" / "e2e" / "verl_tools" / "gsm8k_interaction_config.yaml",
-        config / "interaction_config" / "gsm8k_interaction_config.yaml",
+    project, data = verl_project(
+        tmp_path,
+        "gsm8k_multiturn_grpo_w_interaction.yaml",
+        "interaction_config",
+        "gsm8k_interaction_config.yaml",
     )
-    data = tmp_path / "data"
-    data.mkdir()
     train = interaction_rows("train", pairs(2, 4), ["gsm8k", "student"])
     pq.write_table(pa.Table.from_pylist(train), data / "train.parquet")
     val = interaction_rows("test", pairs(7, 2), ["gsm8k", "student"])
