@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from agentloop.batch import RolloutBatch
+from trainer.algos.core import scores_to_token_rewards
 from trainer.config.schema import DataConfig
 from trainer.data.extern import load_extern
 from trainer.data.sampler import PromptSampler, RowKey
@@ -121,10 +122,8 @@ class UserSampler(PromptSampler):
     def step_batch(self, step: int, rollout: RolloutBatch, scores: torch.Tensor) -> StepBatch:
         """The step's samples as a ``StepBatch`` (see its doc)."""
         width = rollout.prompts.shape[1]
-        lengths = rollout.attention_mask[:, width:].sum(-1)  # [batch]
-        token_scores = torch.zeros(rollout.responses.shape, dtype=torch.float32)
-        rows_with = torch.nonzero(lengths > 0).flatten()
-        token_scores[rows_with, lengths[rows_with] - 1] = scores[rows_with].float()
+        # verl's token_level_scores: the score on each sample's last response token
+        token_scores = scores_to_token_rewards(scores, rollout.attention_mask[:, width:])
         rows = rollout.rows
         index = [row.get("index") for row in rows]
         objects = {
