@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from servers.config import SCHEDULING_POLICIES, WEIGHT_TRANSFERS
+from servers.placement import check_resource_name
 
 __all__ = [
     "AgentConfig",
@@ -40,8 +41,12 @@ class UserModelConfig:
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.3
     max_model_len: int = 4096
+    node_resource: str | None = None
+    """A custom Ray resource of the nodes that run the user model's servers (docs/cluster.md);
+    None: any node."""
 
     def __post_init__(self) -> None:
+        check_resource_name(self.node_resource, "multi_turn.user_model.node_resource")
         if self.num_servers < 1:
             raise ValueError(
                 f"multi_turn.user_model.num_servers must be >= 1, got {self.num_servers}"
@@ -129,8 +134,12 @@ class AgentConfig:
     """Loop for rows without an ``agent_name`` field; None: ``tool_agent`` when
     ``multi_turn.interaction_config_path`` is set (the simulated user needs a multi-turn loop),
     else ``single_turn_agent``."""
+    node_resource: str | None = None
+    """A custom Ray resource of the nodes that run the agent-loop workers, and with them the
+    tools, MCP servers and sandboxes (docs/cluster.md); None: any node."""
 
     def __post_init__(self) -> None:
+        check_resource_name(self.node_resource, "agent.node_resource")
         if self.num_workers < 1:
             raise ValueError(f"agent.num_workers must be >= 1, got {self.num_workers}")
 
@@ -310,6 +319,10 @@ class RolloutConfig:
     of the trainer's GPUs on CUDA (trainer.nnodes x trainer.n_gpus_per_node //
     tensor_model_parallel_size, at least 1); one on CPU, where an engine is a whole process
     that already uses every core it is given, so a second would only share them."""
+    node_resource: str | None = None
+    """A custom Ray resource the rollout servers' nodes declare (``ray start
+    --resources='{"rollout": 1}'``): servers start, and restart after a node is lost, only
+    there (docs/cluster.md); None: any node with the CPUs/GPUs a server asks for."""
     cpu_cores: str | int | None = None
     """CPU only: cores the rollout engines run on (``"0"``, ``"0-3"``); with the trainer
     ranks on other cores (``actor.cpu_cores``) rollout and training overlap for real."""
@@ -353,6 +366,7 @@ class RolloutConfig:
     """Sampling of validation rollouts (greedy by default, as verl)."""
 
     def __post_init__(self) -> None:
+        check_resource_name(self.node_resource, "actor_rollout_ref.rollout.node_resource")
         if self.mode != "async":
             raise ValueError(
                 f"actor_rollout_ref.rollout.mode={self.mode!r} is not supported: agent loops run "

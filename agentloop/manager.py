@@ -90,7 +90,9 @@ class AgentLoopManager:
         self.tool_names: list[str] = ray.get(self.workers[0].tool_names.remote())
         # One limiter per tool with a job-wide cap, shared by every worker (verl's rate_limit).
         caps: dict[str, int] = ray.get(self.workers[0].tool_job_limits.remote())
-        limiter = ray.remote(JobLimiter).options(num_cpus=0, max_concurrency=1000)
+        # on the workers' nodes (agent.node_resource), where the calls they guard run
+        placed = {k: v for k, v in options.items() if k == "resources"}
+        limiter = ray.remote(JobLimiter).options(num_cpus=0, max_concurrency=1000, **placed)
         self.job_limiters = {name: limiter.remote(cap) for name, cap in caps.items()}
         if self.job_limiters:
             ray.get([w.set_job_limiters.remote(self.job_limiters) for w in self.workers])

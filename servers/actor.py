@@ -35,6 +35,8 @@ class AsyncServer:
         import_external_lib(self.config.external_lib)
         self.core = ServerCore(self.config, make_engine(self.config))
         self._http: HttpFront | None = None
+        self._loads = {"staged": 0, "buckets": 0, "adapter": 0, "transfer": 0}
+        """Weight updates this server loaded, by route (``weight_loads``)."""
 
     async def start(self) -> dict[str, Any]:
         """Start the engine (and HTTP front); returns ``health()``."""
@@ -69,7 +71,9 @@ class AsyncServer:
         return await self.core.engine.update_weights_bucket(named)
 
     async def finish_weight_update(self) -> int:
-        return await self.core.engine.finish_weight_update()
+        loaded = await self.core.engine.finish_weight_update()
+        self._loads["buckets"] += 1
+        return loaded
 
     async def update_weights(
         self, named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 256 << 20
@@ -82,21 +86,30 @@ class AsyncServer:
 
     def weight_sync_info(self) -> WeightSyncInfo:
         """The serving dtype, how weights can reach the engine, and this server's node."""
-        import ray
+        return dataclasses.replace(self.core.engine.weight_sync_info(), node_id=_node_id())
 
-        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        return dataclasses.replace(self.core.engine.weight_sync_info(), node_id=node_id)
-
-    async def load_staged_weights(self, buckets: list[dict]) -> int:
+    async def load_staged_weights(self, buckets: list[dict], writer_node: str | None = None) -> int:
         """Load shared-memory buckets a sender on this node wrote itself
-        (``StagedBucket.to_wire``); returns tensors loaded."""
-        return await self._engine_with("load_staged").load_staged(buckets)
+        (``StagedBucket.to_wire``); returns tensors loaded. ``writer_node``: the Ray node the
+        files were written on; a file from another node is refused (its ``/dev/shm`` is not
+        this one's, even where a test cluster's nodes share a machine)."""
+        here = _node_id()
+        if writer_node is not None and here is not None and writer_node != here:
+            raise ValueError(
+                f"staged weights written on node {writer_node} cannot be read on node {here}: "
+                "a server on another node gets its weights in buckets"
+            )
+        loaded = await self._engine_with("load_staged").load_staged(buckets)
+        self._loads["staged"] += 1
+        return loaded
 
     async def load_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
         """Serve a new version of the LoRA adapter (a server started with ``lora_rank``):
         PEFT-named ``tensors`` and PEFT's ``adapter_config.json`` dict; returns its version.
         A restarted server begins again from ``lora_adapter_path`` (or the base model)."""
-        return await self._engine_with("load_adapter").load_adapter(tensors, config)
+        version = await self._engine_with("load_adapter").load_adapter(tensors, config)
+        self._loads["adapter"] += 1
+        return version
 
     # vLLM's weight-transfer API (``weight_transfer=nccl|ipc``): a trainer drives these through
     # vLLM's trainer-side engine, which sends the tensors itself (NCCL broadcast / CUDA IPC).
@@ -114,6 +127,13 @@ class AsyncServer:
 
     async def finish_weight_transfer(self) -> None:
         await self._engine_with("finish_weight_transfer").finish_weight_transfer()
+        self._loads["transfer"] += 1
+
+    def weight_loads(self) -> dict[str, int]:
+        """Weight updates loaded so far by route: ``staged`` (a shared-memory file written on
+        this node), ``buckets`` (Ray objects), ``adapter`` (LoRA), ``transfer`` (vLLM's
+        NCCL/IPC)."""
+        return dict(self._loads)
 
     def _engine_with(self, method: str) -> Any:
         engine = self.core.engine
@@ -144,9 +164,7 @@ class AsyncServer:
         """``{"node_id", "names"}``: this server's Ray node (None outside Ray) and the
         ``/dev/shm`` entries its engine's processes map, and its LoRA adapter folder, which a
         kill would leave behind (``ServerGroup`` removes them after one)."""
-        import ray
-
-        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        node_id = _node_id()
         names = engine_shm()
         adapters = getattr(self.core.engine, "adapter_root", None)  # vLLM with lora_rank
         if adapters is not None and adapters.parent == SHM:
@@ -161,3 +179,10 @@ class AsyncServer:
             await self._http.stop()
             self._http = None
         self.core.engine.shutdown()
+
+
+def _node_id() -> str | None:
+    """This process's Ray node (None outside Ray)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None

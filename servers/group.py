@@ -18,6 +18,7 @@ from typing import Any
 
 from servers.actor import AsyncServer
 from servers.config import ServerConfig
+from servers.placement import on_nodes_with
 from servers.shm import remove_shm
 
 __all__ = ["ServerGroup", "ServerRestartError", "launch_servers", "stop_servers"]
@@ -98,10 +99,13 @@ class ServerGroup:
         num_gpus: float | None = None,
         name_prefix: str | None = None,
         max_restarts: int = 3,
+        node_resource: str | None = None,
     ) -> None:
         """Start ``num_servers`` servers and wait until each is ready. ``num_gpus`` defaults
         to ``tensor_parallel_size`` when CUDA is visible, else 0. ``max_restarts``: servers
-        this group may replace over its life; past it a death is a ``ServerRestartError``."""
+        this group may replace over its life; past it a death is a ``ServerRestartError``.
+        ``node_resource``: only nodes declaring this Ray resource run them (a restarted
+        server too: on one of them that remains; ``servers.placement``)."""
         import ray
         import torch
 
@@ -114,6 +118,7 @@ class ServerGroup:
             "num_cpus": num_cpus,
             "num_gpus": num_gpus,
             "max_concurrency": 10_000,
+            **on_nodes_with(node_resource),
         }
         self._name_prefix = name_prefix
         self.handles: list[Any] = [self._create(i) for i in range(num_servers)]
@@ -189,6 +194,7 @@ def launch_servers(
     num_cpus: float = 1,
     num_gpus: float | None = None,
     name_prefix: str | None = None,
+    node_resource: str | None = None,
 ) -> list[Any]:
     """Create and start ``num_servers`` ``AsyncServer`` actors; returns their handles (a
     ``ServerGroup``'s, for callers that do not restart servers).
@@ -196,7 +202,12 @@ def launch_servers(
     ``num_gpus`` defaults to ``tensor_parallel_size`` when CUDA is visible, else 0.
     """
     group = ServerGroup(
-        config, num_servers, num_cpus=num_cpus, num_gpus=num_gpus, name_prefix=name_prefix
+        config,
+        num_servers,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        name_prefix=name_prefix,
+        node_resource=node_resource,
     )
     return group.handles
 

@@ -97,6 +97,9 @@ class JudgeConfig:
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.4
     max_model_len: int = 4096
+    node_resource: str | None = None
+    """A custom Ray resource of the nodes that run the judge's servers (docs/cluster.md);
+    None: any node."""
     prompt_template: str = DEFAULT_JUDGE_TEMPLATE
     """Filled with {question}, {response}, {ground_truth}, {data_source}; sent as one user
     message through the judge's chat template."""
@@ -136,10 +139,13 @@ class JudgeConfig:
         return path.read_text()
 
     def check(self) -> None:
+        from servers.placement import check_resource_name
+
         if not self.model_path:
             raise ValueError(
                 "reward_model.judge.enable=True needs reward_model.judge.model_path=<model>"
             )
+        check_resource_name(self.node_resource, "reward_model.judge.node_resource")
         if self.num_servers < 1 or self.max_concurrency < 1 or self.max_retries < 0:
             raise ValueError(
                 "reward_model.judge.num_servers and max_concurrency must be >= 1, max_retries >= 0"

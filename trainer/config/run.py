@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from servers.placement import check_resource_name
 from trainer.algos import GROUPED, KL_TYPES, estimator_for
 from trainer.config.async_training import FilterGroupsConfig, RolloutCorrectionConfig
 
@@ -16,9 +17,24 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 __all__ = [
     "AlgorithmConfig",
     "KLControlConfig",
+    "RayKwargsConfig",
     "RunConfig",
     "TrainerConfig",
 ]
+
+
+@dataclass(kw_only=True, slots=True)
+class RayKwargsConfig:
+    """``ray_kwargs`` (verl's keys): how the run reaches Ray (docs/cluster.md)."""
+
+    ray_init: dict[str, Any] = field(default_factory=lambda: {"num_cpus": None})
+    """Keyword arguments of ``ray.init``: ``address`` joins a running cluster (else
+    ``RAY_ADDRESS``, else a cluster a ``ray start`` left on this machine, else Ray starts
+    here), ``num_cpus`` sizes a Ray started here, ``runtime_env`` is merged with the run's;
+    null values are left out."""
+    timeline_json_file: str | None = None
+    """Write Ray's timeline of tasks and actors here (chrome://tracing JSON) when the run
+    ends; None: none."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,6 +57,11 @@ class RunConfig:
     nnodes: int = 1
     n_gpus_per_node: int = 1
     """Trainer ranks per node (FSDP2 processes; on CPU each is a gloo process)."""
+    node_resource: str | None = None
+    """A custom Ray resource the trainer's nodes declare (``ray start
+    --resources='{"trainer": 1}'``): the ranks run only there, ``n_gpus_per_node`` on each of
+    ``nnodes`` distinct nodes (docs/cluster.md); None: GPUs place them (one node on CPU: the
+    driver's)."""
     save_freq: int = -1
     """Checkpoint every N steps (and at the last step); -1: never (SFT always saves the last
     step: its HF export is the result)."""
@@ -66,6 +87,7 @@ class RunConfig:
             )
         if self.nnodes < 1 or self.n_gpus_per_node < 1:
             raise ValueError("trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+        check_resource_name(self.node_resource, "trainer.node_resource")
         if self.resume_mode == "resume_path" and not self.resume_from_path:
             raise ValueError(
                 "trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N dir>"

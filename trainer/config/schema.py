@@ -21,7 +21,7 @@ from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
 from trainer.config.async_training import AsyncTrainingConfig
 from trainer.config.critic import CriticConfig
 from trainer.config.reward import RewardFunctionConfig, RewardModelConfig
-from trainer.config.run import AlgorithmConfig, TrainerConfig
+from trainer.config.run import AlgorithmConfig, RayKwargsConfig, TrainerConfig
 
 __all__ = [
     "ActorRolloutRefConfig",
@@ -176,6 +176,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     """Rollout as a stream that never waits for the trainer (docs/async-training.md)."""
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    """How the run reaches Ray: a cluster to join, or Ray started here (docs/cluster.md)."""
 
     @property
     def use_critic(self) -> bool:

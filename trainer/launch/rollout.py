@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentloop.config import RolloutConfig, UserModelConfig
 from servers import engine_args, stop_servers
+from servers.placement import on_nodes_with
 from trainer.config.actor import ModelConfig
 from trainer.config.reward import JudgeConfig
 from trainer.config.schema import Config
@@ -261,6 +262,7 @@ def start_rollout(
         num_servers,
         num_gpus=num_gpus,
         max_restarts=rollout.recovery.max_server_restarts,
+        node_resource=rollout.node_resource,
     )
     manager = AgentLoopManager(
         rollout,
@@ -268,6 +270,7 @@ def start_rollout(
         tokenizer_source(model),
         user_servers=user_servers or None,
         user_tokenizer=user_tokenizer,
+        worker_options=on_nodes_with(rollout.agent.node_resource),
     )
     return group.handles, manager
 
@@ -313,7 +316,11 @@ def start_model_group(group: JudgeConfig | UserModelConfig, key: str, device: st
     init_ray()
     gpus = float(group.tensor_model_parallel_size) if device == "cuda" else 0.0
     servers = launch_servers(
-        server_config, group.num_servers, num_cpus=0 if device == "cpu" else 1, num_gpus=gpus
+        server_config,
+        group.num_servers,
+        num_cpus=0 if device == "cpu" else 1,
+        num_gpus=gpus,
+        node_resource=group.node_resource,
     )
     return path, servers
 

@@ -96,6 +96,8 @@ class RunParts:
     checkpoints: CheckpointManager
     tagger: TraceTagger | None = None
     """Tags rollout traces with their rewards (None without ``rollout.trace.backend``)."""
+    timeline: str | None = None
+    """Where Ray's timeline is written at the close (``ray_kwargs.timeline_json_file``)."""
     closed: bool = field(default=False, init=False)
 
     def close(self) -> None:
@@ -109,6 +111,8 @@ class RunParts:
             stops.callback(stop_servers, self.user_servers)
             stops.callback(stop_rollout, self.servers, self.manager)
             stops.callback(self.workers.shutdown)
+            if self.timeline is not None:
+                stops.callback(_write_timeline, self.timeline)
             stops.callback(_stop_rewards, self.rewards, self.judge_servers)
             if self.tagger is not None:
                 stops.callback(self.tagger.close)
@@ -228,7 +232,11 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         tagger = configure_traces(ref.rollout.trace, config.trainer, plan)
         if tagger is not None:
             undo.callback(tagger.close)
-        init_ray(config.trainer.worker_log_level, {RUN_DIR_ENV: str(plan.checkpoints.root)})
+        init_ray(
+            config.trainer.worker_log_level,
+            {RUN_DIR_ENV: str(plan.checkpoints.root)},
+            config.ray_kwargs.ray_init,
+        )
         # Before the servers: the agent-loop workers take the trace settings with them.
         count = config.servers_for(plan.device)
         lora = ref.rollout.lora_sync == "adapter"  # merged: servers without LoRA
@@ -265,7 +273,13 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             total_steps=config.trainer.total_steps(len(plan.sampler)),
             critic=critic,
         )
-        workers = WorkerGroup(spec, world, balance=config.trainer.balance_batch)
+        workers = WorkerGroup(
+            spec,
+            world,
+            balance=config.trainer.balance_batch,
+            nnodes=config.trainer.nnodes,
+            node_resource=config.trainer.node_resource,
+        )
         undo.callback(workers.shutdown)
         sync = WeightSync(
             workers,
@@ -288,7 +302,17 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         tracking=plan.tracking,
         checkpoints=plan.checkpoints,
         tagger=tagger,
+        timeline=config.ray_kwargs.timeline_json_file,
     )
+
+
+def _write_timeline(path: str) -> None:
+    """Ray's timeline of the run's tasks and actors (chrome://tracing JSON)."""
+    import ray
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    ray.timeline(filename=path)
+    logger.info("Ray timeline -> %s", path)
 
 
 def needs_ref_policy(config: Config) -> bool:

@@ -2,10 +2,12 @@
 
 This is the driver's side: it calls ``push_weights`` on every trainer rank, and the
 ranks (``trainer/workers/weight_send.py``) send the weights in the dtype the servers serve in,
-by the route the placement allows: on one node each rank writes its shard into one shared-memory
-file that every ``AsyncServer`` loads in place; across nodes rank 0 sends all-gathered buckets of
-``bucket_bytes`` (Ray objects) that each server stages and loads; with servers started for
-vLLM's NCCL or CUDA IPC weight transfer, vLLM's trainer-side engine sends them GPU to GPU.
+each server by the route its node allows: a server on the node of every rank loads one
+shared-memory file the ranks wrote their shards into; a server on another node gets
+all-gathered buckets of ``bucket_bytes`` (Ray objects) from rank 0, which it stages and loads;
+with servers started for vLLM's NCCL or CUDA IPC weight transfer, vLLM's trainer-side engine
+sends them GPU to GPU. The route each server got is in the step's metrics
+(``weight_sync/server_<i>/<route>`` = 1, ``weight_sync/servers_<route>``).
 
 On GPU with colocated servers (``hybrid_engine``) the servers sleep during the update and are
 woken before the push; on CPU sleep/wake are no-ops.
@@ -17,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-__all__ = ["WeightSync"]
+__all__ = ["WeightSync", "route_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +65,10 @@ class WeightSync:
         start = time.perf_counter()
         sent = self.workers.push_weights(servers, self.bucket_bytes)
         logger.warning(
-            "weights v%d pushed to %d restarted server(s): %.1f MB in %.2f s",
+            "weights v%d pushed to %d restarted server(s) (%s): %.1f MB in %.2f s",
             self.version,
             len(servers),
+            ", ".join(sent["routes"]),
             sent["bytes"] / 1e6,
             time.perf_counter() - start,
         )
@@ -92,4 +95,15 @@ class WeightSync:
             "timing_s/weight_sync": seconds,
             "weight_sync/mb": sent["bytes"] / 1e6,
             "weight_sync/version": float(self.version),
+            **route_metrics(sent["routes"]),
         }
+
+
+def route_metrics(routes: list[str]) -> dict[str, float]:
+    """Each server's route as ``weight_sync/server_<i>/<route>`` = 1 (its index in the rollout
+    group) and the servers per route as ``weight_sync/servers_<route>``."""
+    out = {f"weight_sync/server_{i}/{route}": 1.0 for i, route in enumerate(routes)}
+    for route in routes:
+        key = f"weight_sync/servers_{route}"
+        out[key] = out.get(key, 0.0) + 1.0
+    return out

@@ -183,7 +183,12 @@ def train(cfg: SFTConfig, setup: SFTSetup) -> Path:
     )
     group = None
     try:
-        group = WorkerGroup(_worker_spec(cfg, setup), trainer.world_size)
+        group = WorkerGroup(
+            _worker_spec(cfg, setup),
+            trainer.world_size,
+            nnodes=trainer.nnodes,
+            node_resource=trainer.node_resource,
+        )
         return _fit(cfg, setup, group, ckpt, tracking)
     finally:
         if group is not None:

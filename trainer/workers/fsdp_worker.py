@@ -25,7 +25,7 @@ from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
 from trainer.config.critic import CriticSpec
 from trainer.workers.batch import TrainBatch
 from trainer.workers.critic import Critic
-from trainer.workers.fsdp import apply_fsdp, init_distributed, load_model
+from trainer.workers.fsdp import apply_fsdp, free_port, init_distributed, load_model
 from trainer.workers.lora import adapter_config, adapter_tensors, is_lora, trainable_parameters
 from trainer.workers.model_state import (
     adamw,
@@ -85,7 +85,25 @@ class FSDPWorker:
         self._sender: WeightSender | None = None  # keeps its shared file between pushes
 
     # ---- set-up ---------------------------------------------------------------------------
-    def init_model(self) -> dict[str, Any]:
+    def node(self) -> dict[str, str]:
+        """This rank's Ray node: ``node_id`` and ``ip``."""
+        import ray
+
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+        }
+
+    def rendezvous(self) -> str:
+        """``ip:port`` where this rank (rank 0) hosts the process group's store: its own
+        node's address and a port free there, so ranks on other nodes reach it."""
+        return f"{self.node()['ip']}:{free_port()}"
+
+    def init_model(self, master: str | None = None) -> dict[str, Any]:
+        """Join the process group (at ``master``, else the address given at construction)
+        and build the model, optimizer and the reference and critic models."""
+        if master is not None:
+            self.master = master
         spec = self.spec
         if spec.device == "cpu":
             if spec.cpu_cores:
@@ -224,11 +242,12 @@ class FSDPWorker:
     # ---- weights out ----------------------------------------------------------------------
     def push_weights(
         self, servers: list[Any], bucket_bytes: int, route: str | None = None
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         """Send the current weights to every server in the dtype they serve in (collective:
-        every rank takes part, rank 0 talks to the servers). The route (shards written into
-        shared memory, Ray buckets, or vLLM's NCCL/IPC transfer) is ``weight_send``'s
-        choice unless ``route`` names one. Returns tensors and bytes sent."""
+        every rank takes part, rank 0 talks to the servers). The route of each server (shards
+        written into shared memory, Ray buckets, or vLLM's NCCL/IPC transfer) is
+        ``weight_send``'s choice unless ``route`` names one. Returns tensors and bytes sent
+        and each server's route."""
         from trainer.workers.weight_send import WeightSender  # Ray, servers, vLLM: only where used
 
         assert self.model is not None

@@ -15,8 +15,8 @@ import torch
 
 from trainer.workers.balance import RankLayout, rank_layout
 from trainer.workers.batch import TrainBatch
-from trainer.workers.fsdp import free_port
 from trainer.workers.fsdp_worker import FSDPWorker, WorkerSpec
+from trainer.workers.placement import place_ranks
 
 __all__ = ["TrainerWorkerDiedError", "WorkerGroup"]
 
@@ -24,34 +24,64 @@ logger = logging.getLogger(__name__)
 
 
 class TrainerWorkerDiedError(RuntimeError):
-    """A trainer rank's process died (OOM kill, node loss, segfault); the run cannot go on."""
+    """A trainer rank's process died (OOM kill, node loss, segfault); the run cannot go on.
+    ``node``: the rank's Ray node (``node_id``, ``ip``) when known."""
 
-    def __init__(self, rank: int, method: str, cause: BaseException) -> None:
+    def __init__(
+        self, rank: int, method: str, cause: BaseException, node: dict[str, str] | None = None
+    ) -> None:
         lines = str(cause).strip().splitlines()
-        self.rank, self.method = rank, method
+        self.rank, self.method, self.node = rank, method, node
+        where = ""
+        if node is not None:
+            where = f" on node {node['node_id']} ({node['ip']}"
+            where += ", which left the cluster)" if _node_gone(node["node_id"]) else ")"
         super().__init__(
-            f"trainer rank {rank} died during {method} "
+            f"trainer rank {rank}{where} died during {method} "
             f"({type(cause).__name__}: {lines[0] if lines else 'no detail'})"
         )
 
 
+def _node_gone(node_id: str) -> bool:
+    """Ray no longer lists ``node_id`` as alive (the node was lost, not only the process)."""
+    import ray
+
+    try:
+        return not any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
+    except Exception:  # noqa: BLE001 - a message detail, never a second failure
+        return False
+
+
 class WorkerGroup:
-    def __init__(self, spec: WorkerSpec, world_size: int, balance: bool = False) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        world_size: int,
+        balance: bool = False,
+        *,
+        nnodes: int = 1,
+        node_resource: str | None = None,
+    ) -> None:
         """``balance``: lay each batch out so that the ranks get similar token counts
-        (``trainer.balance_batch``; ``trainer.workers.balance``)."""
+        (``trainer.balance_batch``; ``trainer.workers.balance``). ``nnodes`` and
+        ``node_resource``: where the ranks run (``trainer.workers.placement``)."""
         import ray
 
         self.world_size = world_size
         self.balance = balance
         self.broken = False
         """A rank died: the others may be stuck in a collective, so only kill them."""
-        master = f"{ray.util.get_node_ip_address()}:{free_port()}"
-        options: dict[str, Any] = {"num_cpus": 0}  # CPU: share the node with the servers
-        if spec.device == "cuda":
-            options = {"num_cpus": 1, "num_gpus": spec.gpu_share}
-        actor = ray.remote(FSDPWorker).options(**options)
-        self.workers = [actor.remote(spec, rank, world_size, master) for rank in range(world_size)]
-        info = ray.get([w.init_model.remote() for w in self.workers])
+        self.placement = place_ranks(world_size, nnodes, spec.device, spec.gpu_share, node_resource)
+        actor = ray.remote(FSDPWorker)
+        self.workers = [
+            actor.options(**self.placement.options[rank]).remote(spec, rank, world_size, None)
+            for rank in range(world_size)
+        ]
+        self.nodes: list[dict[str, str]] = ray.get([w.node.remote() for w in self.workers])
+        """Each rank's Ray node (``node_id``, ``ip``), in rank order."""
+        # Rank 0 hosts the process group's store, on its own node's address.
+        master = ray.get(self.workers[0].rendezvous.remote())
+        info = ray.get([w.init_model.remote(master) for w in self.workers])
         logger.info(
             "%d FSDP2 rank(s) on %s, %d parameters per rank, %d trainable",
             world_size,
@@ -84,7 +114,7 @@ class WorkerGroup:
                 try:
                     ray.get(ref)
                 except Exception as exc:
-                    died = self._dead_rank(method, refs, exc)
+                    died = self._dead_rank(method, refs, exc, self.nodes)
                     if died is None:
                         raise
                     self.broken = True
@@ -93,7 +123,11 @@ class WorkerGroup:
 
     @staticmethod
     def _dead_rank(
-        method: str, refs: list[Any], exc: BaseException, wait_s: float = 10.0
+        method: str,
+        refs: list[Any],
+        exc: BaseException,
+        nodes: list[dict[str, str]] | None = None,
+        wait_s: float = 10.0,
     ) -> TrainerWorkerDiedError | None:
         """The first rank whose actor died (``exc``'s or another's, waiting up to ``wait_s``
         for Ray to notice), or None when every rank is alive."""
@@ -113,7 +147,8 @@ class WorkerGroup:
                 ray.get(ref)
             except Exception as error:  # noqa: BLE001 - only deaths are picked out
                 if death(error):
-                    died = TrainerWorkerDiedError(rank, method, error)
+                    node = nodes[rank] if nodes else None
+                    died = TrainerWorkerDiedError(rank, method, error, node)
                     died.__cause__ = error
                     return died
         return None
@@ -187,8 +222,9 @@ class WorkerGroup:
 
     def push_weights(
         self, servers: list[Any], bucket_bytes: int, route: str | None = None
-    ) -> dict[str, float]:
-        """The current weights to ``servers`` (``FSDPWorker.push_weights``)."""
+    ) -> dict[str, Any]:
+        """The current weights to ``servers`` (``FSDPWorker.push_weights``): tensors, bytes
+        and each server's route."""
         return self._each("push_weights", servers, bucket_bytes, route)[0]
 
     def full_state_dict(self, critic: bool = False) -> dict[str, torch.Tensor]:
@@ -225,3 +261,4 @@ class WorkerGroup:
         finally:
             for w in self.workers:
                 ray.kill(w)
+            self.placement.release()

@@ -4,11 +4,14 @@
 The servers say what they serve in and how weights can reach them
 (``AsyncServer.weight_sync_info``); the ranks agree on one route per push:
 
-- ``staged``: every server is a vLLM server on the node of every rank (always so on CPU).
+Each server gets its own route, chosen by Ray node id (never by whether a file happens to be
+readable: a test cluster's nodes share one machine's ``/dev/shm``):
+
+- ``staged``: a vLLM server on the node of every rank (always so on one CPU node).
   Each rank casts its own FSDP shard to the serving dtype on its device and writes it into one
   shared-memory file at the shard's place in the full tensor (``shard_pieces``): no all-gather,
   no Ray object, no copy in the server; rank 0 then asks each server to load the file in place.
-- ``buckets``: otherwise (a server on another node, or SGLang). The ranks all-gather one entry
+- ``buckets``: the other servers (on another node, or SGLang). The ranks all-gather one entry
   at a time in the serving dtype; rank 0 sends buckets of ``bucket_bytes`` as Ray objects,
   which each server stages and loads.
 - ``nccl`` / ``ipc``: servers started with ``weight_transfer=nccl|ipc`` (vLLM, GPU). vLLM's
@@ -81,7 +84,8 @@ class WeightSender:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self._file: SharedFile | None = None
         self._transfer: tuple[tuple[str, ...], Any] | None = None
-        self._last_route: str | None = None
+        self._last_routes: list[str] | None = None
+        self._nodes: set[str] | None = None  # every rank's Ray node
         from servers.lora import adapter_rank
         from trainer.workers.lora import adapter_config, is_lora
 
@@ -89,21 +93,22 @@ class WeightSender:
 
     def push(
         self, servers: list[Any], bucket_bytes: int, route: str | None = None
-    ) -> dict[str, float]:
-        """Send the current weights to every server; returns tensors and bytes sent.
-        ``route`` forces ``staged`` or ``buckets`` (benchmarks, tests); None picks."""
+    ) -> dict[str, Any]:
+        """Send the current weights to every server; returns tensors and bytes sent and
+        ``routes``: the route each server got them by, in order. ``route`` forces one route
+        for all (benchmarks, tests); None picks per server."""
         import ray
 
         infos: list[WeightSyncInfo] = ray.get([s.weight_sync_info.remote() for s in servers])
         dtype = serving_dtype(infos)
-        route = route or self._route(infos)
-        if self._lora_rank and route not in ("adapter", "merged"):
+        routes = [route] * len(servers) if route else self._routes(infos)
+        if self._lora_rank and set(routes) - {"adapter", "merged"}:
             raise ValueError(
                 f"a LoRA actor sends its adapter or merged weights (route adapter or merged), "
                 f"not {route!r}"
             )
-        if route != self._last_route and self.rank == 0:
-            if route == "merged":
+        if routes != self._last_routes and self.rank == 0:
+            if "merged" in routes:
                 logger.warning(
                     "weight sync: sending merged full weights, not the rank-%d LoRA adapter: "
                     "the rollout servers load adapters up to rank %s (0: none, as with "
@@ -111,8 +116,26 @@ class WeightSender:
                     self._lora_rank,
                     min(i.lora_rank for i in infos),
                 )
-            logger.info("weight sync: %s route, %s, %d server(s)", route, dtype, len(servers))
-        self._last_route = route
+            logger.info("weight sync: routes %s, %s", ", ".join(routes), dtype)
+        self._last_routes = routes
+        out: dict[str, Any] = {"tensors": 0.0, "bytes": 0.0, "routes": routes}
+        for each in dict.fromkeys(routes):  # in order of first use; the same on every rank
+            picked = [k for k, r in enumerate(routes) if r == each]
+            sent = self._push_route(
+                each, [servers[k] for k in picked], [infos[k] for k in picked], dtype, bucket_bytes
+            )
+            out["tensors"] = max(out["tensors"], sent["tensors"])
+            out["bytes"] += sent["bytes"]
+        return out
+
+    def _push_route(
+        self,
+        route: str,
+        servers: list[Any],
+        infos: list[WeightSyncInfo],
+        dtype: torch.dtype,
+        bucket_bytes: int,
+    ) -> dict[str, float]:
         if route == "adapter":
             return self._push_adapter(servers, dtype)
         if route == "merged":
@@ -127,23 +150,36 @@ class WeightSender:
             f"route must be staged, buckets, nccl, ipc, adapter or merged, got {route!r}"
         )
 
-    def _route(self, infos: list[WeightSyncInfo]) -> str:
+    def _routes(self, infos: list[WeightSyncInfo]) -> list[str]:
+        """The route of each server. A LoRA actor: ``adapter`` where every server loads its
+        rank, else ``merged``; vLLM's transfer where the servers were started for it; else
+        ``staged`` for a server that loads shared-memory files on the node of every trainer
+        rank (each rank writes its shard into a file on its own node), ``buckets`` for the
+        others. Chosen by Ray node id, so the same on every rank."""
         if self._lora_rank:
             fits = all(i.lora_rank >= self._lora_rank for i in infos)
-            return "adapter" if fits else "merged"
+            return ["adapter" if fits else "merged"] * len(infos)
         transfers = {i.transfer for i in infos}
         if len(transfers) > 1:
             raise ValueError(f"the rollout servers use different weight_transfer: {transfers}")
         if transfers != {"host"}:
-            return transfers.pop()
-        import ray
+            return [transfers.pop()] * len(infos)
+        rank_nodes = self._rank_nodes()
+        return [
+            "staged" if i.loads_staged and rank_nodes == {i.node_id} else "buckets" for i in infos
+        ]
 
-        node = ray.get_runtime_context().get_node_id()
-        here = all(i.loads_staged and i.node_id == node for i in infos)
-        everywhere = [here] * _world()
-        if dist.is_initialized():
-            dist.all_gather_object(everywhere, here)
-        return "staged" if all(everywhere) else "buckets"
+    def _rank_nodes(self) -> set[str]:
+        """The Ray nodes of every trainer rank (collective, asked once)."""
+        if self._nodes is None:
+            import ray
+
+            here = ray.get_runtime_context().get_node_id()
+            nodes = [here] * _world()
+            if dist.is_initialized():
+                dist.all_gather_object(nodes, here)
+            self._nodes = set(nodes)
+        return self._nodes
 
     # ---- staged: each rank writes its shard into shared memory ----------------------------
     def _push_staged(self, servers: list[Any], dtype: torch.dtype) -> dict[str, float]:
@@ -151,7 +187,8 @@ class WeightSender:
 
         plan, self._file = stage_shards(self.model, dtype, self._file)
         if self.rank == 0:
-            ray.get([s.load_staged_weights.remote([plan.to_wire()]) for s in servers])
+            node = ray.get_runtime_context().get_node_id()
+            ray.get([s.load_staged_weights.remote([plan.to_wire()], node) for s in servers])
         return {"tensors": float(len(plan.tensors)), "bytes": float(plan.nbytes)}
 
     # ---- buckets: gathered on rank 0, sent as Ray objects ---------------------------------

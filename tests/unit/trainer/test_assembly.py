@@ -34,9 +34,17 @@ class FakeRewards:
 class FakeWorkers:
     specs: list[Any] = []
 
-    def __init__(self, spec: Any, world_size: int, balance: bool = False) -> None:
+    def __init__(
+        self,
+        spec: Any,
+        world_size: int,
+        balance: bool = False,
+        nnodes: int = 1,
+        node_resource: str | None = None,
+    ) -> None:
         self.specs.append((spec, world_size))
         self.balance = balance
+        self.placement = (nnodes, node_resource)
 
     def shutdown(self) -> None:
         pass
@@ -82,7 +90,9 @@ def started(monkeypatch) -> list[str]:
     monkeypatch.setattr(
         trainer.loop.assembly,
         "init_ray",
-        lambda level, env: events.append(f"ray logs at {level}, env {sorted(env)}"),
+        lambda level, env, ray_init: events.append(
+            f"ray logs at {level}, env {sorted(env)}, ray_init {ray_init}"
+        ),
     )
     monkeypatch.setattr(trainer.loop.assembly, "start_rollout", start_rollout)
     monkeypatch.setattr(trainer.loop.assembly, "stop_rollout", stop_rollout)
@@ -119,7 +129,7 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
     parts = build_run(config_with(use_kl_loss=True), plan_of(tmp_path, started))
 
     assert started == [
-        "ray logs at WARNING, env ['AGENTLOOP_RUN_DIR']",
+        "ray logs at WARNING, env ['AGENTLOOP_RUN_DIR'], ray_init {'num_cpus': None}",
         "start rollout /models/m share=None servers=1",  # num_servers null on CPU: one
         "start rewards on cpu",
     ]
@@ -133,6 +143,7 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
     )
     assert spec.model.path == "/models/m"  # the resolved model config, not the configured one
     assert parts.workers.balance  # trainer.balance_batch, verl's default
+    assert parts.workers.placement == (1, None)  # trainer.nnodes, trainer.node_resource
     assert spec.critic is None  # grpo: no critic
     assert parts.sync.workers is parts.workers and parts.sync.servers is parts.servers
     assert parts.servers == ["server-0"] and not parts.sync.colocated
@@ -145,7 +156,7 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
 
 
 def test_a_part_that_fails_to_start_stops_those_before_it(tmp_path, started, monkeypatch):
-    def no_ranks(spec: Any, world_size: int, balance: bool) -> None:
+    def no_ranks(spec: Any, world_size: int, balance: bool, **placement: Any) -> None:
         raise RuntimeError("no room for the trainer ranks")
 
     monkeypatch.setattr(trainer.loop.assembly, "WorkerGroup", no_ranks)

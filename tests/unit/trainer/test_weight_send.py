@@ -204,9 +204,14 @@ def test_a_lora_actor_sends_its_adapter_where_every_server_loads_its_rank_else_m
     model = apply_lora(tiny_model(tied=False), ModelConfig(path="tiny", lora_rank=8))
     sender = WeightSender(model)
     sent: list[str] = []
-    monkeypatch.setattr(sender, "_push_adapter", lambda servers, dtype: sent.append("adapter"))
+
+    def record(what: str) -> dict[str, float]:
+        sent.append(what)
+        return {"tensors": 1.0, "bytes": 1.0}
+
+    monkeypatch.setattr(sender, "_push_adapter", lambda servers, dtype: record("adapter"))
     monkeypatch.setattr(
-        sender, "_push_buckets", lambda s, d, b, merged=False: sent.append(f"merged={merged}")
+        sender, "_push_buckets", lambda s, d, b, merged=False: record(f"merged={merged}")
     )
     monkeypatch.setattr(ray, "get", lambda refs: refs)
 
@@ -228,3 +233,52 @@ def test_a_lora_actor_sends_its_adapter_where_every_server_loads_its_rank_else_m
     ]
     with pytest.raises(ValueError, match=r"sends its adapter or merged weights .*not 'staged'"):
         sender.push([server(16)], 1 << 20, "staged")
+
+
+def test_each_server_gets_the_route_its_node_allows_by_node_id(monkeypatch):
+    """Staged only for a server that loads staged files on the node of every rank; buckets for
+    a server on another node or one that cannot load files (SGLang), in the same push; the
+    route is taken from node ids, whatever the files' reach."""
+    import ray
+
+    from trainer.workers.weight_send import WeightSender
+
+    sender = WeightSender(tiny_model(tied=False))
+    pushed: list[tuple[str, list[str]]] = []
+
+    def record(route: str):
+        def push(servers, *rest, **kw) -> dict[str, float]:
+            pushed.append((route, [s.name for s in servers]))
+            return {"tensors": 10.0, "bytes": 100.0}
+
+        return push
+
+    monkeypatch.setattr(sender, "_push_staged", record("staged"))
+    monkeypatch.setattr(sender, "_push_buckets", record("buckets"))
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    sender._nodes = {"node-a"}  # every rank on node-a
+
+    def server(name: str, node: str, staged: bool = True) -> SimpleNamespace:
+        answer = WeightSyncInfo(backend="vllm", dtype="float32", loads_staged=staged, node_id=node)
+        return SimpleNamespace(name=name, weight_sync_info=SimpleNamespace(remote=lambda: answer))
+
+    servers = [server("s0", "node-b"), server("s1", "node-a"), server("s2", "node-a", False)]
+    sent = sender.push(servers, 1 << 20)
+    assert sent["routes"] == ["buckets", "staged", "buckets"]
+    assert pushed == [("buckets", ["s0", "s2"]), ("staged", ["s1"])]
+    assert sent["bytes"] == 200.0 and sent["tensors"] == 10.0
+    sender._nodes = {"node-a", "node-b"}  # ranks on two nodes: no server has them all
+    assert sender.push(servers[:2], 1 << 20)["routes"] == ["buckets", "buckets"]
+    assert sender.push(servers[:2], 1 << 20, "staged")["routes"] == ["staged", "staged"]
+
+
+def test_route_metrics_name_each_server_and_count_each_route():
+    from trainer.loop.weight_sync import route_metrics
+
+    assert route_metrics(["buckets", "staged", "buckets"]) == {
+        "weight_sync/server_0/buckets": 1.0,
+        "weight_sync/server_1/staged": 1.0,
+        "weight_sync/server_2/buckets": 1.0,
+        "weight_sync/servers_buckets": 2.0,
+        "weight_sync/servers_staged": 1.0,
+    }
