@@ -1,0 +1,150 @@
+"""Weight routes on a real 4-node Ray cluster (one machine): each rollout server gets the
+trainer's weights by the route its node allows, chosen by node id. Nodes:
+
+- ``a``: 1 CPU, resources ``trainer``, ``solo``, ``rollout``: one trainer rank (the one-rank
+  group) and one rollout server;
+- ``b``: 0 CPUs, ``trainer``: the second rank of the two-rank group (gloo across nodes);
+- ``c``: 1 CPU, ``rollout``: the other rollout server.
+
+One rank on ``a``: the server on ``a`` loads the staged file, the one on ``c`` gets buckets.
+Two ranks on ``a`` and ``b``: no server holds every rank's node, so both get buckets. Each
+server's own count of what it loaded shows that the one on ``c`` never read a staged file,
+and a staged file written on ``a`` is refused there by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.ray_cluster import cluster_env, multinode_cluster, node_id
+from tests.ray_local import tiny_server_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PROMPT = [151644, 872, 198, 9707, 11, 3555, 374, 220, 17, 10, 17, 30, 151645, 198, 151644, 77091]
+SAMPLE = {"max_tokens": 16, "temperature": 1.0, "seed": 5, "ignore_eos": True, "logprobs": 0}
+
+
+@pytest.fixture(scope="module")
+def trainer_model_path(tiny_qwen3_path, tmp_path_factory):
+    """tiny-qwen3 with every weight moved: what the trainer holds, unlike the servers."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("moved")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_qwen3_path):
+    import ray
+
+    from servers import ServerGroup
+
+    nodes = {
+        "a": {"num_cpus": 1, "resources": {"trainer": 1, "solo": 1, "rollout": 1}},
+        "b": {"num_cpus": 0, "resources": {"trainer": 1}},
+        "c": {"num_cpus": 1, "resources": {"rollout": 1}},
+    }
+    with multinode_cluster(nodes) as (handle, added):
+        ray.init(address=handle.address, runtime_env={"env_vars": cluster_env()})
+        try:
+            group = ServerGroup(tiny_server_config(tiny_qwen3_path), 2, node_resource="rollout")
+            yield {name: node_id(n) for name, n in added.items()}, group
+            from servers import stop_servers
+
+            stop_servers(group.handles)
+        finally:
+            ray.shutdown()
+
+
+def spec_for(path) -> object:
+    from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
+    from trainer.workers import WorkerSpec
+
+    return WorkerSpec(
+        model_path=str(path),
+        model=ModelConfig(path=str(path)),
+        actor=ActorConfig(),
+        ref=RefConfig(),
+        need_ref=False,
+        device="cpu",
+    )
+
+
+def test_each_server_gets_the_route_of_its_node_and_serves_the_same_weights(
+    cluster, trainer_model_path
+):
+    import ray
+
+    from trainer.workers import WorkerGroup
+
+    nodes, group = cluster
+    servers = group.handles
+    infos = ray.get([s.weight_sync_info.remote() for s in servers])
+    on = {info.node_id: server for info, server in zip(infos, servers, strict=True)}
+    assert set(on) == {nodes["a"], nodes["c"]}  # one server per rollout node (1 CPU each)
+    before = ray.get(on[nodes["c"]].generate.remote(PROMPT, SAMPLE)).log_probs
+
+    one = WorkerGroup(spec_for(trainer_model_path), 1, node_resource="solo")
+    try:
+        assert [n["node_id"] for n in one.nodes] == [nodes["a"]]
+        sent = one.push_weights(servers, 1 << 20)
+    finally:
+        one.shutdown()
+    routes = {info.node_id: r for info, r in zip(infos, sent["routes"], strict=True)}
+    assert routes == {nodes["a"]: "staged", nodes["c"]: "buckets"}
+    loads = {n: ray.get(on[n].weight_loads.remote()) for n in on}
+    assert loads[nodes["a"]] == {"staged": 1, "buckets": 0, "adapter": 0, "transfer": 0}
+    assert loads[nodes["c"]] == {"staged": 0, "buckets": 1, "adapter": 0, "transfer": 0}
+    # both routes delivered the same weights: equal log-probs of the same sampled tokens
+    out = {n: ray.get(on[n].generate.remote(PROMPT, SAMPLE)) for n in on}
+    assert out[nodes["a"]].token_ids == out[nodes["c"]].token_ids
+    gap = torch.tensor(out[nodes["a"]].log_probs) - torch.tensor(out[nodes["c"]].log_probs)
+    assert gap.abs().max().item() < 1e-5
+    assert out[nodes["c"]].log_probs != before  # the weights moved
+
+    two = WorkerGroup(spec_for(trainer_model_path), 2, nnodes=2, node_resource="trainer")
+    try:
+        assert sorted(n["node_id"] for n in two.nodes) == sorted([nodes["a"], nodes["b"]])
+        assert two.push_weights(servers, 1 << 20)["routes"] == ["buckets", "buckets"]
+    finally:
+        two.shutdown()
+    loads = {n: ray.get(on[n].weight_loads.remote()) for n in on}
+    assert loads[nodes["a"]]["buckets"] == 1 and loads[nodes["c"]] == {
+        "staged": 0,
+        "buckets": 2,
+        "adapter": 0,
+        "transfer": 0,
+    }
+
+
+def test_a_staged_file_written_on_another_node_is_refused(cluster):
+    import ray
+
+    nodes, group = cluster
+    infos = ray.get([s.weight_sync_info.remote() for s in group.handles])
+    far = next(s for s, i in zip(group.handles, infos, strict=True) if i.node_id == nodes["c"])
+    with pytest.raises(ray.exceptions.RayTaskError) as err:
+        ray.get(far.load_staged_weights.remote([], nodes["a"]))
+    assert (
+        f"staged weights written on node {nodes['a']} cannot be read on node {nodes['c']}: "
+        "a server on another node gets its weights in buckets"
+    ) in str(err.value)
+
+
+def test_trainer_nodes_that_are_not_there_stop_the_start_saying_what_to_change(cluster):
+    from trainer.workers.placement import place_ranks
+
+    with pytest.raises(RuntimeError) as err:
+        place_ranks(3, 3, "cpu", 1.0, "trainer", timeout_s=3)
+    assert str(err.value) == (
+        "the trainer's 3 node(s) x 1 rank(s) could not be placed in 3 s: each node needs "
+        "{'trainer': 0.001} free, and 2 of the cluster's 4 alive node(s) have that much in "
+        "all; 2 declare 'trainer'. Add nodes (ray start --address=...), lower trainer.nnodes, "
+        "or change trainer.node_resource"
+    )
