@@ -178,7 +178,15 @@ class ServerGroup:
             ) from exc
         self.handles[index] = handle
         _record_shm(handle)
-        logger.warning("server %d restarted (%d of %d)", index, self.restarts, self.max_restarts)
+        footprint = _FOOTPRINTS.get(_actor_key(handle))
+        node = footprint.node_id if footprint is not None else None
+        logger.warning(
+            "server %d restarted (%d of %d) on node %s",
+            index,
+            self.restarts,
+            self.max_restarts,
+            node or "(not under Ray)",
+        )
         return handle
 
 

@@ -1,16 +1,21 @@
-"""A trainer rank, a rollout server and the driver killed for real in a PPO run (GAE with a
-critic): tiny-qwen3 on one vLLM CPU server, 2 FSDP2 gloo ranks holding the actor and the
-critic, Ray local, multi-turn tool_agent rows. The actor trains a LoRA adapter (verl's keys:
-rank 8 on every linear layer), so each weight sync sends only the adapter, which the server
-loads as its next LoRA version; the critic trains a LoRA adapter and its value head.
+"""Nodes lost for real in a PPO run (GAE with a critic) on a multi-node Ray cluster: tiny-qwen3
+on one vLLM CPU server, 2 FSDP2 gloo ranks on two nodes holding the actor and the critic,
+multi-turn tool_agent rows. The cluster (``tests/ray_cluster.py``, Ray's own ``cluster_utils``
+on this machine) has a head that runs only the driver, which joins it through ``RAY_ADDRESS``;
+trainer nodes ``a`` and ``b`` (``trainer.node_resource=trainer``: rank 0 on one, rank 1 on the
+other, gloo between them); rollout node ``c`` (the server); rollout node ``d`` (the agent-loop
+workers with their tools, ``agent.node_resource=agents``, and room for a server). The actor
+trains a LoRA adapter (verl's keys: rank 8 on every linear layer), so each weight sync sends
+only the adapter, which the server loads as its next LoRA version; the critic trains a LoRA
+adapter and its value head.
 
-1. Sync run: after the step-2 checkpoint one rank's process gets SIGKILL; the run stops in
-   step 3 with a message naming the rank, the step, the last checkpoint and how to resume,
-   and exits 1.
-2. Run again in async mode (staleness 1, 4 steps): it resumes from step 2; its only rollout
-   server is killed as step 3 starts and is restarted with the step-2 weights while the
-   stream goes on. Right after the step-3 checkpoint, with step 4's groups in flight, the
-   driver and its whole process tree get SIGKILL.
+1. Sync run: after the step-2 checkpoint node ``b`` (rank 1's) leaves the cluster; the run
+   stops in step 3 with a message naming the rank, its node, the step, the last checkpoint
+   and how to resume, and exits 1. A new trainer node joins.
+2. Run again in async mode (staleness 1, 4 steps): it resumes from step 2 on nodes ``a`` and
+   the new one; the server's node ``c`` leaves the cluster as step 3 starts, and the server is
+   restarted on ``d`` with the step-2 weights while the stream goes on. Right after the step-3
+   checkpoint, with step 4's groups in flight, the driver gets SIGKILL (Ray ends its job).
 3. Run again: it resumes from step 3, rolls out the in-flight prompts again first and trains
    step 4. Across the checkpoint lineage every prompt of the epoch is trained exactly once;
    after every weight sync (the restarted server's included) the server's log-probs match
@@ -33,6 +38,7 @@ import pytest
 import torch
 import yaml
 
+from tests.ray_cluster import cluster_env, multinode_cluster, node_id
 from tests.shm import remove_new_segments, shm_segments
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -64,6 +70,20 @@ PER_STEP = (
     "timing_s/values",
     "timing_s/update_critic",
 )
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (driver only), trainer nodes a and b, rollout nodes c (the server) and d (agent
+    workers, and the server's place once c is lost)."""
+    nodes = {
+        "a": {"num_cpus": 0, "resources": {"trainer": 1}},
+        "b": {"num_cpus": 0, "resources": {"trainer": 1}},
+        "c": {"num_cpus": 1, "resources": {"rollout": 1}},
+        "d": {"num_cpus": 1, "resources": {"rollout": 1, "agents": 1}},
+    }
+    with multinode_cluster(nodes) as (handle, added):
+        yield handle, added
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +156,11 @@ def command(task: Path, run_dir: Path, *extra: str, steps: int = 3) -> list[str]
         "critic.model.lora_rank=8",
         "critic.optim.lr=1e-3",
         f"custom_reward_function.path={task / 'reward.py'}",
-        "trainer.n_gpus_per_node=2",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        "trainer.node_resource=trainer",
+        "actor_rollout_ref.rollout.node_resource=rollout",
+        "actor_rollout_ref.rollout.agent.node_resource=agents",
         f"trainer.total_training_steps={steps}",
         "trainer.save_freq=1",
         "trainer.test_freq=2",
@@ -152,8 +176,9 @@ ASYNC = ("async_training.enable=True", "async_training.staleness_threshold=1")
 """The resumed run trains async: a sync checkpoint resumes into the stream."""
 
 
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1"}
+def env(address: str) -> dict[str, str]:
+    """The driver's: it joins the cluster at ``address``."""
+    return {**os.environ, **cluster_env(), "RAY_ADDRESS": address}
 
 
 def steps_logged(run_dir: Path) -> list[dict]:
@@ -177,26 +202,18 @@ def phase(name: str, start: float) -> None:
     print(f"{name} after {time.monotonic() - start:.0f} s", flush=True)
 
 
-def ray_actors(proc: subprocess.Popen, name: str) -> list[psutil.Process]:
-    """The run's actor processes of class ``name`` (Ray titles them ``ray::<name>...``)."""
-    found = []
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        try:
-            if f"ray::{name}" in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
-def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
-    task, tmp_path, tiny_qwen3_path
+def test_a_lost_trainer_node_stops_the_run_clearly_and_it_resumes_past_a_lost_server_node(
+    cluster, task, tmp_path, tiny_qwen3_path
 ):
+    handle, nodes = cluster
+    address = handle.address
     run_dir = tmp_path / "run"
     log1 = (tmp_path / "run1.log").open("w")
     shm_before = shm_segments()
     start = time.monotonic()
-    proc = subprocess.Popen(command(task, run_dir), cwd=REPO, env=env(), stdout=log1, stderr=log1)
+    proc = subprocess.Popen(
+        command(task, run_dir), cwd=REPO, env=env(address), stdout=log1, stderr=log1
+    )
     deadline = time.monotonic() + 600
     try:
         while not (
@@ -207,9 +224,7 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
             assert time.monotonic() < deadline, "run 1 did not reach step 2 in time"
             time.sleep(0.5)
         phase("run 1 saved step 2", start)
-        ranks = ray_actors(proc, "FSDPWorker")
-        assert len(ranks) == 2, [r.cmdline() for r in ranks]
-        os.kill(ranks[1].pid, signal.SIGKILL)
+        handle.remove_node(nodes["b"])  # one rank's node: the ranks hold one node each
         code = proc.wait(timeout=300)
         phase("run 1 exited", start)
     finally:
@@ -219,7 +234,13 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
         remove_new_segments(shm_before)  # a killed rank cannot unlink its segments
     text = (tmp_path / "run1.log").read_text()
     assert code == 1, text[-3000:]
-    message = re.search(r"agentloop-train: trainer rank [01] died during \w+ .*", text)
+    lost = node_id(nodes["b"])
+    rank = int(lost > node_id(nodes["a"]))  # ranks follow the trainer nodes' id order
+    message = re.search(
+        rf"agentloop-train: trainer rank {rank} on node {lost} \(\S+, which left the cluster\) "
+        r"died during \w+ .*",
+        text,
+    )
     assert message, text[-3000:]
     assert message.group(0).endswith(
         f"the run stopped in step 3: the last checkpoint is {run_dir / 'global_step_2'} "
@@ -228,6 +249,9 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     ), message.group(0)
     assert not (run_dir / "global_step_3").exists()
     assert [s["step"] for s in steps_logged(run_dir)] == [1, 2]
+    # the route of each sync, per server, in the metrics: the adapter (LoRA) to server 0
+    assert all(s["weight_sync/server_0/adapter"] == 1.0 for s in steps_logged(run_dir))
+    handle.add_node(num_cpus=0, resources={"trainer": 1})  # a replacement trainer node
 
     # ---- resume, in async mode: continues at step 3, repeats nothing. Its only rollout
     # server is killed as step 3 starts: it is restarted and given the step-2 weights (the
@@ -236,7 +260,11 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
     log2_path = tmp_path / "run2.log"
     with log2_path.open("w") as log2:
         proc = subprocess.Popen(
-            command(task, run_dir, *ASYNC, steps=4), cwd=REPO, env=env(), stdout=log2, stderr=log2
+            command(task, run_dir, *ASYNC, steps=4),
+            cwd=REPO,
+            env=env(address),
+            stdout=log2,
+            stderr=log2,
         )
         try:
             deadline = time.monotonic() + 600
@@ -245,8 +273,7 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
                 assert time.monotonic() < deadline, "run 2 did not resume in time"
                 time.sleep(0.2)
             phase("run 2 resumed", start)
-            (server,) = ray_actors(proc, "AsyncServer")
-            server.kill()
+            handle.remove_node(nodes["c"])  # the server's node
             while not (
                 (run_dir / "global_step_3").is_dir()
                 and any(s["step"] == 3 for s in steps_logged(run_dir))
@@ -256,8 +283,8 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
                 time.sleep(0.2)
             phase("run 2 saved step 3", start)
             tree = psutil.Process(proc.pid).children(recursive=True)
-            proc.send_signal(signal.SIGKILL)
-            for child in tree:  # a dead node: nothing of the run outlives its driver
+            proc.send_signal(signal.SIGKILL)  # Ray ends the job: its actors on every node
+            for child in tree:  # what the driver itself started (the tool limiters' none)
                 try:
                     child.kill()
                 except psutil.NoSuchProcess:
@@ -268,7 +295,9 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
                 proc.kill()
             remove_new_segments(shm_before)
     text = log2_path.read_text()
-    assert "at step 2" in text and "server 0 restarted (1 of 3)" in text
+    assert "at step 2" in text
+    # restarted on the rollout node that remains
+    assert f"server 0 restarted (1 of 3) on node {node_id(nodes['d'])}" in text, text[-3000:]
     state3 = json.loads((run_dir / "global_step_3" / "trainer_state.json").read_text())
     # all 8 prompts of epoch 1 were admitted (staleness 1); step 3 trained the 4 oldest that
     # had finished, the other 4 were in flight when step 3 was saved
@@ -282,7 +311,7 @@ def test_a_killed_trainer_rank_stops_the_run_clearly_and_it_resumes(
         proc = subprocess.run(
             command(task, run_dir, *ASYNC, steps=4),
             cwd=REPO,
-            env=env(),
+            env=env(address),
             stdout=log3,
             stderr=log3,
             timeout=600,
