@@ -108,3 +108,19 @@ def max_logprob_gap(batch, model_path, prompt_len: int) -> float:
         gap = (resp[mask] - batch.rollout_log_probs[i, : resp.shape[0]][mask]).abs().max()
         worst = max(worst, gap.item())
     return worst
+
+
+class CallsNodeParser:
+    """Reads every model turn as one call of the MCP tool ``where-node``
+    (tests/integration/cluster/node_mcp_server.py)."""
+
+    def parse(self, text: str) -> ParsedTurn:
+        return ParsedTurn(content=text, items=[ToolCall("where-node", {}, raw=text)])
+
+
+class NodeToolAgentLoop(ClosesCutTurns, ToolAgentLoop):
+    """tool_agent that calls ``where-node`` every turn, cut turns closed."""
+
+    def __init__(self, context, **kwargs) -> None:
+        super().__init__(context, **kwargs)
+        self.parser = CallsNodeParser()

@@ -1,10 +1,13 @@
-"""Weight routes on a real 4-node Ray cluster (one machine): each rollout server gets the
-trainer's weights by the route its node allows, chosen by node id. Nodes:
+"""Parts on other nodes of a real 4-node Ray cluster (one machine), the driver being this test
+on the head. Weight routes: each rollout server gets the trainer's weights by the route its
+node allows, chosen by node id. Agent-loop workers on another node start their MCP servers
+there, and a judge on another node scores. Nodes:
 
 - ``a``: 1 CPU, resources ``trainer``, ``solo``, ``rollout``: one trainer rank (the one-rank
   group) and one rollout server;
 - ``b``: 0 CPUs, ``trainer``: the second rank of the two-rank group (gloo across nodes);
-- ``c``: 1 CPU, ``rollout``: the other rollout server.
+- ``c``: 1 CPU, ``rollout``, ``agents``: the other rollout server, the agent-loop workers
+  (with their MCP server) and the judge's server.
 
 One rank on ``a``: the server on ``a`` loads the staged file, the one on ``c`` gets buckets.
 Two ranks on ``a`` and ``b``: no server holds every rank's node, so both get buckets. Each
@@ -12,6 +15,9 @@ server's own count of what it loaded shows that the one on ``c`` never read a st
 and a staged file written on ``a`` is refused there by name."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +29,7 @@ from tests.ray_local import tiny_server_config
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROMPT = [151644, 872, 198, 9707, 11, 3555, 374, 220, 17, 10, 17, 30, 151645, 198, 151644, 77091]
+NODE_SERVER = Path(__file__).with_name("node_mcp_server.py")
 SAMPLE = {"max_tokens": 16, "temperature": 1.0, "seed": 5, "ignore_eos": True, "logprobs": 0}
 
 
@@ -48,13 +55,17 @@ def cluster(tiny_qwen3_path):
     nodes = {
         "a": {"num_cpus": 1, "resources": {"trainer": 1, "solo": 1, "rollout": 1}},
         "b": {"num_cpus": 0, "resources": {"trainer": 1}},
-        "c": {"num_cpus": 1, "resources": {"rollout": 1}},
+        "c": {"num_cpus": 1, "resources": {"rollout": 1, "agents": 1}},
     }
     with multinode_cluster(nodes) as (handle, added):
-        ray.init(address=handle.address, runtime_env={"env_vars": cluster_env()})
+        ray.init(
+            address=handle.address,
+            runtime_env={"env_vars": cluster_env()},
+            log_to_driver=False,
+        )
         try:
             group = ServerGroup(tiny_server_config(tiny_qwen3_path), 2, node_resource="rollout")
-            yield {name: node_id(n) for name, n in added.items()}, group
+            yield {name: node_id(n) for name, n in added.items()}, group, added
             from servers import stop_servers
 
             stop_servers(group.handles)
@@ -83,7 +94,7 @@ def test_each_server_gets_the_route_of_its_node_and_serves_the_same_weights(
 
     from trainer.workers import WorkerGroup
 
-    nodes, group = cluster
+    nodes, group, _ = cluster
     servers = group.handles
     infos = ray.get([s.weight_sync_info.remote() for s in servers])
     on = {info.node_id: server for info, server in zip(infos, servers, strict=True)}
@@ -126,7 +137,7 @@ def test_each_server_gets_the_route_of_its_node_and_serves_the_same_weights(
 def test_a_staged_file_written_on_another_node_is_refused(cluster):
     import ray
 
-    nodes, group = cluster
+    nodes, group, _ = cluster
     infos = ray.get([s.weight_sync_info.remote() for s in group.handles])
     far = next(s for s, i in zip(group.handles, infos, strict=True) if i.node_id == nodes["c"])
     with pytest.raises(ray.exceptions.RayTaskError) as err:
@@ -148,3 +159,101 @@ def test_trainer_nodes_that_are_not_there_stop_the_start_saying_what_to_change(c
         "all; 2 declare 'trainer'. Add nodes (ray start --address=...), lower trainer.nnodes, "
         "or change trainer.node_resource"
     )
+
+
+def test_agent_workers_on_another_node_run_their_mcp_tools_there_and_a_judge_there_scores(
+    cluster, tiny_qwen3_path, tmp_path
+):
+    """``agent.node_resource=agents``: the workers run on c, and the MCP server they start
+    answers from c (its raylet's pid); the judge's reward, computed here on the head, is
+    served by c's engine."""
+    import asyncio
+    import json
+
+    import ray
+    import yaml
+    from ray import ray_constants
+    from transformers import AutoTokenizer
+
+    from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutConfig
+    from servers import AsyncLLMServerManager
+    from servers.placement import on_nodes_with
+    from trainer.config.reward import JudgeConfig
+    from trainer.rewards.judge import JudgeReward
+    from trainer.rewards.types import RewardSample
+
+    nodes, group, added = cluster
+    (tmp_path / "mcp.json").write_text(
+        json.dumps(
+            {"mcpServers": {"where": {"command": sys.executable, "args": [str(NODE_SERVER)]}}}
+        )
+    )
+    loop = {
+        "name": "node_tool_agent",
+        "_target_": "tests.integration.agentloop.helpers.NodeToolAgentLoop",
+    }
+    (tmp_path / "loops.yaml").write_text(yaml.safe_dump([loop]))
+    config = RolloutConfig(
+        n=2,
+        prompt_length=256,
+        response_length=96,
+        multi_turn=MultiTurnConfig(
+            tool_config_path=str(tmp_path / "mcp.json"),
+            max_assistant_turns=2,
+            max_tokens_per_turn=8,
+        ),
+        agent=AgentConfig(
+            num_workers=1,
+            agent_loop_config_path=str(tmp_path / "loops.yaml"),
+            node_resource="agents",
+        ),
+    )
+    manager = AgentLoopManager(
+        config, group.handles, str(tiny_qwen3_path), worker_options=on_nodes_with("agents")
+    )
+    try:
+        from ray.util.state import list_actors
+
+        (worker,) = list_actors(
+            filters=[("class_name", "=", "AgentLoopWorker"), ("state", "=", "ALIVE")]
+        )
+        assert worker.node_id == nodes["c"]
+        rows = [
+            {
+                "raw_prompt": [{"role": "user", "content": "Where are you?"}],
+                "agent_name": "node_tool_agent",
+            }
+        ]
+        batch = manager.generate_sequences(rows)
+    finally:
+        manager.shutdown()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_path)
+    raylet = added["c"].all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    texts = [tokenizer.decode(r) for r in batch.responses]
+    assert all(r.tool_calls >= 1 and r.tool_errors == 0 for r in batch.records), batch.records
+    assert all(f"raylet {raylet}" in t for t in texts), texts
+
+    judge_config = JudgeConfig(
+        enable=True, model_path=str(tiny_qwen3_path), max_tokens=8, max_model_len=512
+    )
+    far = next(
+        s
+        for s, i in zip(
+            group.handles,
+            ray.get([s.weight_sync_info.remote() for s in group.handles]),
+            strict=True,
+        )
+        if i.node_id == nodes["c"]
+    )
+    judge = JudgeReward(judge_config, AsyncLLMServerManager([far]), tokenizer)
+    sample = RewardSample(
+        index=0,
+        data_source="where",
+        solution_str="On node c.",
+        ground_truth="c",
+        extra_info={},
+        row={"prompt": [{"role": "user", "content": "Where are you?"}]},
+    )
+    (score,) = asyncio.run(judge.score([sample]))
+    assert judge.metrics()["requests"] == 1.0
+    assert 0 in judge.outputs and isinstance(score, dict) and "score" in score
