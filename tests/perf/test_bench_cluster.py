@@ -26,13 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
+from tests.integration.cluster.helpers import cpu_spec, write_node_tools
 from tests.ray_cluster import cluster_env, multinode_cluster, node_id
 
 REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 5
-NODE_SERVER = REPO / "tests" / "integration" / "cluster" / "node_mcp_server.py"
 
 
 def task(d: Path) -> Path:
@@ -47,16 +45,7 @@ def task(d: Path) -> Path:
         for i in range(8)
     ]
     (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / "mcp.json").write_text(
-        json.dumps(
-            {"mcpServers": {"where": {"command": sys.executable, "args": [str(NODE_SERVER)]}}}
-        )
-    )
-    loop = {
-        "name": "node_tool_agent",
-        "_target_": "tests.integration.agentloop.helpers.NodeToolAgentLoop",
-    }
-    (d / "loops.yaml").write_text(yaml.safe_dump([loop]))
+    write_node_tools(d)
     (d / "reward.py").write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
         "    return (len(solution_str) % 7) / 6.0\n"
@@ -125,22 +114,14 @@ def route_timings(nodes: dict, smollm2: Path) -> dict:
     import ray
 
     from servers import ServerConfig, ServerGroup, stop_servers
-    from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
-    from trainer.workers import WorkerGroup, WorkerSpec
+    from trainer.workers import WorkerGroup
 
     group = ServerGroup(
         ServerConfig(model=str(smollm2), max_model_len=1024, http=False), 2, node_resource="rollout"
     )
     infos = ray.get([s.weight_sync_info.remote() for s in group.handles])
     on = {i.node_id: s for i, s in zip(infos, group.handles, strict=True)}
-    spec = WorkerSpec(
-        model_path=str(smollm2),
-        model=ModelConfig(path=str(smollm2)),
-        actor=ActorConfig(),
-        ref=RefConfig(),
-        need_ref=False,
-        device="cpu",
-    )
+    spec = cpu_spec(smollm2)
     times: dict[str, list[float]] = {"staged": [], "buckets": [], "buckets_2_ranks": []}
     sizes: dict[str, float] = {}
     try:

@@ -16,34 +16,20 @@ and a staged file written on ``a`` is refused there by name."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
+from tests.integration.cluster.helpers import cpu_spec, write_node_tools
+from tests.integration.trainer import test_weight_push
 from tests.ray_cluster import cluster_env, multinode_cluster, node_id
 from tests.ray_local import tiny_server_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+trainer_model_path = test_weight_push.trainer_model_path  # the fixture: tiny-qwen3, weights moved
+
 PROMPT = [151644, 872, 198, 9707, 11, 3555, 374, 220, 17, 10, 17, 30, 151645, 198, 151644, 77091]
-NODE_SERVER = Path(__file__).with_name("node_mcp_server.py")
 SAMPLE = {"max_tokens": 16, "temperature": 1.0, "seed": 5, "ignore_eos": True, "logprobs": 0}
-
-
-@pytest.fixture(scope="module")
-def trainer_model_path(tiny_qwen3_path, tmp_path_factory):
-    """tiny-qwen3 with every weight moved: what the trainer holds, unlike the servers."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32)
-    torch.manual_seed(11)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    path = tmp_path_factory.mktemp("moved")
-    model.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -73,20 +59,6 @@ def cluster(tiny_qwen3_path):
             ray.shutdown()
 
 
-def spec_for(path) -> object:
-    from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
-    from trainer.workers import WorkerSpec
-
-    return WorkerSpec(
-        model_path=str(path),
-        model=ModelConfig(path=str(path)),
-        actor=ActorConfig(),
-        ref=RefConfig(),
-        need_ref=False,
-        device="cpu",
-    )
-
-
 def test_each_server_gets_the_route_of_its_node_and_serves_the_same_weights(
     cluster, trainer_model_path
 ):
@@ -101,7 +73,7 @@ def test_each_server_gets_the_route_of_its_node_and_serves_the_same_weights(
     assert set(on) == {nodes["a"], nodes["c"]}  # one server per rollout node (1 CPU each)
     before = ray.get(on[nodes["c"]].generate.remote(PROMPT, SAMPLE)).log_probs
 
-    one = WorkerGroup(spec_for(trainer_model_path), 1, node_resource="solo")
+    one = WorkerGroup(cpu_spec(trainer_model_path), 1, node_resource="solo")
     try:
         assert [n["node_id"] for n in one.nodes] == [nodes["a"]]
         sent = one.push_weights(servers, 1 << 20)
@@ -119,9 +91,10 @@ def test_each_server_gets_the_route_of_its_node_and_serves_the_same_weights(
     assert gap.abs().max().item() < 1e-5
     assert out[nodes["c"]].log_probs != before  # the weights moved
 
-    two = WorkerGroup(spec_for(trainer_model_path), 2, nnodes=2, node_resource="trainer")
+    two = WorkerGroup(cpu_spec(trainer_model_path), 2, nnodes=2, node_resource="trainer")
     try:
-        assert sorted(n["node_id"] for n in two.nodes) == sorted([nodes["a"], nodes["b"]])
+        # one rank per node, in node-id order (the same nodes give the same ranks again)
+        assert [n["node_id"] for n in two.nodes] == sorted([nodes["a"], nodes["b"]])
         assert two.push_weights(servers, 1 << 20)["routes"] == ["buckets", "buckets"]
     finally:
         two.shutdown()
@@ -168,10 +141,8 @@ def test_agent_workers_on_another_node_run_their_mcp_tools_there_and_a_judge_the
     answers from c (its raylet's pid); the judge's reward, computed here on the head, is
     served by c's engine."""
     import asyncio
-    import json
 
     import ray
-    import yaml
     from ray import ray_constants
     from transformers import AutoTokenizer
 
@@ -183,28 +154,19 @@ def test_agent_workers_on_another_node_run_their_mcp_tools_there_and_a_judge_the
     from trainer.rewards.types import RewardSample
 
     nodes, group, added = cluster
-    (tmp_path / "mcp.json").write_text(
-        json.dumps(
-            {"mcpServers": {"where": {"command": sys.executable, "args": [str(NODE_SERVER)]}}}
-        )
-    )
-    loop = {
-        "name": "node_tool_agent",
-        "_target_": "tests.integration.agentloop.helpers.NodeToolAgentLoop",
-    }
-    (tmp_path / "loops.yaml").write_text(yaml.safe_dump([loop]))
+    mcp, loops = write_node_tools(tmp_path)
     config = RolloutConfig(
         n=2,
         prompt_length=256,
         response_length=96,
         multi_turn=MultiTurnConfig(
-            tool_config_path=str(tmp_path / "mcp.json"),
+            tool_config_path=str(mcp),
             max_assistant_turns=2,
             max_tokens_per_turn=8,
         ),
         agent=AgentConfig(
             num_workers=1,
-            agent_loop_config_path=str(tmp_path / "loops.yaml"),
+            agent_loop_config_path=str(loops),
             node_resource="agents",
         ),
     )
