@@ -133,6 +133,13 @@ def plan_run(config: Config) -> RunPlan:
             "async_training.enable=True needs rollout servers on their own GPUs (they generate "
             "while the trainer updates): set actor_rollout_ref.hybrid_engine=False"
         )
+    if config.trainer.nnodes > 1 and device == "cuda" and config.actor_rollout_ref.hybrid_engine:
+        raise ValueError(
+            f"trainer.nnodes={config.trainer.nnodes} with servers colocated on the trainer's "
+            "GPUs is not supported yet (a server and a rank would each take half a GPU outside "
+            "one placement group): set actor_rollout_ref.hybrid_engine=False and give the "
+            "servers GPUs of their own (actor_rollout_ref.rollout.node_resource, docs/cluster.md)"
+        )
     config.actor_rollout_ref.check_weight_transfer(device)
     config.servers_for(device)  # raises when the GPUs do not split into rollout servers
     config.actor_rollout_ref.warn_cpu_noops(device)

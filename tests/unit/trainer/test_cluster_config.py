@@ -88,3 +88,34 @@ def test_a_dead_ranks_error_names_its_node_and_whether_the_node_left(monkeypatch
     alive = TrainerWorkerDiedError(0, "compute_log_prob", cause, {"node_id": "aa", "ip": "x"})
     assert str(alive).startswith("trainer rank 0 on node aa (x) died during compute_log_prob")
     assert str(TrainerWorkerDiedError(0, "m", cause)).startswith("trainer rank 0 died during m")
+
+
+def test_colocated_servers_across_trainer_nodes_stop_the_start(tmp_path, monkeypatch):
+    """Several trainer nodes on GPU need servers on GPUs of their own: said before anything
+    starts."""
+    import torch
+
+    from trainer.loop.assembly import plan_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    config, _ = load_config(
+        [
+            "actor_rollout_ref.model.path=m",
+            "trainer.device=cuda",
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=8",
+            "actor_rollout_ref.rollout.n=2",
+            "data.train_batch_size=32",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+            f"trainer.default_local_dir={tmp_path}",
+        ]
+    )
+    with pytest.raises(ValueError) as info:
+        plan_run(config)
+    assert str(info.value) == (
+        "trainer.nnodes=2 with servers colocated on the trainer's GPUs is not supported yet (a "
+        "server and a rank would each take half a GPU outside one placement group): set "
+        "actor_rollout_ref.hybrid_engine=False and give the servers GPUs of their own "
+        "(actor_rollout_ref.rollout.node_resource, docs/cluster.md)"
+    )
