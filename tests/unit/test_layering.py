@@ -183,6 +183,7 @@ TRAINER_ORDER = (
     "rewards",
     "loop",
     "sft",
+    "studio",
     "cli",
 )
 

@@ -1,0 +1,78 @@
+"""The studio's pages (Jinja2, rendered on the server; plain forms, no JavaScript build)."""
+
+from __future__ import annotations
+
+BASE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>agentloop studio - {{ title }}</title>
+<style>
+body { font-family: sans-serif; margin: 1.5em; max-width: 70em; }
+nav a { margin-right: 1em; } pre { background: #f4f4f4; padding: .5em; white-space: pre-wrap; }
+.error { color: #a00; } .ok { color: #070; } table { border-collapse: collapse; }
+td, th { border: 1px solid #ccc; padding: .3em .6em; vertical-align: top; text-align: left; }
+input[type=text], textarea { width: 40em; }
+</style></head><body>
+<nav><a href="/">studio</a><a href="/tools">tools</a><a href="/reward">reward</a></nav>
+<h1>{{ title }}</h1>
+{% if error %}<pre class="error" id="error">{{ error }}</pre>{% endif %}
+{% block body %}{% endblock %}
+</body></html>"""
+
+INDEX = """{% extends "base" %}{% block body %}
+<p>Build a tool environment: load its tools and call them as the model would, try a reward
+file on an answer. The same loaders and checks as <code>agentloop-train</code>: an error here
+is the error the run would give.</p>
+<ul><li><a href="/tools">tools</a>{% if tools %}: {{ tools.path }} ({{ tools.tools|length }}
+loaded){% endif %}</li>
+<li><a href="/reward">reward</a>{% if reward %}: {{ reward.path }}:{{ reward.name }}{% endif %}
+</li></ul>
+{% endblock %}"""
+
+TOOLS = """{% extends "base" %}{% block body %}
+<form method="post" action="/tools/load">
+<label>tool config (YAML, MCP JSON or a .py module of functions)
+<input type="text" name="path" id="tool-path" value="{{ bench.path if bench else '' }}"></label>
+<button type="submit" id="load-tools">load</button></form>
+{% if bench %}
+<h2>{{ views|length }} tool(s) from {{ bench.path }}</h2>
+<table id="tools"><tr><th>tool</th><th>source</th><th>arguments (JSON schema)</th>
+<th>call</th></tr>
+{% for view in views %}<tr id="tool-{{ view.name }}"><td><b>{{ view.name }}</b><br>
+{{ view.description }}</td><td>{{ view.source }}</td>
+<td><pre>{{ view.parameters | tojson(indent=2) }}</pre></td>
+<td><form method="post" action="/tools/call">
+<input type="hidden" name="name" value="{{ view.name }}">
+{% for arg, spec in (view.parameters.get('properties') or {}).items() %}
+<label>{{ arg }} ({{ spec.get('type', 'any') }})
+<input type="text" name="arg:{{ arg }}" id="arg-{{ view.name }}-{{ arg }}"></label><br>
+{% endfor %}
+<button type="submit" id="call-{{ view.name }}">call</button></form></td></tr>
+{% endfor %}</table>
+<form method="post" action="/tools/close"><button type="submit">stop its servers</button></form>
+{% endif %}
+{% if call %}<h2>what the model reads from {{ call.name }}</h2>
+<p class="{{ 'ok' if call.ok else 'error' }}" id="call-status">
+{{ 'ok' if call.ok else call.error_kind }} in {{ '%.3f' % call.seconds }} s
+{% if call.truncated %}(truncated as in training){% endif %}</p>
+<p>arguments: <code>{{ call.arguments | tojson }}</code></p>
+<pre id="call-text">{{ call.text }}</pre>{% endif %}
+{% endblock %}"""
+
+REWARD = """{% extends "base" %}{% block body %}
+<form method="post" action="/reward/load">
+<label>reward file <input type="text" name="path" id="reward-path"
+value="{{ bench.path if bench else '' }}"></label>
+<label>function <input type="text" name="name" value="{{ bench.name if bench else
+'compute_score' }}"></label>
+<button type="submit" id="load-reward">load</button></form>
+{% if bench %}<form method="post" action="/reward/score">
+<label>row (JSON: data_source, reward_model.ground_truth, extra_info)<br>
+<textarea name="row" id="reward-row" rows="5">{{ row }}</textarea></label><br>
+<label>answer<br><textarea name="answer" id="reward-answer" rows="4">{{ answer }}</textarea>
+</label><br><button type="submit" id="score">score</button></form>{% endif %}
+{% if view %}<h2>result</h2>
+{% if view.error %}<pre class="error" id="reward-error">{{ view.error }}</pre>
+{% else %}<p id="reward-score">score: {{ view.score }}</p>
+<pre id="reward-result">{{ view.result | tojson(indent=2) }}</pre>{% endif %}{% endif %}
+{% endblock %}"""
+
+PAGES = {"base": BASE, "index": INDEX, "tools": TOOLS, "reward": REWARD}
