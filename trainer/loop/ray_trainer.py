@@ -150,6 +150,15 @@ class RayPPOTrainer:
         self.checkpoints = parts.checkpoints
         self.tagger = parts.tagger
         self._warned_no_calls = False
+        self._stop_requested = False
+        self.stopped_at: int | None = None
+        """The step after which a requested stop ended the run (None: it ran to the end)."""
+
+    def request_stop(self) -> None:
+        """End the run after the step in progress, with a checkpoint of it (``agentloop-train``
+        calls this on SIGTERM / SIGINT: a preempted node, Ctrl-C, the studio's stop button).
+        Safe from a signal handler: it only sets a flag the loop reads between steps."""
+        self._stop_requested = True
 
     def _resume(self) -> int:
         """Load the checkpoint to continue from (per ``trainer.resume_mode``); returns its step."""
@@ -194,12 +203,22 @@ class RayPPOTrainer:
                 self._check_tools_used(step, metrics)
                 if self._due(self.config.trainer.test_freq, step) and self.val_rows:
                     metrics |= self._validate(step)
-                if self._due(self.config.trainer.save_freq, step):
+                stopping = self._stop_requested and step < self.total_steps
+                if self._due(self.config.trainer.save_freq, step) or stopping:
                     with _timer(metrics, "save_checkpoint"):
                         self._save(step)
                 self.tracking.log(metrics, step=step)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+                if stopping:
+                    self.stopped_at = step
+                    logger.warning(
+                        "stopped on request after step %d of %d: checkpoint %s",
+                        step,
+                        self.total_steps,
+                        self.checkpoints.latest(),
+                    )
+                    break
             bar.close()
         except (TrainerWorkerDiedError, ServerRestartError, CheckpointSaveError) as exc:
             raise RunStoppedError(self._stopped_message(exc, step)) from exc

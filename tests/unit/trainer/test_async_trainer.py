@@ -557,3 +557,30 @@ def test_validation_between_pushes_validates_the_steps_weights(tmp_path, tokeniz
     run.trainer.train_step(3)  # version 3: pushed by the step
     assert run.trainer._validate(3)["val/weights_version"] == 3.0 and len(run.sync.pushed) == 2
     run.trainer.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_requested_stop_ends_the_run_after_its_step_with_a_checkpoint(tmp_path, tokenizer, mode):
+    """``request_stop`` (agentloop-train's SIGTERM / SIGINT) during step 2: the run ends after
+    step 2 with a checkpoint of it (save_freq never), and the checkpoint resumes from there."""
+    cfg = AsyncTrainingConfig(enable=True, staleness_threshold=1) if mode == "async" else None
+    run = Built(tmp_path, tokenizer, cfg)
+    assert run.config.trainer.save_freq == -1
+    update = run.trainer.update
+
+    def stop_in_step_2(step, rollout, reward, **kwargs):
+        if step == 2:
+            run.trainer.request_stop()
+        return update(step, rollout, reward, **kwargs)
+
+    run.trainer.update = stop_in_step_2  # type: ignore[method-assign]
+    run.trainer.fit()
+    assert run.trainer.stopped_at == 2 and run.trainer.total_steps == STEPS
+    assert [p.name for p in sorted(run.checkpoints.root.glob("global_step_*"))] == ["global_step_2"]
+    assert CheckpointManager.load_state(run.checkpoints.latest())["step"] == 2
+    again = Built(tmp_path, tokenizer, cfg)  # the same command again: resumes at step 2
+    again.config.trainer.resume_mode = "auto"
+    again.trainer.fit()
+    assert again.trainer.stopped_at is None and len(again.trained) == 1  # step 3 only
+    trained = sorted(i for step in run.trained + again.trained for i in step)
+    assert trained == list(range(STEPS * PROMPTS))  # every prompt once across the two runs

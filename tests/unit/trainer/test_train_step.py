@@ -185,6 +185,12 @@ class OneProcessPolicy:
             }
         ]
 
+    def load_checkpoint(self, directory: str) -> dict:
+        """A resume: the stand-in's checkpoints hold only the loop's state (save_contents
+        ``["extra"]``), so there are no weights to load; the event is recorded."""
+        self.events.append("load_checkpoint")
+        return {}
+
     def shutdown(self) -> None:
         self.shut_down = True
 
