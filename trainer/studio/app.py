@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import hmac
 import json
+import shlex
+import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,6 +22,7 @@ from jinja2 import DictLoader, Environment, select_autoescape
 from trainer.studio.reward import RewardBench
 from trainer.studio.templates import PAGES
 from trainer.studio.tools import ToolBench
+from trainer.studio.train import FIELDS, TrainJob, check_settings, reward_curve
 
 __all__ = ["create_app", "parse_arguments"]
 
@@ -56,7 +60,7 @@ def parse_arguments(form: dict[str, str], parameters: dict[str, Any]) -> dict[st
 
 
 def create_app(token: str | None = None) -> FastAPI:
-    state: dict[str, Any] = {"tools": None, "reward": None}
+    state: dict[str, Any] = {"tools": None, "reward": None, "train": None}
 
     def _close_tools() -> None:
         if state["tools"] is not None:
@@ -67,6 +71,8 @@ def create_app(token: str | None = None) -> FastAPI:
     async def lifespan(_: FastAPI):
         yield
         _close_tools()  # MCP servers started from the page stop with it
+        if state["train"] is not None:
+            state["train"].stop()  # a run started here ends with a checkpoint
 
     app = FastAPI(title="agentloop studio", docs_url=None, redoc_url=None, lifespan=lifespan)
     pages = Environment(loader=DictLoader(PAGES), autoescape=select_autoescape(default=True))
@@ -162,6 +168,52 @@ def create_app(token: str | None = None) -> FastAPI:
             return page("reward", "reward", 400, error=str(exc), **context)
         return page("reward", "reward", view=view, **context)
 
+    @app.get("/train", response_class=HTMLResponse)
+    def train_page():
+        return _train_page()
+
+    def _train_page(status: int = 200, settings: dict[str, str] | None = None, **context: Any):
+        job: TrainJob | None = state["train"]
+        points = job.steps() if job else []
+        return page(
+            "train",
+            "train",
+            status,
+            fields=FIELDS,
+            settings=settings or {},
+            job=job,
+            points=points,
+            curve=reward_curve(points),
+            traces=job.status()["traces"] if job else "",
+            refresh=3 if job and job.running else None,
+            **context,
+        )
+
+    @app.post("/train/check", response_class=HTMLResponse)
+    async def train_check(request: Request):
+        settings = {k: str(v) for k, v in (await request.form()).items()}
+        try:
+            file, command = await run_in_threadpool(_check_train, settings)
+        except ValueError as exc:
+            return _train_page(400, settings, error=str(exc))
+        checked = {"file": file, "command": shlex.join(command)}
+        return _train_page(settings=settings, checked=checked)
+
+    @app.post("/train/start", response_class=HTMLResponse)
+    async def train_start(request: Request):
+        settings = {k: str(v) for k, v in (await request.form()).items()}
+        try:
+            await run_in_threadpool(_start_train, settings)
+        except ValueError as exc:
+            return _train_page(400, settings, error=str(exc))
+        return RedirectResponse("/train", status_code=303)
+
+    @app.post("/train/stop")
+    def train_stop():
+        if state["train"] is not None:
+            state["train"].stop()
+        return RedirectResponse("/train", status_code=303)
+
     # ---- JSON API --------------------------------------------------------------------------
     @app.post("/api/tools/load")
     async def api_tools_load(body: dict[str, Any]):
@@ -205,7 +257,54 @@ def create_app(token: str | None = None) -> FastAPI:
             return JSONResponse({"error": "load a reward file first"}, status_code=400)
         return asdict(_score(dict(body.get("row") or {}), str(body.get("answer", ""))))
 
+    @app.post("/api/train/check")
+    def api_train_check(body: dict[str, Any]):
+        try:
+            file, command = _check_train({k: str(v) for k, v in body.items()})
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return {"config_file": str(file), "command": command}
+
+    @app.post("/api/train/start")
+    def api_train_start(body: dict[str, Any]):
+        try:
+            _start_train({k: str(v) for k, v in body.items()})
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return state["train"].status()
+
+    @app.get("/api/train")
+    def api_train():
+        job: TrainJob | None = state["train"]
+        return job.status() if job else {"running": False, "steps": []}
+
+    @app.post("/api/train/stop")
+    def api_train_stop():
+        job: TrainJob | None = state["train"]
+        if job is None:
+            return JSONResponse({"error": "no run was started here"}, status_code=400)
+        job.stop()
+        return job.status()
+
     # ---- actions -----------------------------------------------------------------------------
+    def _run_dir(settings: dict[str, str]) -> Path:
+        given = settings.get("trainer.default_local_dir", "").strip()
+        if not given:
+            given = str(Path("studio_runs") / time.strftime("%Y%m%d-%H%M%S"))
+            settings["trainer.default_local_dir"] = given
+        return Path(given).expanduser().resolve()
+
+    def _check_train(settings: dict[str, str]) -> tuple[Path, list[str]]:
+        return check_settings(settings, _run_dir(settings))
+
+    def _start_train(settings: dict[str, str]) -> None:
+        running: TrainJob | None = state["train"]
+        if running is not None and running.running:
+            raise ValueError(f"a run is in progress ({running.run_dir}): stop it first")
+        run_dir = _run_dir(settings)
+        file, command = check_settings(settings, run_dir)
+        state["train"] = TrainJob(command, file, run_dir)
+
     def _load_tools(path: str) -> None:
         if not path:
             raise ValueError("give the path of a tool config")

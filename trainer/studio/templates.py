@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 BASE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>agentloop studio - {{ title }}</title>
+<html><head><meta charset="utf-8">
+{% if refresh %}<meta http-equiv="refresh" content="{{ refresh }}">{% endif %}
+<title>agentloop studio - {{ title }}</title>
 <style>
 body { font-family: sans-serif; margin: 1.5em; max-width: 70em; }
 nav a { margin-right: 1em; } pre { background: #f4f4f4; padding: .5em; white-space: pre-wrap; }
@@ -11,7 +13,8 @@ nav a { margin-right: 1em; } pre { background: #f4f4f4; padding: .5em; white-spa
 td, th { border: 1px solid #ccc; padding: .3em .6em; vertical-align: top; text-align: left; }
 input[type=text], textarea { width: 40em; }
 </style></head><body>
-<nav><a href="/">studio</a><a href="/tools">tools</a><a href="/reward">reward</a></nav>
+<nav><a href="/">studio</a><a href="/tools">tools</a><a href="/reward">reward</a>
+<a href="/train">train</a></nav>
 <h1>{{ title }}</h1>
 {% if error %}<pre class="error" id="error">{{ error }}</pre>{% endif %}
 {% block body %}{% endblock %}
@@ -75,4 +78,34 @@ value="{{ bench.path if bench else '' }}"></label>
 <pre id="reward-result">{{ view.result | tojson(indent=2) }}</pre>{% endif %}{% endif %}
 {% endblock %}"""
 
-PAGES = {"base": BASE, "index": INDEX, "tools": TOOLS, "reward": REWARD}
+TRAIN = """{% extends "base" %}{% block body %}
+<form method="post" action="/train/start"><table id="train-form">
+{% for key, label, default in fields %}<tr><td>{{ label }}<br><code>{{ key }}</code></td>
+<td><input type="text" name="{{ key }}" id="field-{{ key }}"
+value="{{ settings.get(key, default) }}"></td></tr>{% endfor %}</table>
+<button type="submit" formaction="/train/check" id="check">check</button>
+<button type="submit" id="start">start</button></form>
+{% if checked %}<p id="checked">The settings pass agentloop-train's checks. Config file
+<code>{{ checked.file }}</code>; the same run from a shell:</p>
+<pre id="command">{{ checked.command }}</pre>{% endif %}
+{% if job %}<h2>run: {{ job.run_dir }}</h2>
+<p id="run-state">{% if job.running %}running{% if job.stop_requested %}, stopping after its
+step{% endif %}{% else %}ended (exit {{ job.returncode }}){% endif %}</p>
+<pre id="command">{{ job.command }}</pre>
+{{ curve | safe }}
+<table id="steps"><tr><th>step</th><th>reward/mean</th><th>step s</th><th>gen s</th>
+<th>update s</th><th>tool calls/sample</th></tr>
+{% for p in points %}<tr class="step-row"><td>{{ p.step }}</td>
+<td>{{ '%.4f' % p.reward if p.reward is not none else '' }}</td>
+<td>{{ '%.1f' % p.seconds if p.seconds is not none else '' }}</td>
+<td>{{ '%.1f' % p.metrics.get('timing_s/gen', 0) }}</td>
+<td>{{ '%.1f' % p.metrics.get('timing_s/update_actor', 0) }}</td>
+<td>{{ '%.2f' % p.metrics.get('agent_loop/tool_calls/mean', 0) }}</td></tr>{% endfor %}</table>
+<p>checkpoints: <span id="checkpoints">{{ job.checkpoints() | join(', ') }}</span></p>
+<p>rollout traces: <code>{{ traces }}</code></p>
+{% if job.running %}<form method="post" action="/train/stop">
+<button type="submit" id="stop">stop (after this step, with a checkpoint)</button></form>
+{% endif %}<h3>log</h3><pre id="log">{{ job.log_tail() }}</pre>{% endif %}
+{% endblock %}"""
+
+PAGES = {"base": BASE, "index": INDEX, "tools": TOOLS, "reward": REWARD, "train": TRAIN}

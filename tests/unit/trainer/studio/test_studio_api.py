@@ -156,3 +156,71 @@ def test_off_loopback_the_studio_needs_its_token():
         assert ok.status_code == 200
         c.post("/login", data={"token": "s3"})  # sets the cookie
         assert c.get("/tools").status_code == 200
+
+
+def test_the_training_form_is_checked_by_the_clis_config_code_and_written_as_its_file(
+    client, tmp_path
+):
+    settings = {
+        "actor_rollout_ref.model.path": "tiny-qwen3",
+        "data.train_files": "/data/train.jsonl",
+        "actor_rollout_ref.rollout.n": "4",
+        "data.train_batch_size": "8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": "4",
+        "algorithm.adv_estimator": "rloo",
+        "async_training.enable": "False",
+        "data.val_files": "",
+        "trainer.default_local_dir": str(tmp_path / "run"),
+    }
+    checked = client.post("/api/train/check", json=settings).json()
+    file = Path(checked["config_file"])
+    assert file == tmp_path / "run" / "studio_run.yaml"
+    assert checked["command"] == [
+        "agentloop-train",
+        "--config-path",
+        str(tmp_path / "run"),
+        "--config-name",
+        "studio_run",
+    ]
+    from trainer.config import load_config
+
+    config, _ = load_config(checked["command"][1:])  # the file is one the CLI reads
+    assert (config.actor_rollout_ref.rollout.n, config.algorithm.adv_estimator) == (4, "rloo")
+    assert config.data.val_files is None and config.trainer.logger == ["console", "jsonl"]
+    bad = client.post("/api/train/check", json={**settings, "actor_rollout_ref.rollout.n": "1"})
+    assert bad.status_code == 400
+    assert bad.json()["error"] == (
+        "algorithm.adv_estimator=rloo with actor_rollout_ref.rollout.n=1: every group has one "
+        "sample, so every advantage is 0; set actor_rollout_ref.rollout.n=2 or more (or "
+        "algorithm.adv_estimator=reinforce_plus_plus)"
+    )
+    page = client.post("/train/check", data=settings)
+    assert 'id="checked"' in page.text and "--config-name studio_run" in page.text
+    typo = client.post("/api/train/check", json={**settings, "trainer.nnodes": "0"})
+    assert typo.json() == {"error": "trainer.nnodes and trainer.n_gpus_per_node must be >= 1"}
+
+
+def test_a_run_that_fails_its_start_up_shows_the_clis_line_in_the_log(client, tmp_path):
+    """The child is the real ``agentloop-train``: a missing data file stops it at start-up,
+    and the page's status has its exit code and its one-line error."""
+    import time
+
+    settings = {
+        "actor_rollout_ref.model.path": "tiny-qwen3",
+        "data.train_files": str(tmp_path / "missing.jsonl"),
+        "actor_rollout_ref.rollout.n": "2",
+        "trainer.default_local_dir": str(tmp_path / "run"),
+    }
+    started = client.post("/api/train/start", json=settings).json()
+    assert started["command"].startswith("agentloop-train --config-path")
+    deadline = time.monotonic() + 120
+    while (status := client.get("/api/train").json())["running"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert status["returncode"] == 2 and status["steps"] == [] and status["checkpoints"] == []
+    assert (
+        f"agentloop-train: error: data file '{tmp_path / 'missing.jsonl'}' does not exist"
+        in status["log"]
+    )
+    page = client.get("/train")
+    assert "ended (exit 2)" in page.text and 'http-equiv="refresh"' not in page.text
