@@ -2,9 +2,10 @@
 on one vLLM CPU server, 2 FSDP2 gloo ranks on two nodes holding the actor and the critic,
 multi-turn tool_agent rows. The cluster (``tests/ray_cluster.py``, Ray's own ``cluster_utils``
 on this machine) has a head that runs only the driver, which joins it through ``RAY_ADDRESS``;
-trainer nodes ``a`` and ``b`` (``trainer.node_resource=trainer``: rank 0 on one, rank 1 on the
-other, gloo between them); rollout node ``c`` (the server); rollout node ``d`` (the agent-loop
-workers with their tools, ``agent.node_resource=agents``, and room for a server). The actor
+trainer nodes ``a`` and ``b`` (``trainer.node_resource=trainer``: one rank on each, gloo
+between them; ``a`` also runs the agent-loop workers with their tools,
+``agent.node_resource=agents``); rollout node ``c`` (the server); rollout node ``d`` joins
+during run 2 (room for the server's restart). The actor
 trains a LoRA adapter (verl's keys: rank 8 on every linear layer), so each weight sync sends
 only the adapter, which the server loads as its next LoRA version; the critic trains a LoRA
 adapter and its value head.
@@ -13,8 +14,9 @@ adapter and its value head.
    stops in step 3 with a message naming the rank, its node, the step, the last checkpoint
    and how to resume, and exits 1. A new trainer node joins.
 2. Run again in async mode (staleness 1, 4 steps): it resumes from step 2 on nodes ``a`` and
-   the new one; the server's node ``c`` leaves the cluster as step 3 starts, and the server is
-   restarted on ``d`` with the step-2 weights while the stream goes on. Right after the step-3
+   the new one; rollout node ``d`` joins and the server's node ``c`` leaves the cluster as
+   step 3 starts, and the server is restarted on ``d`` with the step-2 weights while the
+   stream goes on. Right after the step-3
    checkpoint, with step 4's groups in flight, the driver gets SIGKILL (Ray ends its job).
 3. Run again: it resumes from step 3, rolls out the in-flight prompts again first and trains
    step 4. Across the checkpoint lineage every prompt of the epoch is trained exactly once;
@@ -74,13 +76,13 @@ PER_STEP = (
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Head (driver only), trainer nodes a and b, rollout nodes c (the server) and d (agent
-    workers, and the server's place once c is lost)."""
+    """Head (driver only), trainer nodes a (also the agent-loop workers) and b, rollout node c
+    (the server). Rollout node d joins during run 2, so the server starts on c and only a
+    restart can go to d."""
     nodes = {
-        "a": {"num_cpus": 0, "resources": {"trainer": 1}},
+        "a": {"num_cpus": 0, "resources": {"trainer": 1, "agents": 1}},
         "b": {"num_cpus": 0, "resources": {"trainer": 1}},
         "c": {"num_cpus": 1, "resources": {"rollout": 1}},
-        "d": {"num_cpus": 1, "resources": {"rollout": 1, "agents": 1}},
     }
     with multinode_cluster(nodes) as (handle, added):
         yield handle, added
@@ -273,7 +275,9 @@ def test_a_lost_trainer_node_stops_the_run_clearly_and_it_resumes_past_a_lost_se
                 assert time.monotonic() < deadline, "run 2 did not resume in time"
                 time.sleep(0.2)
             phase("run 2 resumed", start)
-            handle.remove_node(nodes["c"])  # the server's node
+            # a second rollout node joins, then the server's node leaves
+            nodes["d"] = handle.add_node(num_cpus=1, resources={"rollout": 1})
+            handle.remove_node(nodes["c"])
             while not (
                 (run_dir / "global_step_3").is_dir()
                 and any(s["step"] == 3 for s in steps_logged(run_dir))
