@@ -26,9 +26,9 @@ from safetensors.torch import load_file
 
 from servers import ServerConfig, launch_servers
 from servers.weights import new_staging_file, stage_bucket
-from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
+from tests.integration.cluster.helpers import cpu_spec
 from trainer.models import prepare
-from trainer.workers import WorkerGroup, WorkerSpec
+from trainer.workers import WorkerGroup
 
 ROUNDS = 7
 
@@ -40,15 +40,7 @@ def _spread(xs: list[float]) -> dict[str, float]:
 def test_bench_weight_sync_smollm2_trainer_to_server(ray_local):
     path = prepare("smollm2-135m-instruct")
     (server,) = launch_servers(ServerConfig(model=str(path), max_model_len=1024, http=False))
-    spec = WorkerSpec(
-        model_path=str(path),
-        model=ModelConfig(path=str(path)),
-        actor=ActorConfig(),
-        ref=RefConfig(),
-        need_ref=False,
-        device="cpu",
-    )
-    group = WorkerGroup(spec, 2)
+    group = WorkerGroup(cpu_spec(path), 2)
     state = load_file(str(path / "model.safetensors"))
     staged_by_driver = stage_bucket(state.items(), new_staging_file())
     runs: dict[str, list[float]] = {"buckets": [], "staged": [], "engine_load": []}

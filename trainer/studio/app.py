@@ -184,7 +184,7 @@ def create_app(token: str | None = None) -> FastAPI:
             job=job,
             points=points,
             curve=reward_curve(points),
-            traces=job.status()["traces"] if job else "",
+            traces=job.traces_command if job else "",
             refresh=3 if job and job.running else None,
             **context,
         )

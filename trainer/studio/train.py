@@ -131,6 +131,11 @@ class TrainJob:
             for s, r in sorted(last.items())
         ]
 
+    @property
+    def traces_command(self) -> str:
+        """The command that opens this run's rollout traces."""
+        return f"agentloop-traces --run-dir {shlex.quote(str(self.run_dir))}"
+
     def checkpoints(self) -> list[str]:
         return sorted(p.name for p in self.run_dir.glob("global_step_*") if p.is_dir())
 
@@ -149,7 +154,7 @@ class TrainJob:
                 {"step": p.step, "reward": p.reward, "seconds": p.seconds} for p in self.steps()
             ],
             "checkpoints": self.checkpoints(),
-            "traces": f"agentloop-traces --run-dir {shlex.quote(str(self.run_dir))}",
+            "traces": self.traces_command,
             "log": self.log_tail(),
         }
 
