@@ -82,6 +82,20 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def select(self, indices: list[int]) -> RolloutBatch:
+        """The samples at ``indices``, in that order (metrics kept)."""
+        out: dict[str, Any] = {}
+        index = torch.tensor(indices, dtype=torch.long)
+        for f in fields(RolloutBatch):
+            value = getattr(self, f.name)
+            if f.name == "metrics":
+                out[f.name] = dict(value)
+            elif isinstance(value, torch.Tensor):
+                out[f.name] = value.index_select(0, index)
+            else:
+                out[f.name] = [value[i] for i in indices]
+        return RolloutBatch(**out)
+
     @staticmethod
     def cat(batches: list[RolloutBatch]) -> RolloutBatch:
         """One batch of several (same prompt/response lengths), in order; metrics of the

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
-from trainer.config import ConfigError, load_config
+from trainer.config import load_command_config
 
 if TYPE_CHECKING:
-    from trainer.config.schema import Config
+    pass
 
 __all__ = ["cli_error", "hydra_argv", "load_command_config", "run_command", "setup_logging"]
 
@@ -63,19 +63,3 @@ def run_command(
     except ValueError as exc:
         return cli_error(prog, str(exc))
     return run(started)
-
-
-def load_command_config(
-    prog: str, overrides: list[str], extras: Iterable[str] = ()
-) -> tuple[Config, dict[str, Any]]:
-    """``load_config(overrides)``, refusing any ``+key`` extra not among ``extras`` (those
-    ``prog`` takes) with a ``ConfigError`` naming the first."""
-    config, given = load_config(overrides)
-    takes = list(extras)
-    unknown = sorted(set(given) - set(takes))
-    if unknown and not takes:
-        raise ConfigError(f"unknown extra +{unknown[0]}: {prog} takes none")
-    if unknown:
-        listed = ", ".join(f"+{k}" for k in takes)
-        raise ConfigError(f"unknown extra +{unknown[0]}; {prog} takes {listed}")
-    return config, given

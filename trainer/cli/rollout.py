@@ -1,8 +1,11 @@
 """``agentloop-rollout``: run the agent loops over a dataset against freshly started servers,
 score each trajectory with the configured reward (``custom_reward_function``,
 ``reward_model.*``: the same rewards as training) and write one JSON line per trajectory
-(with its ``score``). Ends with a table of accuracy, valid-tool-call rate and mean reward
-(``trainer.metrics.rollout_score``). Same Hydra config as training, plus extras:
+(with its ``score``). Rows whose data_source nothing scores (no built-in scorer and no
+``custom_reward_function.path``) are written unscored (``score`` null), said once at the
+start: a model can be looked at before its reward exists. Ends with a table of accuracy,
+valid-tool-call rate and mean reward (``trainer.metrics.rollout_score``). Same Hydra config
+as training, plus extras:
 
   +output=PATH     where the JSONL goes (required)
   +split=val       read data.val_files instead of data.train_files, sampled as validation is
@@ -17,30 +20,23 @@ import dataclasses
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from trainer.cli.common import load_command_config, run_command
-from trainer.config import ConfigError
+from trainer.cli.common import run_command
+from trainer.loop.rollout_plan import PROG, RolloutPlan, plan_rollout
 from trainer.metrics.rollout_score import format_summary, summarize
 
 if TYPE_CHECKING:
     from agentloop import RolloutBatch
-    from trainer.config.schema import Config
-    from trainer.launch.rollout import RolloutSetup
     from trainer.rewards.manager import RewardManager
 
 __all__ = ["main", "scored_records", "trajectory_records"]
 
 logger = logging.getLogger("agentloop.rollout")
 
-PROG = "agentloop-rollout"
-
 SUMMARY_KEYS = ("score", "tool_calls", "tool_errors")
-
-EXTRAS = ("output", "split", "max_samples", "correct_at")
 
 
 def trajectory_records(batch: RolloutBatch, tokenizer: Any) -> list[dict[str, Any]]:
@@ -80,66 +76,39 @@ def trajectory_records(batch: RolloutBatch, tokenizer: Any) -> list[dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(PROG, __doc__, argv, _start, lambda started: _run(*started))
+    return run_command(PROG, __doc__, argv, plan_rollout, _run)
 
 
-def _start(
-    overrides: list[str],
-) -> tuple[Config, RolloutSetup, list[dict[str, Any]], Path, float, str, bool]:
-    """Every start-up check: everything that can be wrong fails here, before any server
-    starts. Returns ``_run``'s arguments."""
-    from trainer.launch.rollout import load_split, prepare_rollout
-    from trainer.rewards.build import check_rewards
-
-    config, extras = load_command_config(PROG, overrides, EXTRAS)
-    if not extras.get("output"):
-        raise ConfigError("set +output=PATH for the trajectories JSONL")
-    split = extras.get("split", "train")
-    if split not in ("train", "val"):
-        raise ConfigError(f"+split must be train or val, got {split!r}")
-    correct_at = _number(extras.get("correct_at", 1.0), "+correct_at")
-    setup = prepare_rollout(config)
-    device = config.trainer.resolve_device()  # where the servers (and a judge) run
-    config.servers_for(device)  # raises when the GPUs do not split into servers
-    rows = load_split(config, setup, split)
-    if extras.get("max_samples"):
-        rows = rows[: int(extras["max_samples"])]
-    check_rewards(config, {split: rows})
-    return config, setup, rows, Path(extras["output"]), correct_at, device, split == "val"
-
-
-def _number(value: Any, key: str) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key} must be a number, got {value!r}") from None
-
-
-def scored_records(batch: RolloutBatch, tokenizer: Any, rewards: RewardManager) -> list[dict]:
+def scored_records(
+    batch: RolloutBatch,
+    tokenizer: Any,
+    rewards: RewardManager,
+    unscored: frozenset[str | None] = frozenset(),
+) -> list[dict]:
     """``trajectory_records`` of a batch, each with ``score`` (the configured reward, the
-    weighted sum training would use) and ``scores`` (each named reward before weighting)."""
-    reward = rewards.score(batch)
+    weighted sum training would use) and ``scores`` (each named reward before weighting);
+    samples whose data_source is in ``unscored`` get ``score`` None and no ``scores``."""
     records = trajectory_records(batch, tokenizer)
-    for i, record in enumerate(records):
-        record["score"] = float(reward.scores[i])
-        record["scores"] = {name: values[i] for name, values in reward.components.items()}
+    scored = [i for i, r in enumerate(records) if (r["data_source"] or None) not in unscored]
+    for record in records:
+        record["score"], record["scores"] = None, {}
+    if not scored:
+        return records
+    reward = rewards.score(batch if len(scored) == len(records) else batch.select(scored))
+    for j, i in enumerate(scored):
+        records[i]["score"] = float(reward.scores[j])
+        records[i]["scores"] = {name: values[j] for name, values in reward.components.items()}
     return records
 
 
-def _run(
-    config: Config,
-    setup: RolloutSetup,
-    rows: list[dict[str, Any]],
-    output: Path,
-    correct_at: float,
-    device: str,
-    validate: bool,
-) -> int:
+def _run(started: RolloutPlan) -> int:
     from agentloop.trace import TraceContext
     from servers import stop_servers
     from trainer.launch.rollout import start_rollout, stop_rollout
     from trainer.rewards.build import build_rewards
 
+    config, setup, rows, output = started.config, started.setup, started.rows, started.output
+    correct_at, device = started.correct_at, started.device
     rollout = config.actor_rollout_ref.rollout
     tokenizer = setup.tokenizer
     rewards, judge_servers = build_rewards(config, tokenizer, device)
@@ -148,7 +117,7 @@ def _run(
     written: list[dict[str, Any]] = []  # what the summary needs of each written line
     # +split=val samples as validation does (rollout.val_kwargs: greedy by default)
     how: dict[str, Any] = {}
-    if validate:
+    if started.validate:
         how = {"n": rollout.val_kwargs.n, "trace": TraceContext(validate=True)}
     try:
         count = config.servers_for(device)
@@ -160,7 +129,7 @@ def _run(
             ):
                 for start in range(0, len(rows), batch_size):
                     batch = manager.generate_sequences(rows[start : start + batch_size], **how)
-                    for record in scored_records(batch, tokenizer, rewards):
+                    for record in scored_records(batch, tokenizer, rewards, started.unscored):
                         f.write(json.dumps(record) + "\n")
                         written.append({k: record[k] for k in SUMMARY_KEYS})
                     bar.update(len(batch))

@@ -26,6 +26,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     parser.add_argument("--port", type=int, default=8787)
     parser.add_argument(
+        "--runs-dir",
+        default="studio_runs",
+        help="where previews and runs without a folder of their own go (default ./studio_runs)",
+    )
+    parser.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV),
         help=f"required off loopback; default ${TOKEN_ENV}",
@@ -46,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.studio import create_app
 
     sys.stderr.write(f"agentloop-studio: open http://{args.host}:{args.port}/\n")
-    uvicorn.run(create_app(args.token), host=args.host, port=args.port, log_level="warning")
+    app = create_app(args.token, args.runs_dir)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 

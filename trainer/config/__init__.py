@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ __all__ = [
     "DataConfig",
     "ModelConfig",
     "compose_tree",
+    "load_command_config",
     "load_config",
     "warn_no_effect",
 ]
@@ -130,3 +132,19 @@ def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, A
         return from_dict(Config, tree), extras
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def load_command_config(
+    prog: str, overrides: list[str], extras: Iterable[str] = ()
+) -> tuple[Config, dict[str, Any]]:
+    """``load_config(overrides)``, refusing any ``+key`` extra not among ``extras`` (those
+    ``prog`` takes) with a ``ConfigError`` naming the first."""
+    config, given = load_config(overrides)
+    takes = list(extras)
+    unknown = sorted(set(given) - set(takes))
+    if unknown and not takes:
+        raise ConfigError(f"unknown extra +{unknown[0]}: {prog} takes none")
+    if unknown:
+        listed = ", ".join(f"+{k}" for k in takes)
+        raise ConfigError(f"unknown extra +{unknown[0]}; {prog} takes {listed}")
+    return config, given

@@ -6,6 +6,9 @@ prints after a run and the calculator demo's evaluation.
 - valid tool-call rate: the share of samples that made at least one tool call and whose
   every call parsed and ran (``tool_errors == 0``);
 - reward mean: the mean of the configured (weighted) reward.
+
+Accuracy and reward mean are over the scored samples; a sample written unscored (``score``
+None: nothing scores its data_source) counts in ``samples`` and ``unscored`` only.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class RolloutSummary:
     """Share of samples with at least one tool call and no tool error."""
     reward_mean: float
     correct_at: float = 1.0
+    unscored: int = 0
+    """Samples written without a score."""
 
 
 def valid_tool_calls(record: Mapping[str, Any]) -> bool:
@@ -37,12 +42,15 @@ def summarize(records: Sequence[Mapping[str, Any]], correct_at: float = 1.0) -> 
     """The summary of trajectory records that carry ``score``, ``tool_calls``, ``tool_errors``
     (the JSON lines ``agentloop-rollout`` writes)."""
     n = max(len(records), 1)
+    scores = [r["score"] for r in records if r["score"] is not None]
+    m = max(len(scores), 1)
     return RolloutSummary(
         samples=len(records),
-        accuracy=sum(r["score"] >= correct_at for r in records) / n,
+        accuracy=sum(s >= correct_at for s in scores) / m,
         valid_tool_calls=sum(valid_tool_calls(r) for r in records) / n,
-        reward_mean=sum(r["score"] for r in records) / n,
+        reward_mean=sum(scores) / m,
         correct_at=correct_at,
+        unscored=len(records) - len(scores),
     )
 
 
@@ -52,15 +60,22 @@ def format_summary(summary: RolloutSummary) -> str:
     | samples | accuracy (reward >= 1) | valid tool-call rate | reward mean |
     |---------|------------------------|----------------------|-------------|
     |       6 |                  33.3% |                50.0% |      0.3333 |
+
+    With unscored samples an ``unscored`` column follows; accuracy and reward mean are then
+    over the scored ones (``-`` when none is).
     """
     columns = ("samples", f"accuracy (reward >= {summary.correct_at:g})")
     columns += ("valid tool-call rate", "reward mean")
+    none_scored = 0 < summary.unscored == summary.samples
     values = (
         str(summary.samples),
-        f"{summary.accuracy:.1%}",
+        "-" if none_scored else f"{summary.accuracy:.1%}",
         f"{summary.valid_tool_calls:.1%}",
-        f"{summary.reward_mean:.4f}",
+        "-" if none_scored else f"{summary.reward_mean:.4f}",
     )
+    if summary.unscored:
+        columns += ("unscored",)
+        values += (str(summary.unscored),)
     header = "| " + " | ".join(columns) + " |"
     rule = "|" + "|".join("-" * (len(c) + 2) for c in columns) + "|"
     row = "| " + " | ".join(v.rjust(len(c)) for v, c in zip(values, columns, strict=True)) + " |"

@@ -14,6 +14,7 @@ _WHERE = {
     "build_rewards": "build",
     "check_data_sources": "build",
     "check_rewards": "build",
+    "unscored_sources": "build",
     "JudgeReward": "judge",
     "JudgeUnavailableError": "judge",
     "parse_judge_score": "judge",

@@ -17,7 +17,14 @@ from trainer.rewards.rule_reward import load_rule
 from trainer.rewards.rules import BUILTIN_SOURCES, builtin_scorer, load_reward_function
 from trainer.rewards.verify import VerifyReward
 
-__all__ = ["build_rewards", "check_data_sources", "check_rewards"]
+__all__ = [
+    "SCORER_FIXES",
+    "build_rewards",
+    "check_data_sources",
+    "check_rewards",
+    "describe_sources",
+    "unscored_sources",
+]
 
 logger = logging.getLogger("agentloop.train")
 
@@ -57,28 +64,43 @@ def check_rewards(config: Config, rows: Mapping[str, list[dict[str, Any]]] | Non
         check_data_sources(config, rows)
 
 
-def check_data_sources(config: Config, rows: Mapping[str, list[dict[str, Any]]]) -> None:
-    """With the built-in scorer as the ``rule`` reward, every row's data_source must have a
-    built-in scorer; ``rows`` maps a split (``train``, ``val``) to its rows. Without a rule
-    reward (``reward_model.weights.rule=0``: judge or verify only) or with
-    ``custom_reward_function.path`` there is nothing to check."""
+def unscored_sources(config: Config, rows: list[dict[str, Any]]) -> list[tuple[str | None, int]]:
+    """The data sources of ``rows`` that nothing would score, with their row counts (None:
+    rows without one): with the built-in scorer as the ``rule`` reward, those no built-in
+    scorer handles. Empty without a rule reward (judge or verify only) or with
+    ``custom_reward_function.path`` (a user's function scores every row)."""
     if "rule" not in config.reward_model.components() or config.custom_reward_function.path:
-        return
+        return []
+    counts = Counter(row.get("data_source") or None for row in rows)
+    return [(s, n) for s, n in counts.items() if builtin_scorer(s) is None]
+
+
+def describe_sources(sources: list[tuple[str | None, int]]) -> str:
+    """``data_source 'quiz' (2 rows), missing (1 row)``."""
+    return "data_source " + ", ".join(
+        f"{repr(s) if s else 'missing'} ({n} row{'s' if n > 1 else ''})" for s, n in sources
+    )
+
+
+SCORER_FIXES = (
+    "set custom_reward_function.path to a file whose compute_score(data_source, solution_str, "
+    "ground_truth, extra_info) scores these rows, or give the rows a data_source with a "
+    f"built-in scorer: {BUILTIN_SOURCES}"
+)
+
+
+def check_data_sources(config: Config, rows: Mapping[str, list[dict[str, Any]]]) -> None:
+    """Every row of each split (``rows`` maps ``train``/``val`` to its rows) has a scorer
+    (``unscored_sources``); raises ValueError naming the split's files and what to set."""
     for split, split_rows in rows.items():
-        counts = Counter(row.get("data_source") or None for row in split_rows)
-        unknown = [(s, n) for s, n in counts.items() if builtin_scorer(s) is None]
+        unknown = unscored_sources(config, split_rows)
         if not unknown:
             continue
-        names = ", ".join(
-            f"{repr(s) if s else 'missing'} ({n} row{'s' if n > 1 else ''})" for s, n in unknown
-        )
         files = ", ".join(config.data.files(getattr(config.data, f"{split}_files", None)))
         where = f"data.{split}_files ({files})" if files else f"the {split} rows"
         raise ValueError(
-            f"{where}: data_source {names}: no built-in scorer handles it and "
-            "custom_reward_function.path is not set: set custom_reward_function.path to a file "
-            "whose compute_score(data_source, solution_str, ground_truth, extra_info) scores "
-            f"these rows, or give the rows a data_source with a built-in scorer: {BUILTIN_SOURCES}"
+            f"{where}: {describe_sources(unknown)}: no built-in scorer handles it and "
+            f"custom_reward_function.path is not set: {SCORER_FIXES}"
         )
 
 

@@ -12,9 +12,14 @@ nav a { margin-right: 1em; } pre { background: #f4f4f4; padding: .5em; white-spa
 .error { color: #a00; } .ok { color: #070; } table { border-collapse: collapse; }
 td, th { border: 1px solid #ccc; padding: .3em .6em; vertical-align: top; text-align: left; }
 input[type=text], textarea { width: 40em; }
+#tools input[type=text] { width: 16em; } #tools pre { white-space: pre; }
+.span { white-space: pre-wrap; font-family: monospace; padding: .1em .2em; margin: .1em 0; }
+.trained { background: #e3f4e3; border-left: 4px solid #2a2; }
+.observed { background: #eee; border-left: 4px solid #999; }
+.sample { border: 1px solid #ccc; padding: .5em; margin: .8em 0; }
 </style></head><body>
 <nav><a href="/">studio</a><a href="/tools">tools</a><a href="/reward">reward</a>
-<a href="/train">train</a></nav>
+<a href="/preview">preview</a><a href="/train">train</a></nav>
 <h1>{{ title }}</h1>
 {% if error %}<pre class="error" id="error">{{ error }}</pre>{% endif %}
 {% block body %}{% endblock %}
@@ -27,7 +32,9 @@ is the error the run would give.</p>
 <ul><li><a href="/tools">tools</a>{% if tools %}: {{ tools.path }} ({{ tools.tools|length }}
 loaded){% endif %}</li>
 <li><a href="/reward">reward</a>{% if reward %}: {{ reward.path }}:{{ reward.name }}{% endif %}
-</li></ul>
+</li><li><a href="/preview">preview</a>: a few rows through the real servers and agent loops,
+turn by turn, with rewards and advantages</li>
+<li><a href="/train">train</a>: start a run and follow it</li></ul>
 {% endblock %}"""
 
 TOOLS = """{% extends "base" %}{% block body %}
@@ -79,19 +86,21 @@ value="{{ bench.path if bench else '' }}"></label>
 {% endblock %}"""
 
 TRAIN = """{% extends "base" %}{% block body %}
-<form method="post" action="/train/start"><table id="train-form">
+<details id="settings"{% if not job %} open{% endif %}><summary>settings</summary>
+<form method="post" action="/train/start" id="train-settings"><table id="train-form">
 {% for key, label, default in fields %}<tr><td>{{ label }}<br><code>{{ key }}</code></td>
 <td><input type="text" name="{{ key }}" id="field-{{ key }}"
 value="{{ settings.get(key, default) }}"></td></tr>{% endfor %}</table>
-<button type="submit" formaction="/train/check" id="check">check</button>
-<button type="submit" id="start">start</button></form>
+</form></details>
+<button type="submit" form="train-settings" formaction="/train/check" id="check">check</button>
+<button type="submit" form="train-settings" id="start">start</button>
 {% if checked %}<p id="checked">The settings pass agentloop-train's checks. Config file
 <code>{{ checked.file }}</code>; the same run from a shell:</p>
 <pre id="command">{{ checked.command }}</pre>{% endif %}
 {% if job %}<h2>run: {{ job.run_dir }}</h2>
 <p id="run-state">{% if job.running %}running{% if job.stop_requested %}, stopping after its
 step{% endif %}{% else %}ended (exit {{ job.returncode }}){% endif %}</p>
-<pre id="command">{{ job.command }}</pre>
+<pre id="command">{{ job.command_line }}</pre>
 {{ curve | safe }}
 <table id="steps"><tr><th>step</th><th>reward/mean</th><th>step s</th><th>gen s</th>
 <th>update s</th><th>tool calls/sample</th></tr>
@@ -108,4 +117,68 @@ step{% endif %}{% else %}ended (exit {{ job.returncode }}){% endif %}</p>
 {% endif %}<h3>log</h3><pre id="log">{{ job.log_tail() }}</pre>{% endif %}
 {% endblock %}"""
 
-PAGES = {"base": BASE, "index": INDEX, "tools": TOOLS, "reward": REWARD, "train": TRAIN}
+PREVIEW = """{% extends "base" %}{% block body %}
+<details id="settings"{% if not job %} open{% endif %}><summary>settings</summary>
+<form method="post" action="/preview/start" id="preview-settings"><table id="preview-form">
+{% for key, label, default in fields %}<tr><td>{{ label }}<br><code>{{ key }}</code></td>
+<td><input type="text" name="{{ key }}" id="field-{{ key }}"
+value="{{ settings.get(key, default) }}"></td></tr>{% endfor %}
+<tr><td>estimator (for the group advantages)<br><code>algorithm.adv_estimator</code></td>
+<td><input type="text" name="algorithm.adv_estimator" id="field-algorithm.adv_estimator"
+value="{{ settings.get('algorithm.adv_estimator', 'grpo') }}"></td></tr>
+<tr><td>rows, typed (JSON lines; used instead of the rows file)</td>
+<td><textarea name="rows" id="preview-rows" rows="5">{{ settings.get('rows', '') }}</textarea>
+</td></tr>
+<tr><td>more overrides (<code>key=value</code> per line, as on the command line)</td>
+<td><textarea name="overrides" id="preview-overrides" rows="2">{{ settings.get('overrides', '')
+}}</textarea></td></tr></table></form></details>
+<button type="submit" form="preview-settings" id="preview">preview</button>
+{% if job %}<h2>{{ job.output.parent.name }}</h2>
+{% for note in job.notes %}<p class="error note">{{ note }}</p>{% endfor %}
+<p id="preview-state">{% if job.running %}running: {% if progress %}{{ progress[0] }} of
+{{ progress[1] }} trajectories{% else %}starting the servers and agent loops{% endif %}
+{% elif job.cancelled %}cancelled (exit {{ job.returncode }})
+{% elif job.returncode == 0 %}done: {{ views|length }} samples
+{% else %}failed (exit {{ job.returncode }}){% endif %}</p>
+{% if job.running %}<form method="post" action="/preview/cancel">
+<button type="submit" id="cancel">cancel</button></form>{% endif %}
+<p>the same run from a shell (its config: these overrides on <code>ppo_trainer</code>):</p>
+<pre id="preview-command">{{ job.command }}</pre>
+{% if views %}<p>legend: <span class="span trained">trained tokens (loss mask 1)</span>
+<span class="span observed">tool / user reply (loss mask 0)</span>. Advantages:
+<code>{{ job.estimator }}</code> over each row's samples{% if advantage_note %}
+({{ advantage_note }}){% endif %}.</p>
+<table id="preview-summary"><tr><th>row</th><th>sample</th><th>reward</th><th>advantage</th>
+<th>model turns</th><th>tool calls (errors)</th><th>tokens: prompt / response / trained</th>
+<th>stop</th></tr>
+{% for v in views %}<tr class="preview-row"><td>{{ v.index }}</td><td>{{ v.rollout_n }}</td>
+<td class="reward">{{ 'unscored' if v.score is none else '%.4g' % v.score }}</td>
+<td class="advantage">{{ '' if v.advantage is none else '%+.4f' % v.advantage }}</td>
+<td>{{ v.spans | selectattr('trained') | list | length }}</td>
+<td>{{ v.tool_calls }} ({{ v.tool_errors }})</td>
+<td>{{ v.prompt_tokens }} / {{ v.response_tokens }} / {{ v.trained_tokens }}</td>
+<td>{{ v.stop_reason }}</td></tr>{% endfor %}</table>
+{% for v in views %}<div class="sample" id="sample-{{ loop.index0 }}">
+<b>row {{ v.index }}, sample {{ v.rollout_n }}</b> ({{ v.agent_name }}, data_source
+{{ v.data_source }}): reward {{ 'unscored' if v.score is none else '%.4g' % v.score }}
+{% if v.scores %}<code>{{ v.scores | tojson }}</code>{% endif %}
+<details><summary>prompt ({{ v.prompt_tokens }} tokens)</summary>
+<pre>{{ v.prompt_text }}</pre></details>
+{% for span in v.spans %}<small>{{ 'model turn' if span.trained else 'reply' }},
+{{ span.tokens }} tokens</small><div class="span {{ 'trained' if span.trained else 'observed' }}"
+title="{{ span.tokens }} tokens">{{ span.text }}</div>
+{% for call in span.calls %}<p class="call">tool call: <code>{{ call.name }}({{
+call.arguments | tojson }})</code> {{ 'ok' if call.ok else 'failed' }} in
+{{ '%.3f' % call.seconds }} s</p>{% endfor %}
+{% endfor %}</div>{% endfor %}{% endif %}
+<h3>log</h3><pre id="log">{{ job.log_tail() }}</pre>{% endif %}
+{% endblock %}"""
+
+PAGES = {
+    "base": BASE,
+    "index": INDEX,
+    "tools": TOOLS,
+    "reward": REWARD,
+    "preview": PREVIEW,
+    "train": TRAIN,
+}

@@ -9,8 +9,6 @@ import json
 import os
 import shlex
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import yaml
 
 from trainer.config import load_config
+from trainer.studio.child import ChildJob
 
 __all__ = ["FIELDS", "TrainJob", "check_settings", "config_tree"]
 
@@ -88,27 +87,21 @@ class StepPoint:
     metrics: dict[str, float]
 
 
-class TrainJob:
+class TrainJob(ChildJob):
     """One ``agentloop-train`` child process of the page."""
 
-    def __init__(self, command: list[str], config_file: Path, run_dir: Path) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        config_file: Path,
+        run_dir: Path,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.command, self.config_file, self.run_dir = command, config_file, run_dir
-        self.log = config_file.parent / "studio_train.log"
-        argv = [sys.executable, "-m", "trainer.cli.train", *command[1:]]
-        with self.log.open("w") as out:
-            self.process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.settings = settings or {}
+        """The form it was started from (the page shows it again)."""
+        super().__init__("trainer.cli.train", command[1:], config_file.parent / "studio_train.log")
         self.stop_requested = False
-
-    @property
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    @property
-    def returncode(self) -> int | None:
-        """The child's exit code (None while it runs; 0 after a stop with a checkpoint)."""
-        return self.process.poll()
 
     def stop(self) -> None:
         """SIGTERM: the run ends after its step with a checkpoint (``agentloop-train``)."""
@@ -132,22 +125,29 @@ class TrainJob:
         ]
 
     @property
+    def command_line(self) -> str:
+        """The command as a shell line."""
+        return shlex.join(self.command)
+
+    @property
     def traces_command(self) -> str:
         """The command that opens this run's rollout traces."""
         return f"agentloop-traces --run-dir {shlex.quote(str(self.run_dir))}"
 
     def checkpoints(self) -> list[str]:
-        return sorted(p.name for p in self.run_dir.glob("global_step_*") if p.is_dir())
-
-    def log_tail(self, lines: int = 15) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        found = [
+            p.name
+            for p in self.run_dir.glob("global_step_*")
+            if p.is_dir() and p.name[12:].isdigit()
+        ]
+        return sorted(found, key=lambda name: int(name[12:]))
 
     def status(self) -> dict[str, Any]:
         return {
             "running": self.running,
             "returncode": self.returncode,
             "stop_requested": self.stop_requested,
-            "command": shlex.join(self.command),
+            "command": self.command_line,
             "config_file": str(self.config_file),
             "run_dir": str(self.run_dir),
             "steps": [
@@ -159,25 +159,34 @@ class TrainJob:
         }
 
 
-def reward_curve(points: list[StepPoint], width: int = 360, height: int = 120) -> str:
-    """An SVG polyline of reward/mean per step (rendered on the server)."""
+def reward_curve(points: list[StepPoint], width: int = 400, height: int = 140) -> str:
+    """An SVG polyline of reward/mean per step (rendered on the server), with the reward range
+    on the left and the first and last step below."""
     scored = [(p.step, p.reward) for p in points if p.reward is not None]
     if not scored:
         return ""
+    left, bottom, pad = 48, 18, 8
     steps = [s for s, _ in scored]
     lo, hi = min(r for _, r in scored), max(r for _, r in scored)
     span_s, span_r = max(max(steps) - min(steps), 1), max(hi - lo, 1e-9)
-    xy = " ".join(
-        f"{10 + (s - min(steps)) / span_s * (width - 20):.1f},"
-        f"{height - 10 - (r - lo) / span_r * (height - 20):.1f}"
+    xy = [
+        (
+            left + (s - min(steps)) / span_s * (width - left - pad),
+            height - bottom - (r - lo) / span_r * (height - bottom - pad),
+        )
         for s, r in scored
-    )
-    dots = "".join(
-        f'<circle class="reward-point" cx="{x}" cy="{y}" r="3"/>'
-        for x, y in (pair.split(",") for pair in xy.split())
+    ]
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+    dots = "".join(f'<circle class="reward-point" cx="{x:.1f}" cy="{y:.1f}" r="3"/>' for x, y in xy)
+    labels = (
+        f'<text x="2" y="{pad + 4}" font-size="11">{hi:.3g}</text>'
+        f'<text x="2" y="{height - bottom}" font-size="11">{lo:.3g}</text>'
+        f'<text x="{left}" y="{height - 4}" font-size="11">step {min(steps)}</text>'
+        f'<text x="{width - pad}" y="{height - 4}" font-size="11" text-anchor="end">'
+        f"step {max(steps)}</text>"
     )
     return (
         f'<svg id="reward-curve" width="{width}" height="{height}" '
-        f'style="border:1px solid #ccc"><polyline fill="none" stroke="#06c" points="{xy}"/>'
-        f"{dots}</svg>"
+        f'style="border:1px solid #ccc"><title>reward/mean per step</title>{labels}'
+        f'<polyline fill="none" stroke="#06c" points="{line}"/>{dots}</svg>'
     )

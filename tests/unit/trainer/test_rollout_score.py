@@ -52,3 +52,34 @@ def test_no_samples_is_an_all_zero_row():
     assert format_summary(summarize([])).splitlines()[-1] == (
         "|       0 |                   0.0% |                 0.0% |      0.0000 |"
     )
+
+
+def test_rows_nothing_scores_are_written_unscored_beside_scored_ones(tokenizer):
+    batch = make_batch(tokenizer, ["#### 42", "#### 42", "#### 41"])
+    batch.rows[1]["data_source"] = "my_task"  # no built-in scorer, no reward file
+    rewards = RewardManager(RewardFunctionConfig(), RewardModelConfig(), tokenizer)
+    try:
+        lines = scored_records(batch, tokenizer, rewards, frozenset({"my_task"}))
+        alone = scored_records(batch.select([1]), tokenizer, rewards, frozenset({"my_task"}))
+    finally:
+        rewards.close()
+    assert [(r["score"], r["scores"]) for r in lines] == [
+        (1.0, {"rule": 1.0}),
+        (None, {}),
+        (0.0, {"rule": 0.0}),
+    ]
+    assert [(r["uid"], r["score"]) for r in alone] == [("u1", None)]
+    summary = summarize(lines)
+    assert (summary.samples, summary.unscored, summary.accuracy, summary.reward_mean) == (
+        3,
+        1,
+        0.5,
+        0.5,
+    )
+    assert format_summary(summary).splitlines()[-1] == (
+        "|       3 |                  50.0% |               100.0% |      0.5000 |        1 |"
+    )
+    assert format_summary(summarize(alone)).splitlines()[0].endswith("| unscored |")
+    assert format_summary(summarize(alone)).splitlines()[-1] == (
+        "|       1 |                      - |               100.0% |           - |        1 |"
+    )

@@ -1,6 +1,7 @@
 """Start-up checks of the rewards, through ``agentloop-train`` and ``agentloop-rollout``: a
-data_source the built-in scorer cannot score (train or val rows) fails before any server
-starts, naming the file and both fixes; judge/verify-only runs and custom functions are not
+data_source the built-in scorer cannot score (train or val rows) fails training before any
+server starts, naming the file and both fixes, and is written unscored by
+``agentloop-rollout``, said once; judge/verify-only runs and custom functions are not
 held to it; verl's ``reward_model.enable``/``reward_manager`` are honored or refused clearly."""
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from trainer.cli.rollout import main as rollout_main
 from trainer.cli.train import main as train_main
 from trainer.config import load_config
 from trainer.loop.assembly import plan_run
+from trainer.loop.rollout_plan import plan_rollout
 from trainer.rewards import BUILTIN_SOURCES, check_rewards
 
 USER = [{"role": "user", "content": "Add 2 and 3."}]
@@ -83,25 +84,31 @@ def test_val_rows_are_checked_too(capsys, tmp_path):
     assert err == f"data.val_files ({val}): data_source 'calculator' (1 row): {FIXES}"
 
 
-def test_agentloop_rollout_checks_the_split_it_scores(capsys, tmp_path):
+def test_agentloop_rollout_writes_the_rows_nothing_scores_unscored_saying_so_once(caplog, tmp_path):
     train = rows_file(tmp_path / "train.jsonl", ["openai/gsm8k"] * 2)
-    val = rows_file(tmp_path / "val.jsonl", ["toy"] * 2)
-    out = tmp_path / "out.jsonl"
-    code = rollout_main(
-        [
-            "actor_rollout_ref.model.path=tiny-qwen3",
-            f"data.train_files={train}",
-            f"data.val_files={val}",
-            "+split=val",
-            f"+output={out}",
-        ]
+    val = rows_file(tmp_path / "val.jsonl", ["toy", "toy", None, "lighteval/MATH"])
+    common = [
+        "actor_rollout_ref.model.path=tiny-qwen3",
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        f"+output={tmp_path / 'out.jsonl'}",
+    ]
+    with caplog.at_level(logging.WARNING, logger="agentloop.rollout"):
+        started = plan_rollout([*common, "+split=val"])  # the split it samples is the one held
+    assert started.unscored == frozenset({"toy", None})
+    said = [r.getMessage() for r in caplog.records if r.name == "agentloop.rollout"]
+    fixes = FIXES.removeprefix(
+        "no built-in scorer handles it and custom_reward_function.path is not set: "
     )
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert err == (
-        f"agentloop-rollout: error: data.val_files ({val}): data_source 'toy' (2 rows): {FIXES}"
-    )
-    assert not out.exists()
+    assert said == [
+        "data_source 'toy' (2 rows), missing (1 row): no built-in scorer handles it and "
+        "custom_reward_function.path is not set: these trajectories are written unscored "
+        f"(score null); to score them, {fixes}"
+    ]
+    caplog.clear()
+    assert plan_rollout(common).unscored == frozenset()  # the train rows all have a scorer
+    assert not [r for r in caplog.records if r.name == "agentloop.rollout"]
+    assert not (tmp_path / "out.jsonl").exists()  # checks only: nothing ran
 
 
 @pytest.mark.parametrize(
