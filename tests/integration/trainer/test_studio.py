@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.integration.trainer.studio_process import wait_until_up
 from trainer.workers.fsdp import free_port
 
 pytestmark = pytest.mark.integration
@@ -45,14 +46,7 @@ def test_mcp_tools_start_with_the_page_answer_its_calls_and_stop_with_it(tmp_pat
     try:
         assert studio.stderr is not None
         assert studio.stderr.readline().strip() == f"agentloop-studio: open {url}/"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"{url}/", timeout=2).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert studio.poll() is None and time.monotonic() < deadline
-                time.sleep(0.3)
+        wait_until_up(studio, url)
         with httpx.Client(base_url=url, timeout=60) as client:
             failed = client.post("/api/tools/load", json={"path": str(broken)})
             assert failed.status_code == 400

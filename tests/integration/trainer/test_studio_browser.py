@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from recipes.calculator.data import make_rows
+from tests.integration.trainer.studio_process import wait_until_up
 from trainer.workers.fsdp import free_port
 
 pytestmark = pytest.mark.integration
@@ -71,14 +71,7 @@ def studio(tmp_path) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"{url}/", timeout=2).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert process.poll() is None and time.monotonic() < deadline
-                time.sleep(0.3)
+        wait_until_up(process, url)
         yield url
     finally:
         process.send_signal(signal.SIGINT)  # its preview and run stop with it
