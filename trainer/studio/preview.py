@@ -238,12 +238,13 @@ class PreviewJob(ChildJob):
         return shlex.join(["agentloop-rollout", *self.overrides])
 
     def cancel(self, grace_s: float = 30.0) -> None:
-        """SIGINT to the command (it stops its servers and Ray on the way out); SIGKILL to its
-        process group if it is still there after ``grace_s``."""
-        if not self.running:
+        """SIGINT to the command alone (it stops its servers and Ray on the way out; helper
+        processes in its group, such as a semaphore tracker, must outlive it to clean up);
+        SIGKILL to its process group if it is still there after ``grace_s``. Once."""
+        if not self.running or self.cancelled:
             return
         self.cancelled = True
-        os.killpg(self.process.pid, signal.SIGINT)
+        self.process.send_signal(signal.SIGINT)
 
         def _kill() -> None:
             try:

@@ -104,8 +104,9 @@ class TrainJob(ChildJob):
         self.stop_requested = False
 
     def stop(self) -> None:
-        """SIGTERM: the run ends after its step with a checkpoint (``agentloop-train``)."""
-        if self.running:
+        """SIGTERM: the run ends after its step with a checkpoint (``agentloop-train``). Sent
+        once: a second signal would stop the command at once, without the checkpoint."""
+        if self.running and not self.stop_requested:
             self.stop_requested = True
             os.kill(self.process.pid, signal.SIGTERM)
 

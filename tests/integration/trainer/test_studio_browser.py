@@ -116,9 +116,18 @@ def type_into(driver: Any, element_id: str, text: str) -> None:
 
 
 def submit(driver: Any, element_id: str, timeout_s: float = 120) -> None:
-    """Click a form's button and wait for the page it posts to."""
-    old = driver.find_element(By.TAG_NAME, "html")
-    driver.find_element(By.ID, element_id).click()
+    """Click a form's button and wait for the page it posts to. A page that refreshes itself
+    (a preview or a run in progress) can replace the button under the click: then the click
+    did not happen, and it is tried again on the new page."""
+    for attempt in range(5):
+        try:
+            old = driver.find_element(By.TAG_NAME, "html")
+            driver.find_element(By.ID, element_id).click()
+            break
+        except (StaleElementReferenceException, WebDriverException):
+            if attempt == 4:
+                raise
+            time.sleep(0.3)
     WebDriverWait(driver, timeout_s).until(staleness_of(old))
 
 
@@ -139,8 +148,16 @@ def wait_for(driver: Any, found: Callable[[], Any], timeout_s: float, what: str)
 
 
 def text_of(driver: Any, element_id: str) -> str:
-    found = driver.find_elements(By.ID, element_id)
-    return found[0].text if found else ""
+    """The element's text ("" if absent), read again if the page refreshed meanwhile."""
+    for attempt in range(5):
+        try:
+            found = driver.find_elements(By.ID, element_id)
+            return found[0].text if found else ""
+        except (StaleElementReferenceException, WebDriverException):
+            if attempt == 4:
+                raise
+            time.sleep(0.3)
+    return ""
 
 
 @needs_browser

@@ -173,3 +173,40 @@ def test_typed_rows_are_written_as_the_commands_rows_file(tmp_path):
     ]
     assert (tmp_path / "rows.jsonl").read_text() == rows + "\n"
     assert Path(overrides[1].split("=", 1)[1]).is_file()
+
+
+def test_a_second_stop_or_cancel_sends_no_second_signal(monkeypatch):
+    """A double click must not turn the graceful stop into an immediate one (the CLI stops at
+    once on a second signal) nor kill a cancelled preview before its grace ends."""
+    import subprocess
+    import sys
+
+    from trainer.studio import preview as preview_module
+    from trainer.studio import train as train_module
+    from trainer.studio.train import TrainJob
+
+    sent: list[int] = []
+    monkeypatch.setattr(train_module.os, "kill", lambda pid, sig: sent.append(sig))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        job = TrainJob.__new__(TrainJob)
+        job.process, job.stop_requested = sleeper, False
+        job.stop()
+        job.stop()
+        assert len(sent) == 1 and job.stop_requested
+        preview = PreviewJob.__new__(PreviewJob)
+        preview.process, preview.cancelled = sleeper, False
+        signals: list[int] = []
+        monkeypatch.setattr(sleeper, "send_signal", signals.append)
+        monkeypatch.setattr(preview_module.threading, "Thread", lambda **_: _NoThread())
+        preview.cancel()
+        preview.cancel()
+        assert len(signals) == 1 and preview.cancelled
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+class _NoThread:
+    def start(self) -> None:  # the SIGKILL timer is not what this test is about
+        pass
