@@ -5,6 +5,7 @@ started) and its actions; the pages and the JSON API both call these, so they fa
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -91,11 +92,15 @@ class Studio:
         self.runs.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         folder = Path(tempfile.mkdtemp(prefix=f"preview-{stamp}-", dir=self.runs))
-        overrides, output, error = preview_overrides(settings, folder)
-        if error:
-            raise ValueError(error)
-        with said("agentloop.rollout") as notes:  # what the command says once at its start
-            started = plan_rollout(overrides)
+        try:
+            overrides, output, error = preview_overrides(settings, folder)
+            if error:
+                raise ValueError(error)
+            with said("agentloop.rollout") as notes:  # what the command says once at its start
+                started = plan_rollout(overrides)
+        except ValueError:
+            shutil.rmtree(folder, ignore_errors=True)  # a refused form leaves no folder behind
+            raise
         tokenizer = started.setup.tokenizer
         self.preview = PreviewJob(overrides, output, tokenizer, estimator, notes, settings)
         return self.preview

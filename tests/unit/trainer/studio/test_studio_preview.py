@@ -79,7 +79,7 @@ def test_bad_forms_give_the_clis_text_and_start_nothing(client, tmp_path, capsys
     page = client.post("/preview/start", data={"actor_rollout_ref.model.path": "tiny-qwen3"})
     assert page.status_code == 400
     assert "give a rows file or type rows (JSON lines)" in page.text
-    assert not list((tmp_path / "runs").glob("preview-*/preview.log"))  # no child started
+    assert not list((tmp_path / "runs").glob("preview-*"))  # no child started, no folder left
 
 
 def record(tokenizer, uid: str, n: int, parts: list[tuple[str, int]], score: float | None):
