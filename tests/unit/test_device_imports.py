@@ -37,6 +37,7 @@ DEVICE_MODULES = (
     "servers.lora",
     "tests.perf.actor_workload",
     "tests.perf.packed_baseline",
+    "tests.perf.padded_grad_probe",
     "tests.integration.trainer.test_fsdp_gpu",
     "tests.integration.trainer.test_weight_send_gpu",
     "tests.perf.test_bench_actor_gpu",

@@ -36,7 +36,7 @@ from trainer.workers.log_prob_head import (
     token_log_probs,
 )
 from trainer.workers.packing import ModelInput, model_input, scatter_rows
-from trainer.workers.varlen_attention import enable_packed_attention
+from trainer.workers.varlen_attention import enable_packed_attention, guard_padded_attention
 
 __all__ = [
     "LossSpec",
@@ -71,13 +71,15 @@ def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
 def model_kwargs(model: torch.nn.Module, inputs: ModelInput, device: torch.device) -> dict:
     """The forward's keyword arguments for a packed or padded ``inputs``; a packed input
     switches ``model`` to per-sample attention (sdpa/eager -> packed attention; flash and
-    flex kernels read the restarting positions themselves)."""
+    flex kernels read the restarting positions themselves), a padded one an sdpa model to the
+    same attention for its guarded mask (``guard_padded_attention``)."""
     kwargs: dict = {
         "input_ids": inputs.input_ids.to(device),
         "position_ids": inputs.position_ids.to(device),
         "use_cache": False,
     }
     if inputs.attention_mask is not None:
+        guard_padded_attention(model)
         kwargs["attention_mask"] = inputs.attention_mask.to(device)
     elif enable_packed_attention(model):
         kwargs["agentloop_bounds"] = inputs.bounds

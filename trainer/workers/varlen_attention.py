@@ -7,8 +7,14 @@ attention registered here under ``PACKED_ATTENTION``. A forward that passes
 sample: memory grows with the longest sample, never with the packed row, and the SDPA
 kernels (flash on GPU, the flash CPU kernel on CPU) stay eligible because no mask is passed.
 Any other forward (a padded batch with a 2-D attention mask) goes to transformers' own SDPA
-attention unchanged, so one model serves both layouts. The switch is permanent rather than
-per call, so activation-checkpoint recomputation in backward sees the same attention.
+attention, so one model serves both layouts. The switch is permanent rather than per call, so
+activation-checkpoint recomputation in backward sees the same attention.
+
+A padded batch's mask gets one change (``guard_padded_attention`` switches an sdpa model for
+it): a query row with no key to attend, a left-padding position, attends to every key. Its
+output is never read, but left fully masked the CUDA memory-efficient kernel's backward makes
+it NaN, and that NaN reaches every weight's gradient (H200, bf16: a NaN grad norm on every
+padded update of a batch whose prompts differ in length).
 
 flash-attn models (``attn_implementation=flash_attention_2``) are left alone: transformers
 runs them varlen from the restarting position ids.
@@ -23,7 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["PACKED_ATTENTION", "enable_packed_attention", "packed_attention"]
+__all__ = [
+    "PACKED_ATTENTION",
+    "enable_packed_attention",
+    "guard_padded_attention",
+    "packed_attention",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +93,16 @@ def packed_attention(
 
 
 def _packed_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any):
-    """No mask for a packed row (``packed_attention`` confines it); SDPA's mask otherwise."""
+    """No mask for a packed row (``packed_attention`` confines it); otherwise SDPA's mask with
+    each fully masked query row opened to every key (see the module docstring)."""
     from transformers.masking_utils import sdpa_mask
 
     if attention_mask is None:
         return None
-    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+    mask = sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return mask | ~mask.any(dim=-1, keepdim=True)
 
 
 def _register() -> None:
@@ -115,3 +130,11 @@ def enable_packed_attention(model: torch.nn.Module) -> bool:
         if cfg is not None and getattr(cfg, "_attn_implementation", None) in _SWITCHABLE:
             cfg._attn_implementation = PACKED_ATTENTION
     return True
+
+
+def guard_padded_attention(model: torch.nn.Module) -> None:
+    """Before a padded forward: an sdpa model switched to ``PACKED_ATTENTION``, whose mask
+    leaves no query row fully masked. Eager masks use a finite minimum and flash-attn unpads,
+    so other kernels are left alone."""
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        enable_packed_attention(model)

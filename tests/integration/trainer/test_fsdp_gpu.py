@@ -4,8 +4,10 @@ machine that has only torch and transformers, on a small random Qwen3 built in t
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+from dataclasses import replace
 
 import pytest
 import torch
@@ -82,6 +84,41 @@ def test_fsdp2_nccl_bf16_update(tmp_path):
     assert (out["logp"] - reference).abs().max() < 0.1
     assert torch.isfinite(torch.tensor(out["metrics"]["actor/grad_norm"]))
     assert out["metrics"]["actor/optimizer_steps"] == 1
+
+
+def _layout_rank(rank: int, world: int, port: int, path: str, out: dict) -> None:
+    os.environ["LOCAL_RANK"] = str(rank)
+    init_distributed(rank, world, f"127.0.0.1:{port}", "cuda")
+    batch = _batch().chunk(world)[rank]
+    cfg = ActorConfig(optim=OptimConfig(lr=1e-4), ppo_micro_batch_size_per_gpu=2)
+    for packed in (True, False):
+        config = ModelConfig(path=path, use_remove_padding=packed)
+        model = apply_fsdp(load_model(path, config, "cuda"), FSDPConfig(), "cuda")
+        logp, _ = log_probs_in_micro_batches(
+            model, batch, micro_batch_size=2, remove_padding=packed
+        )
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        metrics = update_policy(
+            model, optimizer, None, replace(batch, old_log_probs=logp), cfg,
+            samples_per_mini_batch=len(batch), remove_padding=packed,
+        )  # fmt: skip
+        if rank == 0:
+            out["packed" if packed else "padded"] = (logp.cpu(), metrics["actor/grad_norm"])
+    torch.distributed.destroy_process_group()
+
+
+def test_padded_rows_with_left_padding_update_like_packed_rows(tmp_path):
+    """A micro-batch whose rows are left-padded (query rows with no real key) in bf16 on CUDA:
+    the padded layout's gradient is finite and matches the packed layout's (the memory-
+    efficient kernel's backward made it NaN before ``guard_padded_attention``)."""
+    batch = _batch()
+    assert not batch.attention_mask[:2, 0].all()  # the control: a left-padded row
+    _, world, out = _spawn(_layout_rank, tmp_path)
+    (packed, packed_norm), (padded, padded_norm) = out["packed"], out["padded"]
+    sampled = _batch().chunk(world)[0].response_mask.bool()
+    assert (packed - padded)[sampled].abs().max() < 0.05
+    assert math.isfinite(padded_norm) and math.isfinite(packed_norm)
+    assert abs(padded_norm - packed_norm) < 0.05 * packed_norm
 
 
 def _lora_rank(rank: int, world: int, port: int, path: str, out: dict) -> None:

@@ -100,6 +100,31 @@ def test_attention_runs_per_sample_without_a_mask(monkeypatch):
     assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
+def test_padded_attention_leaves_no_query_row_fully_masked(monkeypatch):
+    mb = _batch()
+    # causal over real keys: the left-padding query rows (row 1's first 4 columns, row 2's
+    # first 2) attend to nothing
+    causal = torch.ones(P + R, P + R, dtype=torch.bool).tril()
+    stock = causal & mb.attention_mask.bool()[:, None, None, :]
+    empty = ~stock.any(-1)
+    assert int(empty.sum()) == (P - 2) + (P - 4)
+    model = tiny_qwen3().eval()
+    masks: list[torch.Tensor] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        masks.append(attn_mask)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        forward_log_probs(model, mb, remove_padding=False, chunk_size=0)
+    assert len(masks) == model.config.num_hidden_layers
+    for mask in masks:
+        assert mask[empty].all()  # opened to every key
+        assert torch.equal(mask[~empty], stock[~empty])  # every other row as transformers has it
+
+
 @pytest.mark.parametrize("chunk", [0, 4])
 def test_packed_log_probs_equal_padded(chunk):
     model = tiny_qwen3().eval()
