@@ -41,6 +41,9 @@ __all__ = ["VLLMEngine", "to_vllm_sampling"]
 
 logger = logging.getLogger(__name__)
 
+ENGINE_EXIT_S = 60.0
+"""Seconds the engine's processes get to exit at shutdown before vLLM kills them."""
+
 
 def _on_cpu() -> bool:
     return not torch.cuda.is_available()
@@ -418,9 +421,13 @@ class VLLMEngine:
             shutil.rmtree(self.adapter_root, ignore_errors=True)
             self.adapter_root = None
         if self.engine is not None:
-            self.engine.shutdown()
+            # vLLM signals its engine processes and kills the ones still running after the
+            # timeout (5 s by default); on a busy 2-core machine an engine and its worker
+            # take longer to exit, so they get ENGINE_EXIT_S and are killed only when stuck
+            start = time.monotonic()
+            self.engine.shutdown(timeout=ENGINE_EXIT_S)
             self.engine = None
-            # vLLM kills an engine process that is slow to exit (its worker takes 5-15 s on a
-            # busy 2-core machine), which leaves its shared memory behind: unlink it
+            logger.info("engine stopped in %.1f s", time.monotonic() - start)
+            # a killed engine leaves its shared memory behind: unlink it
             remove_shm(self._engine_shm)
             self._engine_shm = []

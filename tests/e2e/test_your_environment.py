@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from trainer.launch.console import MOVED_LOG, ConsoleRoute
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +33,13 @@ PAGE = REPO / "docs" / "your-environment.md"
 FENCE = re.compile(r"^```(\S*)[ \t]*([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 ROLLOUT_HEADER = "| samples | accuracy (reward >= 1) | valid tool-call rate | reward mean |"
 TRACES_HEADER = re.compile(r"^trace_id\s+sample\s+rollout_n\s+validate\s+agent_name\s+reward", re.M)
+# A warning line on the console: Python logging's and vLLM's level, Python warnings, C++ ones.
+WARNING_LINE = re.compile(r"\bWARNING\b|Warning\b|\[W\d{4} ")
+ACTIONABLE = (
+    # tiny-qwen3 is random: it writes no tool call; the warning says what to check
+    "WARNING agentloop.train: step 1: no sample attempted a tool call although tools are",
+)
+"""Warnings a user can act on, allowed on the console of the page's run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +84,7 @@ def test_page_builds_a_tool_environment_that_trains_rolls_out_and_traces(tmp_pat
     venv_bin = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AGENTLOOP_RUN_DIR")}
     env |= {"PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    stdout = ""
+    stdout, console = "", ""
     for i, block in enumerate(blocks):
         if block.lang != "bash" or "run" not in block.attrs:
             continue
@@ -89,6 +98,7 @@ def test_page_builds_a_tool_environment_that_trains_rolls_out_and_traces(tmp_pat
         )
         assert proc.returncode == 0, f"{block.body}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
         stdout += proc.stdout
+        console += proc.stdout + proc.stderr
         after = blocks[i + 1] if i + 1 < len(blocks) else None
         if after is not None and "output" in after.attrs:
             for line in filter(None, after.body.splitlines()):
@@ -112,6 +122,18 @@ def test_page_builds_a_tool_environment_that_trains_rolls_out_and_traces(tmp_pat
     assert {"reward/rule", "reward/rule/used_tool", "agent_loop/tool_calls/mean"} <= set(record)
     # The MCP server ran under the trainer, its stderr in the run folder's logs.
     assert sorted((run / "logs").glob("mcp-units-*.log")), "no MCP server log in the run folder"
+
+    # The console holds no warning but actionable ones; the known-benign ones of the training
+    # run and of the rollout (vLLM's CPU notices, Ray's token notice) are in the run's logs/.
+    warnings = [x for x in console.splitlines() if WARNING_LINE.search(x)]
+    assert all(any(a in x for a in ACTIONABLE) for x in warnings), "\n".join(warnings)
+    assert "force killing" not in console  # the engines exited at the end of each run
+    moved = (run / "logs" / MOVED_LOG).read_text().splitlines()
+    assert any("Model Runner V2 requires Triton" in x for x in moved), moved
+    if "RAY_AUTH_MODE" not in env:  # Ray's notice on the driver's own logger
+        assert any("[driver] WARNING" in x and "Token authentication" in x for x in moved), moved
+    route = ConsoleRoute(run / "logs" / "unused.log")
+    assert all(route.matches(x) or x.split("] ", 1)[1][:1] == " " for x in moved), moved
 
     # agentloop-rollout: the table, and the tool offered in every prompt.
     assert ROLLOUT_HEADER in stdout

@@ -1,12 +1,19 @@
 """tcmalloc and Intel OpenMP preloaded for vLLM CPU, as vLLM's CPU installation guide advises
-(``make bench``): the same generation workload in a fresh process per setting, rounds
-alternating so drift hits every setting alike; prints a table and writes
-bench_results/preloads.json. Settings whose library is not installed are left out, said so."""
+(``make bench``), rounds alternating so drift hits every setting alike; settings whose library
+is not installed are left out, said so:
+
+- generation: the same workload in a fresh process per setting; writes
+  bench_results/preloads.json;
+- a GRPO step: the README's train quick start (smollm2, 2 gloo ranks, one vLLM CPU server) as
+  ``agentloop-train`` with and without both libraries in ``LD_PRELOAD`` (inherited by Ray and
+  every worker, the engines' processes included); the median step time over steps 2.. (step 1
+  holds the first weight push); writes bench_results/preloads_grpo.json."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -79,3 +86,80 @@ def test_bench_generation_with_and_without_preloads():
     out.mkdir(exist_ok=True)
     (out / "preloads.json").write_text(json.dumps(results, indent=2) + "\n")
     assert all(v > 0 for runs in results.values() for vs in runs.values() for v in vs)
+
+
+GRPO_STEPS, GRPO_ROUNDS = 4, 2
+REWARD = """import re
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    numbers = re.findall(r"-?\\d+", solution_str)
+    return float(bool(numbers) and numbers[-1] == ground_truth)
+"""
+
+
+def _grpo_run(folder: Path, data: Path, reward: Path, preload: str) -> list[dict]:
+    """One quick-start run; its metrics records from step 2 on."""
+    overrides = [
+        f"data.train_files={data}", "data.train_batch_size=4",
+        f"custom_reward_function.path={reward}",
+        "actor_rollout_ref.model.path=smollm2-135m-instruct",
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.response_length=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.optim.lr=1e-6",
+        "trainer.n_gpus_per_node=2", f"trainer.total_training_steps={GRPO_STEPS}",
+        "trainer.save_freq=-1", "trainer.logger=[jsonl]", f"trainer.default_local_dir={folder}",
+    ]  # fmt: skip
+    env = {**os.environ, "LD_PRELOAD": preload}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.cli.train", *overrides],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["step"] >= 2]
+
+
+def test_bench_grpo_step_with_and_without_preloads(tmp_path):
+    found = find_preloads()
+    if len(found) < 2:
+        print(f"\nGRPO step: both libraries needed, found {sorted(found)}; nothing measured")
+        return
+    settings = {"none": "", "tcmalloc+iomp": f"{found['tcmalloc']}:{found['iomp']}"}
+    data, reward = tmp_path / "arith.jsonl", tmp_path / "reward.py"
+    rng = random.Random(0)
+    with data.open("w") as f:
+        for _ in range(64):
+            a, b = rng.randint(2, 20), rng.randint(2, 20)
+            question = f"What is {a}+{b}? Reply with the number only."
+            row = {
+                "prompt": [{"role": "user", "content": question}],
+                "data_source": "arith",
+                "reward_model": {"ground_truth": str(a + b)},
+            }
+            f.write(json.dumps(row) + "\n")
+    reward.write_text(REWARD)
+    keys = ("perf/time_per_step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor")
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in settings}
+    for r in range(GRPO_ROUNDS):
+        for key, preload in settings.items():
+            records = _grpo_run(tmp_path / f"{key}-{r}", data, reward, preload)
+            runs[key].append({m: statistics.median(x[m] for x in records) for m in keys})
+    print(
+        f"\nGRPO step (README quick start, {GRPO_STEPS} steps, median over steps 2-{GRPO_STEPS} "
+        f"per run, {GRPO_ROUNDS} runs per setting, alternating; seconds)"
+    )
+    print(
+        f"  {'LD_PRELOAD':<16}"
+        + "".join(f"{k.split('/')[-1]:>16}" for k in keys)
+        + "   runs (step)"
+    )
+    base = statistics.median(x["perf/time_per_step"] for x in runs["none"])
+    for key, values in runs.items():
+        cells = "".join(f"{statistics.median(v[m] for v in values):>16.2f}" for m in keys)
+        step = statistics.median(v["perf/time_per_step"] for v in values)
+        each = " / ".join(f"{v['perf/time_per_step']:.2f}" for v in values)
+        print(f"  {key:<16}{cells}   {each}  ({base / step:.2f}x vs none)")
+    out = REPO / "bench_results"
+    out.mkdir(exist_ok=True)
+    (out / "preloads_grpo.json").write_text(json.dumps(runs, indent=2) + "\n")
+    assert all(v["perf/time_per_step"] > 0 for vs in runs.values() for v in vs)

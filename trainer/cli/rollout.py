@@ -104,6 +104,7 @@ def scored_records(
 def _run(started: RolloutPlan) -> int:
     from agentloop.trace import TraceContext
     from servers import stop_servers
+    from trainer.launch.console import init_ray_routed
     from trainer.launch.rollout import start_rollout, stop_rollout
     from trainer.rewards.build import build_rewards
 
@@ -119,6 +120,7 @@ def _run(started: RolloutPlan) -> int:
     how: dict[str, Any] = {}
     if started.validate:
         how = {"n": rollout.val_kwargs.n, "trace": TraceContext(validate=True)}
+    console = init_ray_routed(output.parent, config.trainer.worker_log_level)
     try:
         count = config.servers_for(device)
         servers, manager = start_rollout(rollout, setup.model, num_servers=count)
@@ -143,6 +145,8 @@ def _run(started: RolloutPlan) -> int:
     finally:
         rewards.close()
         stop_servers(judge_servers)
+        if console is not None:
+            console.close()
     sys.stdout.write(f"wrote {len(written)} trajectories to {output}\n")
     sys.stdout.write(format_summary(summarize(written, correct_at)))
     return 0

@@ -33,6 +33,7 @@ from trainer.config.run import TrainerConfig
 from trainer.config.schema import Config
 from trainer.data.curriculum import build_sampler
 from trainer.data.sampler import PromptSampler
+from trainer.launch.console import init_ray_routed
 from trainer.launch.rollout import (
     RolloutSetup,
     load_split,
@@ -42,7 +43,6 @@ from trainer.launch.rollout import (
     start_user_model,
     stop_rollout,
 )
-from trainer.launch.worker_logs import init_ray
 from trainer.loop.checkpoint import CheckpointManager, checkpoint_bytes
 from trainer.loop.weight_sync import WeightSync
 from trainer.metrics.trace_tags import TraceTagger
@@ -98,6 +98,9 @@ class RunParts:
     """Tags rollout traces with their rewards (None without ``rollout.trace.backend``)."""
     timeline: str | None = None
     """Where Ray's timeline is written at the close (``ray_kwargs.timeline_json_file``)."""
+    console: Any = None
+    """Moves known-benign third-party messages off the console (``trainer.launch.console``);
+    undone last, after the servers' shutdown messages."""
     closed: bool = field(default=False, init=False)
 
     def close(self) -> None:
@@ -108,6 +111,8 @@ class RunParts:
             return
         self.closed = True
         with ExitStack() as stops:  # runs its callbacks last-registered first
+            if self.console is not None:
+                stops.callback(self.console.close)
             stops.callback(stop_servers, self.user_servers)
             stops.callback(stop_rollout, self.servers, self.manager)
             stops.callback(self.workers.shutdown)
@@ -239,11 +244,14 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         tagger = configure_traces(ref.rollout.trace, config.trainer, plan)
         if tagger is not None:
             undo.callback(tagger.close)
-        init_ray(
+        console = init_ray_routed(
+            plan.checkpoints.root,
             config.trainer.worker_log_level,
             {RUN_DIR_ENV: str(plan.checkpoints.root)},
             config.ray_kwargs.ray_init,
         )
+        if console is not None:
+            undo.callback(console.close)
         # Before the servers: the agent-loop workers take the trace settings with them.
         count = config.servers_for(plan.device)
         lora = ref.rollout.lora_sync == "adapter"  # merged: servers without LoRA
@@ -310,6 +318,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         checkpoints=plan.checkpoints,
         tagger=tagger,
         timeline=config.ray_kwargs.timeline_json_file,
+        console=console,
     )
 
 
