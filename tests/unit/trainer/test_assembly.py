@@ -89,8 +89,8 @@ def started(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(
         trainer.loop.assembly,
-        "init_ray",
-        lambda level, env, ray_init: events.append(
+        "init_ray_routed",
+        lambda run_dir, level, env, ray_init: events.append(
             f"ray logs at {level}, env {sorted(env)}, ray_init {ray_init}"
         ),
     )
