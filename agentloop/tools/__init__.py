@@ -11,7 +11,7 @@ from agentloop.tools.base import (
 from agentloop.tools.calculator import CalculatorTool
 from agentloop.tools.config import load_tool_config
 from agentloop.tools.function import FunctionTool, function_tool, schema_from_function
-from agentloop.tools.mcp import MCPTool, load_mcp_servers
+from agentloop.tools.mcp import MCPTool, close_mcp_servers, load_mcp_servers
 from agentloop.tools.python_exec import PythonExecConfig, PythonExecTool, network_isolation
 from agentloop.tools.qwen_tools import QwenAgentTool, qwen_agent_tool
 from agentloop.tools.runner import CallOutcome, ToolRunner, truncate_text
@@ -30,6 +30,7 @@ __all__ = [
     "ToolInfraError",
     "ToolResult",
     "ToolRunner",
+    "close_mcp_servers",
     "function_tool",
     "load_mcp_servers",
     "load_tool_config",

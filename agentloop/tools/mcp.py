@@ -29,13 +29,20 @@ import json
 import logging
 import shutil
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
 from agentloop.tools.base import BaseTool, ToolError, ToolInfraError, ToolResult
 from agentloop.tools.mcp_errors import ServerLog, root_cause, start_failure, tool_error_text
 
-__all__ = ["MCPServerConnection", "MCPTool", "load_mcp_servers", "read_mcp_config"]
+__all__ = [
+    "MCPServerConnection",
+    "MCPTool",
+    "close_mcp_servers",
+    "load_mcp_servers",
+    "read_mcp_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -328,3 +335,14 @@ def load_mcp_servers(
         )
     logger.info("MCP tools from %s: %s", path, ", ".join(tools))
     return tools
+
+
+def close_mcp_servers(tools: Iterable[Any]) -> None:
+    """Stop the MCP servers behind ``tools`` (each once; other tools are skipped). A server
+    that does not stop is logged and the others still stop."""
+    connections = {id(c): c for t in tools if (c := getattr(t, "connection", None)) is not None}
+    for connection in connections.values():
+        try:
+            connection.close()
+        except Exception:  # noqa: BLE001 - stopping: log and go on
+            logger.warning("could not stop MCP server %s", connection.name, exc_info=True)

@@ -61,7 +61,7 @@ def prepare_rollout(config: Config) -> RolloutSetup:
     """Everything that can be wrong about the model, engine arguments, agent loops and tools;
     raises ValueError. The model (a hub id too) is resolved to local folders here, once."""
     from agentloop import get_agent_loop, load_agent_loop_config
-    from agentloop.tools import load_tool_config
+    from agentloop.tools import close_mcp_servers, load_tool_config
     from trainer.models import resolve_model_config, tokenizer_source
 
     rollout = config.actor_rollout_ref.rollout
@@ -72,6 +72,8 @@ def prepare_rollout(config: Config) -> RolloutSetup:
     get_agent_loop(rollout.default_agent_loop)
     path = rollout.multi_turn.tool_config_path
     tools = load_tool_config(path) if path else {}
+    # loaded to check them and read their schemas: the agent-loop workers start their own
+    close_mcp_servers(tools.values())
     interactions = check_interactions(rollout)
     tokenizer = tokenizer_source(model).load()
     check_chat_format(rollout, tokenizer)

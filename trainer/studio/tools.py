@@ -15,7 +15,13 @@ from typing import Any
 
 from agentloop.config import MultiTurnConfig
 from agentloop.parsers import ToolCall
-from agentloop.tools import BaseTool, ToolRunner, load_tool_config, truncate_text
+from agentloop.tools import (
+    BaseTool,
+    ToolRunner,
+    close_mcp_servers,
+    load_tool_config,
+    truncate_text,
+)
 
 __all__ = ["ToolBench", "ToolCallView", "ToolView", "load_tools"]
 
@@ -131,11 +137,4 @@ class ToolBench:
         )
 
     def close(self) -> None:
-        connections = {
-            id(c): c for t in self.tools.values() if (c := getattr(t, "connection", None))
-        }
-        for connection in connections.values():
-            try:
-                connection.close()
-            except Exception:  # noqa: BLE001 - stopping: log and go on
-                logger.warning("could not stop MCP server %s", connection.name, exc_info=True)
+        close_mcp_servers(self.tools.values())

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig
 from agentloop.tool_agent import ToolAgentLoop
-from agentloop.tools import load_tool_config
+from agentloop.tools import close_mcp_servers, load_tool_config
 from agentloop.tools.mcp import load_mcp_servers
 from agentloop.tools.mcp_errors import RUN_DIR_ENV
 from tests.unit.agentloop.scripted import ScriptedServer
@@ -291,3 +291,32 @@ async def test_http_transports_list_and_call_tools(tmp_path, transport, path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _mcp_children() -> list:
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True) if str(SERVER) in p.cmdline()]
+
+
+def test_start_up_checks_read_the_schemas_and_leave_no_mcp_server_running(
+    tmp_path, tiny_qwen3_path
+):
+    """``prepare_rollout`` loads the tool config to check it (the agent-loop workers start
+    their own servers): it keeps the schemas and stops what it started."""
+    from trainer.config.actor import ModelConfig
+    from trainer.config.schema import ActorRolloutRefConfig, Config
+    from trainer.launch.rollout import prepare_rollout
+
+    config = Config(actor_rollout_ref=ActorRolloutRefConfig(model=ModelConfig(path="tiny-qwen3")))
+    config.actor_rollout_ref.rollout.multi_turn = MultiTurnConfig(
+        tool_config_path=str(write_config(tmp_path))
+    )
+    tools = load_tool_config(write_config(tmp_path))  # the control: a loaded server runs
+    assert _mcp_children()
+    close_mcp_servers(tools.values())
+    assert _mcp_children() == []
+    setup = prepare_rollout(config)
+    assert setup.tool_names == sorted(tools)
+    assert "calc-add" in [s["function"]["name"] for s in setup.tool_schemas]
+    assert _mcp_children() == []
