@@ -41,7 +41,7 @@ __all__ = ["VLLMEngine", "to_vllm_sampling"]
 
 logger = logging.getLogger(__name__)
 
-ENGINE_EXIT_S = 60.0
+ENGINE_EXIT_S = 15.0
 """Seconds the engine's processes get to exit at shutdown before vLLM kills them."""
 
 

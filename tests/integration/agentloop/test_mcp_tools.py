@@ -312,11 +312,12 @@ def test_start_up_checks_read_the_schemas_and_leave_no_mcp_server_running(
     config.actor_rollout_ref.rollout.multi_turn = MultiTurnConfig(
         tool_config_path=str(write_config(tmp_path))
     )
+    before = {p.pid for p in _mcp_children()}  # servers earlier tests of the module keep
     tools = load_tool_config(write_config(tmp_path))  # the control: a loaded server runs
-    assert _mcp_children()
+    assert {p.pid for p in _mcp_children()} - before
     close_mcp_servers(tools.values())
-    assert _mcp_children() == []
+    assert {p.pid for p in _mcp_children()} - before == set()
     setup = prepare_rollout(config)
     assert setup.tool_names == sorted(tools)
     assert "calc-add" in [s["function"]["name"] for s in setup.tool_schemas]
-    assert _mcp_children() == []
+    assert {p.pid for p in _mcp_children()} - before == set()

@@ -140,7 +140,8 @@ def test_log_probs_and_entropy_match(models):
             packed, batch, temperature=0.9, with_entropy=True, remove_padding=True, chunk_size=16
         )
     assert packed.config._attn_implementation == "agentloop_packed"
-    assert padded.config._attn_implementation == "sdpa"
+    # the padded path runs transformers' SDPA under the guarded mask (guard_padded_attention)
+    assert padded.config._attn_implementation == "agentloop_packed"
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
 
