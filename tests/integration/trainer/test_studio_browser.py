@@ -118,16 +118,17 @@ def type_into(driver: Any, element_id: str, text: str) -> None:
 def submit(driver: Any, element_id: str, timeout_s: float = 120) -> None:
     """Click a form's button and wait for the page it posts to. A page that refreshes itself
     (a preview or a run in progress) can replace the button under the click: then the click
-    did not happen, and it is tried again on the new page."""
-    for attempt in range(5):
+    did not happen, and it is tried again on the new page (for up to 10 s: on a loaded 2-core
+    machine five tries in 1.5 s all met a page being replaced)."""
+    for attempt in range(20):
         try:
             old = driver.find_element(By.TAG_NAME, "html")
             driver.find_element(By.ID, element_id).click()
             break
         except (StaleElementReferenceException, WebDriverException):
-            if attempt == 4:
+            if attempt == 19:
                 raise
-            time.sleep(0.3)
+            time.sleep(0.5)
     WebDriverWait(driver, timeout_s).until(staleness_of(old))
 
 
