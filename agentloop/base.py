@@ -32,11 +32,11 @@ from agentloop.tokens import (
     render_size,
 )
 from agentloop.tools.base import BaseTool
-from agentloop.tools.config import import_target
 from agentloop.tools.runner import ToolRunner
 from agentloop.tools.session import ToolSession
 from agentloop.trace import SampleTrace
 from servers.types import TokenOutput
+from servers.user_code import load_object
 
 __all__ = [
     "AgentLoopBase",
@@ -395,7 +395,7 @@ def load_agent_loop_config(path: str | Path) -> list[str]:
         if not isinstance(entry, dict) or "name" not in entry or "_target_" not in entry:
             raise ValueError(f"{path}: entry {i} needs 'name' and '_target_'")
         kwargs = {k: v for k, v in entry.items() if k not in ("name", "_target_")}
-        cls = import_target(entry["_target_"], f"{path}: agent loop {entry['name']!r}")
+        cls = load_object(entry["_target_"], key=f"{path}: agent loop {entry['name']!r}: _target_")
         if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
             raise ValueError(
                 f"{path}: agent loop {entry['name']!r}: {entry['_target_']} is not an "

@@ -31,7 +31,7 @@ from agentloop.gateway.server import Gateway
 from agentloop.gateway.session import Segment, Session
 from agentloop.records import SampleRecord
 from agentloop.tokens import Trajectory
-from agentloop.tools.config import import_target
+from servers.user_code import load_object
 
 __all__ = ["AgentFailed", "GatewayAgentLoop", "LLMEndpoint"]
 
@@ -80,7 +80,7 @@ class GatewayAgentLoop(AgentLoopBase):
                 f"'...', external: true; got {', '.join(chosen) or 'none'}"
             )
         if isinstance(agent, str):  # "pkg.module:function" or "pkg.module.function"
-            agent = import_target(agent.replace(":", "."), "gateway agent")
+            agent = load_object(agent, key="agent", need_callable=True)
         self.agent = agent
         self.session: Session | None = None
         """The sample's session once ``run`` has opened it (its segments, calls, rewards)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from agentloop.tools.config import import_target
+from servers.user_code import load_object
 
 __all__ = ["load_interactions", "row_interaction"]
 
@@ -42,7 +42,7 @@ def load_interactions(path: str | Path) -> dict[str, Any]:
         where = f"{path}: interaction[{i}]"
         if not isinstance(entry, Mapping) or not isinstance(entry.get("class_name"), str):
             raise ValueError(f"{where} needs class_name (a dotted path like pkg.module.Class)")
-        cls = import_target(entry["class_name"], where)
+        cls = load_object(entry["class_name"], key=f"{where}.class_name")
         if not callable(getattr(cls, "generate_response", None)):
             raise ValueError(
                 f"{where}: {entry['class_name']} has no generate_response method; an "

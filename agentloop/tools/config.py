@@ -19,7 +19,6 @@ tools:
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -28,19 +27,9 @@ import yaml
 
 from agentloop.tools.base import BaseTool
 from agentloop.tools.verl_adapter import VERL_API, missing_verl_api, verl_tool
+from servers.user_code import UserCodeError, load_object
 
-__all__ = ["import_target", "load_tool_config"]
-
-
-def import_target(target: str, what: str) -> Any:
-    """Import ``pkg.module.Name``; raises ``ValueError`` saying what failed to import."""
-    module_name, _, attr = target.rpartition(".")
-    if not module_name:
-        raise ValueError(f"{what}: {target!r} is not a dotted path like pkg.module.Name")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{what}: cannot import {target!r}: {type(exc).__name__}: {exc}") from exc
+__all__ = ["load_tool_config"]
 
 
 def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
@@ -69,7 +58,7 @@ def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
             from agentloop.tools.qwen_tools import qwen_agent_tool
 
             name = config.get("name")
-            target = name if name else import_target(entry["class_name"], where)
+            target = name if name else load_object(entry["class_name"], key=f"{where}.class_name")
             tool = qwen_agent_tool(target, config.get("cfg"))
             new = {tool.name: tool}
         elif kind == "native":
@@ -90,16 +79,15 @@ def _native_entry(entry: dict[str, Any], config: dict[str, Any], where: str) -> 
     """Our ``BaseTool`` subclass, or a class written against verl's tool API (wrapped)."""
     target = entry["class_name"]
     try:
-        cls = import_target(target, where)
-    except ValueError as exc:
+        cls = load_object(target, key=f"{where}.class_name")
+    except UserCodeError as exc:
         cause = exc.__cause__
         if isinstance(cause, ModuleNotFoundError) and importlib.util.find_spec("verl") is None:
             if (cause.name or "").split(".")[0] == "verl":
-                raise ValueError(
-                    f"{where}: cannot import {target!r}: it needs verl, which is not installed "
-                    f"(No module named {cause.name!r}); install verl, or point class_name at "
-                    "your own module (a class written against verl's tool API runs here as is)"
-                ) from exc
+                raise UserCodeError(
+                    f"{exc}; a class written against verl's tool API runs here as is once verl "
+                    "is installed"
+                ) from cause
         raise
     if isinstance(cls, type) and issubclass(cls, BaseTool):
         return cls(config=config, tool_schema=entry.get("tool_schema"))

@@ -198,7 +198,8 @@ def test_the_verl_layout_loads_with_names_given_or_derived(tmp_path):
         ),
         (
             f"interaction:\n  - class_name: {MODULE}.Missing\n",
-            f"interaction[0]: cannot import '{MODULE}.Missing'",
+            f"interaction[0].class_name='{MODULE}.Missing': module '{MODULE}' defines no "
+            "'Missing'; define it there or name one it defines",
         ),
         (
             f"interaction:\n  - {{name: a, class_name: {MODULE}.PlainDef}}\n"

@@ -55,13 +55,15 @@ def test_yaml_user_loop_registers_with_its_kwargs(tmp_path):
     [
         (
             [{"name": "x", "_target_": "nowhere.mod.Loop"}],
-            "{path}: agent loop 'x': cannot import 'nowhere.mod.Loop': ModuleNotFoundError: "
-            "No module named 'nowhere'",
+            "{path}: agent loop 'x': _target_='nowhere.mod.Loop': cannot import module "
+            "'nowhere.mod' (ModuleNotFoundError: No module named 'nowhere'); install the package "
+            "that provides 'nowhere', put its folder on PYTHONPATH, or correct the name",
         ),
         (
             [{"name": "x", "_target_": "tests.unit.agentloop.user_loops.Missing"}],
-            "{path}: agent loop 'x': cannot import 'tests.unit.agentloop.user_loops.Missing': "
-            "AttributeError: module 'tests.unit.agentloop.user_loops' has no attribute 'Missing'",
+            "{path}: agent loop 'x': _target_='tests.unit.agentloop.user_loops.Missing': module "
+            "'tests.unit.agentloop.user_loops' defines no 'Missing'; define it there or name one "
+            "it defines",
         ),
         (
             [{"name": "x", "_target_": "tests.unit.agentloop.user_loops.NotALoop"}],

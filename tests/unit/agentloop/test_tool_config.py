@@ -19,12 +19,15 @@ CALC = "agentloop.tools.calculator.CalculatorTool"
         ({"tools": ["calculator"]}, "{path}: tools[0] needs class_name"),
         (
             {"tools": [{"class_name": "CalculatorTool"}]},
-            "{path}: tools[0]: 'CalculatorTool' is not a dotted path like pkg.module.Name",
+            "{path}: tools[0].class_name='CalculatorTool': names no object; write "
+            "path/to/file.py:name, package.module:name or package.module.name",
         ),
         (
             {"tools": [{"class_name": "nowhere_pkg.tools.Tool"}]},
-            "{path}: tools[0]: cannot import 'nowhere_pkg.tools.Tool': ModuleNotFoundError: "
-            "No module named 'nowhere_pkg'",
+            "{path}: tools[0].class_name='nowhere_pkg.tools.Tool': cannot import module "
+            "'nowhere_pkg.tools' (ModuleNotFoundError: No module named 'nowhere_pkg'); install "
+            "the package that provides 'nowhere_pkg', put its folder on PYTHONPATH, or correct "
+            "the name",
         ),
         (
             {"tools": [{"class_name": "collections.OrderedDict"}]},

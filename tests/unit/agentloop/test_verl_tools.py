@@ -229,10 +229,12 @@ def test_a_class_needing_verl_says_to_install_it_or_use_your_own_module(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ValueError) as info:
         load(tmp_path, {"class_name": f"{module}.Gsm8kTool", "config": {"type": "native"}})
+    where = f"{tmp_path / 'tools.yaml'}: tools[0].class_name"
     assert str(info.value) == (
-        f"{tmp_path / 'tools.yaml'}: tools[0]: cannot import '{module}.Gsm8kTool': it needs "
-        "verl, which is not installed (No module named 'verl'); install verl, or point "
-        "class_name at your own module (a class written against verl's tool API runs here as is)"
+        f"{where}={module + '.Gsm8kTool'!r}: cannot import module {module!r} "
+        "(ModuleNotFoundError: No module named 'verl'); install the package that provides "
+        "'verl', put its folder on PYTHONPATH, or correct the name; a class written against "
+        "verl's tool API runs here as is once verl is installed"
     )
 
 
