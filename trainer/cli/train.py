@@ -43,14 +43,13 @@ def _start(overrides: list[str]) -> tuple[Config, RunPlan]:
 
 def _train(started: tuple[Config, RunPlan]) -> int:
     from trainer.loop.assembly import build_run
-    from trainer.loop.async_trainer import AsyncPPOTrainer
     from trainer.loop.ray_trainer import RayPPOTrainer, RunStoppedError
     from trainer.rewards import JudgeUnavailableError, RewardFunctionError
 
     config, plan = started
     try:
-        cls = AsyncPPOTrainer if config.async_training.enable else RayPPOTrainer
-        trainer = cls(config, build_run(config, plan), plan.sampler, plan.val_rows)
+        # async_training.enable picks the rollout source: a batch per step, or the stream
+        trainer = RayPPOTrainer(config, build_run(config, plan), plan.sampler, plan.val_rows)
         stop_on_signals(trainer)
         metrics = trainer.fit()
     except (JudgeUnavailableError, RewardFunctionError) as exc:

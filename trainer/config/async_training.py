@@ -19,7 +19,7 @@ CORRECTION_MODES = ("none", "tis", "decoupled")
 @dataclass(kw_only=True, slots=True)
 class AsyncTrainingConfig:
     enable: bool = False
-    """True: rollout is a stream that never waits for the trainer (``trainer.loop.async_trainer``);
+    """True: rollout is a stream that never waits for the trainer (``trainer.loop.async_rollout``);
     False: each step rolls out, then trains, in turn."""
     staleness_threshold: int = 1
     """How many policy versions a sample may lag the policy it is trained on (0: on-policy;

@@ -1,6 +1,6 @@
 """Which finished groups an async step trains, and how many prompts the stream may admit.
 
-Pure bookkeeping, no threads and no I/O: ``AsyncPPOTrainer`` calls it under its lock, and the
+Pure bookkeeping, no threads and no I/O: ``AsyncRollout`` calls it under its lock, and the
 simulation test (tests/unit/trainer/test_async_schedule.py) drives it through 1,008 runs of
 settings and delays.
 

@@ -1,6 +1,9 @@
 """The RL loop. One step, top to bottom:
 
-    rows ─> rollout (AgentLoopManager: async agent loops on the servers)
+    rows ─> rollout, from the run's rollout source (``trainer.loop.rollout_source``):
+             the step's prompts generated now (``SyncRollout``: AgentLoopManager, async
+             agent loops on the servers), or finished groups taken from a stream that never
+             waits for the trainer (``AsyncRollout``, ``async_training.enable``)
          ─> rewards (rule | judge servers | tool-verified, weighted; trainer.rewards)
          ─> old log-probs (+ reference log-probs when a KL term is used, + the critic's
              values with GAE)
@@ -8,7 +11,8 @@
          ─> critic update (GAE: clipped value loss against the returns)
          ─> PPO mini-batch updates on the FSDP2 ranks (not in the first
              ``trainer.critic_warmup`` steps: the critic learns alone there)
-         ─> weight sync to every server
+         ─> weight sync to every server (the source's hook: after every step, or every
+             ``trigger_parameter_sync_step`` steps with the stream held meanwhile)
          ─> metrics; validation every ``test_freq``; checkpoint every ``save_freq``
 
 Metrics are logged under our names and, where verl has one, under verl's too
@@ -27,7 +31,9 @@ batch is cut into ``sessions / (ppo_mini_batch_size x rollout.n)`` equal mini-ba
 
 The trainer builds nothing: ``trainer.loop.assembly.build_run`` starts the servers, ranks, rewards
 and weight sync once and hands them over as ``RunParts``; the trainer drives them and stops
-them in ``close``.
+them in ``close``. One trainer serves sync and async runs: what differs (where a batch comes
+from, when weights are pushed, the prompts in flight at a checkpoint, the weights validation
+sees) is the rollout source's.
 """
 
 from __future__ import annotations
@@ -35,22 +41,24 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from agentloop import RolloutBatch, TraceContext
+from agentloop import RolloutBatch
 from servers import ServerRestartError
 from trainer.algos.value import explained_variance
 from trainer.config.schema import Config
 from trainer.data.sampler import PromptSampler
 from trainer.loop.advantages import step_advantages
 from trainer.loop.assembly import RunParts, needs_ref_policy
+from trainer.loop.async_rollout import AsyncRollout
 from trainer.loop.checkpoint import CheckpointManager, CheckpointSaveError
-from trainer.metrics.validation import validation_metrics
+from trainer.loop.rollout_source import RolloutSource
+from trainer.loop.sync_rollout import SyncRollout
+from trainer.loop.validate import validate
 from trainer.metrics.verl_names import data_metrics, memory_metrics, step_metrics
 from trainer.rewards.manager import RewardOutput
 from trainer.workers import TrainBatch, TrainerWorkerDiedError
@@ -124,9 +132,17 @@ def stopped_message(exc: BaseException, step: int, checkpoints: CheckpointManage
     )
 
 
+def rollout_source(config: Config, parts: RunParts, sampler: PromptSampler) -> RolloutSource:
+    """The source the config asks for: the async stream, or a batch per step."""
+    if config.async_training.enable:
+        return AsyncRollout(config, parts, sampler)
+    return SyncRollout(config, parts, sampler)
+
+
 class RayPPOTrainer:
     """Owns the loop (``fit``, ``train_step``, validation, checkpoints) over parts built by
-    ``trainer.loop.assembly.build_run``; ``close`` (also at the end of ``fit``) stops them."""
+    ``trainer.loop.assembly.build_run`` and batches from ``rollout`` (by default the source
+    the config asks for); ``close`` (also at the end of ``fit``) stops them."""
 
     def __init__(
         self,
@@ -134,11 +150,13 @@ class RayPPOTrainer:
         parts: RunParts,
         sampler: PromptSampler,
         val_rows: list[dict[str, Any]] | None = None,
+        *,
+        rollout: RolloutSource | None = None,
     ) -> None:
         self.config, self.parts, self.sampler = config, parts, sampler
         self.val_rows = val_rows or []
-        run = config.trainer
-        self.total_steps = run.total_steps(len(sampler))
+        self.rollout = rollout if rollout is not None else rollout_source(config, parts, sampler)
+        self.total_steps = self.rollout.total_steps
         self.need_ref = needs_ref_policy(config)
         self.use_critic = config.use_critic
         # The parts the loop drives, by their short names.
@@ -181,7 +199,7 @@ class RayPPOTrainer:
                     "(trainer.resume_mode=disable)"
                 )
             self.workers.load_critic(critic)
-        self.sampler.load_state_dict(state["sampler"])
+        self.rollout.load_state_dict(state)
         self.sync.push()  # the servers started from the base model
         logger.info("resumed from %s at step %d", path, state["step"])
         return int(state["step"])
@@ -252,50 +270,17 @@ class RayPPOTrainer:
         """One step of the loop in the module docstring; returns its metrics."""
         metrics: dict[str, float] = {"training/step": float(step)}
         start = time.perf_counter()
-        rows = self.sampler.next_batch()
-        epoch = self.sampler.epoch
-        remax = self.config.algorithm.adv_estimator == "remax"
-        if remax:  # the greedy rollout's groups must be the sampled rollout's
-            rows = [{**row, "uid": row.get("uid") or uuid.uuid4().hex} for row in rows]
-        # timing_s/gen inside its metrics
-        rollout = self.manager.generate_sequences(rows, trace=TraceContext(step=step))
-        metrics |= rollout.metrics
-        metrics["timing_s/tools"] = rollout.metrics.get("agent_loop/tool_s/mean", 0.0)
-        greedy = self._greedy_rollout(step, rows, metrics) if remax else None
-        self.sync.release_servers()
-        with _timer(metrics, "reward"):
-            reward = self.rewards.score(rollout)
-        metrics |= reward.metrics
+        batch = self.rollout.next_batch(step, metrics)  # scored; timing_s/gen, /reward inside
+        rollout, reward = batch.rollout, batch.reward
         if self.tagger is not None:
             self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
-        baselines = None if greedy is None else self._greedy_baselines(greedy, rollout, metrics)
-        metrics |= self.update(step, rollout, reward, baselines=baselines)
-        self.sampler.after_step(step, rollout, reward.scores)  # a curriculum's update(batch)
+        metrics |= self.update(step, rollout, reward, baselines=batch.baselines)
+        self.rollout.after_update(step, batch)  # a curriculum's update(batch)
         metrics |= memory_metrics(self.workers.memory_stats())
-        metrics |= self.sync.push()
+        metrics |= self.rollout.sync_weights(step)
         metrics["timing_s/step"] = time.perf_counter() - start
-        metrics |= self._verl_step_metrics(metrics, rollout, epoch)
+        metrics |= self._verl_step_metrics(metrics, rollout, batch.epoch)
         return metrics
-
-    def _greedy_rollout(
-        self, step: int, rows: list[dict[str, Any]], metrics: dict[str, float]
-    ) -> RolloutBatch:
-        """ReMax's baseline rollout: one greedy response per prompt (``timing_s/gen_max``)."""
-        rollout = self.config.actor_rollout_ref.rollout
-        greedy = {**rollout.sampling_params(), "temperature": 0.0, "top_p": 1.0, "top_k": -1}
-        with _timer(metrics, "gen_max"):
-            return self.manager.generate_sequences(
-                rows, n=1, sampling_params=greedy, trace=TraceContext(step=step)
-            )
-
-    def _greedy_baselines(
-        self, greedy: RolloutBatch, rollout: RolloutBatch, metrics: dict[str, float]
-    ) -> torch.Tensor:
-        """[batch] each sample's prompt's greedy score (a session's last segment's)."""
-        scored = self.rewards.score(greedy)
-        by_uid = dict(zip(greedy.uid, scored.scores.tolist(), strict=True))  # last one wins
-        metrics["remax/baseline_mean"] = sum(by_uid.values()) / max(len(by_uid), 1)
-        return torch.tensor([by_uid[uid] for uid in rollout.uid], dtype=torch.float32)
 
     def _verl_step_metrics(
         self, metrics: dict[str, float], rollout: RolloutBatch, epoch: int
@@ -430,47 +415,22 @@ class RayPPOTrainer:
 
     def _validate(self, step: int) -> dict[str, float]:
         """``rollout.val_kwargs.n`` responses per validation prompt, sampled with
-        ``val_kwargs`` (greedy by default); mean reward overall and per data_source, and
-        verl's ``val-core``/``val-aux`` metrics, one value per session (its last segment)."""
-        start = time.perf_counter()
+        ``val_kwargs`` (greedy by default), on the step's weights (``trainer.loop.validate``:
+        our ``val/*`` and verl's ``val-core``/``val-aux`` metrics, one value per session)."""
+        out = self.rollout.before_validate()  # the servers hold the step's weights
         n = self.config.actor_rollout_ref.rollout.val_kwargs.n
-        batch = self.manager.generate_sequences(
-            self.val_rows, n=n, trace=TraceContext(step=step, validate=True)
-        )
-        reward = self.rewards.score(batch)
-        if self.tagger is not None:
-            self.tagger.submit(batch.records, reward.scores.tolist(), reward.components)
-        # One value per session: a session's last segment (it holds the final answer).
-        last = [i for i in range(len(batch)) if i + 1 == len(batch) or batch.segment[i + 1] == 0]
-        scores = reward.scores[last]
-        num_turns = [batch.num_turns[i] for i in last]
-        tool_calls = [batch.tool_calls[i] for i in last]
-        extra_info = {k: [v[i] for i in last] for k, v in reward.extra_info.items()}
-        out = {
-            "val/reward/mean": float(scores.mean()),
-            "val/num_turns/mean": float(sum(num_turns) / len(last)),
-            "val/tool_calls/mean": float(sum(tool_calls) / len(last)),
-        }
-        sources = [str(batch.rows[i].get("data_source", "unknown")) for i in last]
-        by_source: dict[str, list[float]] = {}
-        for source, score in zip(sources, scores.tolist(), strict=True):
-            by_source.setdefault(source, []).append(score)
-        for source, values in by_source.items():
-            out[f"val/{source}/reward/mean"] = sum(values) / len(values)
-        uid = [batch.uid[i] for i in last]
-        out |= validation_metrics(sources, uid, scores.tolist(), extra_info, num_turns)
-        out["timing_s/validate"] = time.perf_counter() - start
+        out |= validate(self.manager, self.rewards, self.tagger, self.val_rows, n=n, step=step)
         return out
 
     def _save(self, step: int) -> None:
-        self._write_checkpoint(step, {"sampler": self.sampler.state_dict()})
-
-    def _write_checkpoint(self, step: int, state: dict[str, Any]) -> None:
-        """The actor's (and critic's) checkpoint of ``step`` with the loop's ``state``."""
+        """The actor's (and critic's) checkpoint of ``step`` with the rollout source's state."""
+        state = self.rollout.state_dict()
         contents = self.config.actor_rollout_ref.actor.checkpoint.save_contents
         critic = self.config.critic.checkpoint.save_contents if self.use_critic else None
         self.checkpoints.save(step, self.workers, contents, state, critic_contents=critic)
 
     def close(self) -> None:
-        """Stop every part (loggers, rewards, judge, ranks, rollout); later calls do nothing."""
+        """Stop the rollout source's own threads, then every part (loggers, rewards, judge,
+        ranks, rollout); later calls do nothing."""
+        self.rollout.close()
         self.parts.close()

@@ -1,9 +1,10 @@
-"""``AsyncPPOTrainer`` in one process against the stand-ins of ``test_train_step`` (the real
-policy math on a tiny Qwen3, a real ``RewardManager``) and a scripted rollout stream whose
-samples depend only on the prompt and ``rollout_n``, so the sync and async trainers see the
-same samples. Proves: staleness 0 equals the sync trainer (weights after 3 GRPO steps within
-1e-6); staleness 1 trains every prompt once within the bound; a checkpoint taken while groups
-are in flight resumes with exactly the untrained prompts; the start-up errors."""
+"""``RayPPOTrainer`` on an ``AsyncRollout`` in one process against the stand-ins of
+``test_train_step`` (the real policy math on a tiny Qwen3, a real ``RewardManager``) and a
+scripted rollout stream whose samples depend only on the prompt and ``rollout_n``, so the sync
+and async sources give the same samples. Proves: staleness 0 equals the sync trainer (weights
+after 3 GRPO steps within 1e-6); staleness 1 trains every prompt once within the bound; a
+checkpoint taken while groups are in flight resumes with exactly the untrained prompts; the
+start-up errors."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from trainer.config.async_training import AsyncTrainingConfig
 from trainer.config.schema import Config
 from trainer.data.sampler import PromptSampler
 from trainer.loop.assembly import RunParts
-from trainer.loop.async_trainer import AsyncPPOTrainer, no_signal, staleness_metrics
+from trainer.loop.async_rollout import AsyncRollout, no_signal, staleness_metrics
 from trainer.loop.checkpoint import CheckpointManager
 from trainer.loop.ray_trainer import RayPPOTrainer
 from trainer.metrics.tracking import Tracking
@@ -185,10 +186,11 @@ class Built:
         self.sampler = PromptSampler(rows(STEPS * PROMPTS), PROMPTS, shuffle=False)
         self.trained: list[list[int]] = []
         if async_cfg is None:
-            self.trainer: RayPPOTrainer = RayPPOTrainer(config, parts, self.sampler)
+            self.trainer = RayPPOTrainer(config, parts, self.sampler)
         else:
             self.stream = ScriptedStream(self.manager)
-            self.trainer = AsyncPPOTrainer(config, parts, self.sampler, stream=self.stream)  # type: ignore[arg-type]
+            self.rollout = AsyncRollout(config, parts, self.sampler, stream=self.stream)  # type: ignore[arg-type]
+            self.trainer = RayPPOTrainer(config, parts, self.sampler, rollout=self.rollout)
         update = self.trainer.update
 
         def recorded(step, rollout, reward, **kwargs):
@@ -269,7 +271,7 @@ def test_a_checkpoint_with_groups_in_flight_resumes_with_exactly_the_untrained_p
 
     second = Built(tmp_path, tokenizer, cfg)
     second.sampler.load_state_dict(state)
-    second.trainer.restore_position(1)  # what _resume does after loading the checkpoint
+    second.rollout.restore_position(1)  # what _resume does after loading the checkpoint
     for k in (2, 3):
         second.trainer.train_step(k)
     second.trainer.close()
@@ -513,8 +515,8 @@ def test_a_kill_between_an_update_and_its_checkpoint_trains_every_prompt_once(
         # again, so step k + 1 trains groups one version old (else a race decides)
         deadline = time.monotonic() + 10
         while True:
-            with first.trainer._lock:
-                if first.trainer.schedule.room() == 0:
+            with first.rollout._lock:
+                if first.rollout.schedule.room() == 0:
                     break
             assert time.monotonic() < deadline, "the producer did not fill the room"
             time.sleep(0.01)
@@ -531,7 +533,7 @@ def test_a_kill_between_an_update_and_its_checkpoint_trains_every_prompt_once(
     assert saved is not None and saved.name.endswith(str(resume_from))
     second = Built(tmp_path, tokenizer, cfg)
     second.sampler.load_state_dict(CheckpointManager.load_state(saved)["sampler"])
-    second.trainer.restore_position(resume_from)
+    second.rollout.restore_position(resume_from)
     for k in range(killed_after_update_of, STEPS + 1):
         second.trainer.train_step(k)
     second.trainer.close()

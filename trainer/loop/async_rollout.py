@@ -13,9 +13,9 @@ trained by step ``v + s + 1`` at the latest, and a step takes the scored groups 
 deadline first without taking a slot an older group needs (``trainer.loop.async_schedule``:
 the rule, and why it always makes progress). So no group is trained more than ``s`` versions
 after its admission and finished work is never thrown away. At ``s = 0`` the groups of step k
-are exactly the prompts the sync trainer would draw, in the same order: the two trainers
-compute the same update. Scoring runs on its own threads (``async_training.score_concurrency``
-at once), so a slow judge delays only its group; a step that waits longer than
+are exactly the prompts the sync source would draw, in the same order: the two sources give
+the same update. Scoring runs on its own threads (``async_training.score_concurrency`` at
+once), so a slow judge delays only its group; a step that waits longer than
 ``async_training.wait_log_s`` logs what it waits for.
 
 Every step appends the prompts it trained (sampler keys) to ``trained_prompts.jsonl`` in
@@ -42,16 +42,16 @@ from trainer.config.schema import Config
 from trainer.data.sampler import PromptSampler
 from trainer.loop.assembly import RunParts
 from trainer.loop.async_schedule import Admitted, GroupSchedule
-from trainer.loop.ray_trainer import RayPPOTrainer
-from trainer.metrics.verl_names import memory_metrics
+from trainer.loop.rollout_source import StepBatch
 from trainer.rewards.manager import RewardOutput
 
 __all__ = [
-    "AsyncPPOTrainer",
+    "AsyncRollout",
     "FilterGroupsError",
     "StalledError",
     "correction_notice",
     "no_signal",
+    "staleness_metrics",
 ]
 
 logger = logging.getLogger("agentloop.train")
@@ -73,25 +73,25 @@ class _Scored:
     """Time its scoring took (while the rollout went on)."""
 
 
-class AsyncPPOTrainer(RayPPOTrainer):
-    """``RayPPOTrainer`` whose ``train_step`` consumes a rollout stream; everything else
-    (update math, validation, checkpoints, faults) is the sync trainer's. Only the main
-    thread drives the trainer ranks and restarts servers (``heal_if_due``); the producer
-    thread only admits and polls, and scoring runs on its own threads."""
+class AsyncRollout:
+    """The rollout stream as a ``RolloutSource``. Only the trainer's thread drives the trainer
+    ranks and restarts servers (``heal_if_due``); the producer thread only admits and polls,
+    and scoring runs on its own threads."""
 
     def __init__(
         self,
         config: Config,
         parts: RunParts,
         sampler: PromptSampler,
-        val_rows: list[dict[str, Any]] | None = None,
         *,
         stream: RolloutStream | None = None,
     ) -> None:
-        super().__init__(config, parts, sampler, val_rows)
         run = config.async_training
+        self.sampler, self.rewards, self.sync = sampler, parts.rewards, parts.sync
+        self.run_dir = parts.checkpoints.root
         self.stream = stream if stream is not None else RolloutStream(parts.manager)
         self.groups_per_step = config.async_groups_per_step
+        self.total_steps = config.trainer.total_steps(len(sampler))
         if config.trainer.total_training_steps is None:  # epochs of this step's group count
             per_epoch = len(sampler.rows) // self.groups_per_step
             if per_epoch < 1:
@@ -120,6 +120,11 @@ class AsyncPPOTrainer(RayPPOTrainer):
         self._stop = threading.Event()
         self._producer: threading.Thread | None = None
         self._counters: dict[str, int] | None = None
+        # The step in progress: when it started, the stream's idle time then, what it took.
+        self._step_start = 0.0
+        self._idle_before = 0.0
+        self._waited = 0.0
+        self._taken: list[Admitted] = []
         logger.info(correction_notice(config))
 
     @property
@@ -186,13 +191,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
             self._producer = threading.Thread(target=self._produce, name="rollout", daemon=True)
             self._producer.start()
 
-    def _stop_producer(self) -> None:
-        self._stop.set()
-        if self._producer is not None:
-            self._producer.join(timeout=60)
-        self._scoring.shutdown(wait=False, cancel_futures=True)
-
-    # ---- the consumer ---------------------------------------------------------------------
+    # ---- a step: take its groups ----------------------------------------------------------
     def _check_filter_cap(self) -> None:
         cap = self.filter.max_num_gen_batches
         if cap and self._dropped_this_step >= cap * self.groups_per_step:
@@ -233,50 +232,32 @@ class AsyncPPOTrainer(RayPPOTrainer):
                     )
             self.stream.heal_if_due(self.version)
 
-    def train_step(self, step: int) -> dict[str, float]:
-        """Train on the next ``groups_per_step`` finished groups, then push the weights every
-        ``trigger_parameter_sync_step`` steps while the stream goes on."""
+    def next_batch(self, step: int, metrics: dict[str, float]) -> StepBatch:
+        """The next ``groups_per_step`` finished groups, scored while the stream went on."""
         self._start_producer()
         self.stream.heal_if_due(self.version)
-        metrics: dict[str, float] = {"training/step": float(step)}
-        start = time.perf_counter()
+        self._step_start = time.perf_counter()
         with self._lock:
-            idle_before = self._rollout_idle_s
+            self._idle_before = self._rollout_idle_s
         taken = self._take_groups(step)
         groups = [scored for _, scored in taken]
-        waited = time.perf_counter() - start
+        self._waited = time.perf_counter() - self._step_start
+        self._taken = [admitted for admitted, _ in taken]
         rollout = RolloutBatch.cat([s.group.batch for s in groups])
         reward = RewardOutput.cat([s.reward for s in groups])
         outputs = [o for s in groups for o in s.group.outputs]
-        metrics |= rollout_metrics(outputs, waited)
+        metrics |= rollout_metrics(outputs, self._waited)
         metrics["timing_s/tools"] = metrics.get("agent_loop/tool_s/mean", 0.0)
         metrics |= reward.metrics
         metrics["timing_s/reward"] = sum(s.reward_s for s in groups)  # overlapped with rollout
-        if self.tagger is not None:
-            self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
         metrics |= staleness_metrics(rollout, self.version)
-        metrics |= self.update(step, rollout, reward)
+        epoch = max(a.key[0] for a in self._taken)  # the sampler's epoch of the prompts
+        return StepBatch(rollout, reward, epoch)
+
+    def after_update(self, step: int, batch: StepBatch) -> None:
         with self._lock:  # the producer draws rows under this lock
-            self.sampler.after_step(step, rollout, reward.scores)  # a curriculum's update
-        metrics |= memory_metrics(self.workers.memory_stats())
-        self._log_prompts(step, [admitted for admitted, _ in taken])
-        self.version += 1
-        if self.version % self.sync_every == 0 or step == self.total_steps:
-            metrics |= self._push()
-        with self._lock:
-            metrics["async/rollout_idle_frac"] = (self._rollout_idle_s - idle_before) / max(
-                time.perf_counter() - start, 1e-9
-            )
-            metrics["async/groups_ready"] = float(len(self.schedule.ready))
-            metrics["async/groups_in_flight"] = float(len(self.schedule.pending))
-            metrics["async/groups_dropped"] = float(self.schedule.dropped)
-        metrics |= self._counter_metrics()
-        metrics["timing_s/wait_rollout"] = waited
-        metrics["async/trainer_idle_frac"] = waited / max(time.perf_counter() - start, 1e-9)
-        metrics["timing_s/step"] = time.perf_counter() - start
-        epoch = max(admitted.key[0] for admitted, _ in taken)  # the sampler's epoch of the prompts
-        metrics |= self._verl_step_metrics(metrics, rollout, epoch)
-        return metrics
+            self.sampler.after_step(step, batch.rollout, batch.reward.scores)
+        self._log_prompts(step, self._taken)
 
     def _log_prompts(self, step: int, groups: list[Admitted]) -> None:
         """``trained_prompts.jsonl`` in the run folder: the sampler keys (epoch, position)
@@ -287,10 +268,31 @@ class AsyncPPOTrainer(RayPPOTrainer):
             "prompts": [list(a.key) for a in groups],
             "admitted_versions": [a.version for a in groups],
         }
-        path = self.checkpoints.root / "trained_prompts.jsonl"
+        path = self.run_dir / "trained_prompts.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
+
+    # ---- a step: the new version ----------------------------------------------------------
+    def sync_weights(self, step: int) -> dict[str, float]:
+        """Count the update; push the weights every ``trigger_parameter_sync_step`` steps
+        (and after the last) while the stream goes on. Returns the step's stream metrics."""
+        metrics: dict[str, float] = {}
+        self.version += 1
+        if self.version % self.sync_every == 0 or step == self.total_steps:
+            metrics |= self._push()
+        start = self._step_start
+        with self._lock:
+            metrics["async/rollout_idle_frac"] = (self._rollout_idle_s - self._idle_before) / max(
+                time.perf_counter() - start, 1e-9
+            )
+            metrics["async/groups_ready"] = float(len(self.schedule.ready))
+            metrics["async/groups_in_flight"] = float(len(self.schedule.pending))
+            metrics["async/groups_dropped"] = float(self.schedule.dropped)
+        metrics |= self._counter_metrics()
+        metrics["timing_s/wait_rollout"] = self._waited
+        metrics["async/trainer_idle_frac"] = self._waited / max(time.perf_counter() - start, 1e-9)
+        return metrics
 
     def _counter_metrics(self) -> dict[str, float]:
         """Server restarts, retried requests and resumed turns since the last step."""
@@ -318,28 +320,19 @@ class AsyncPPOTrainer(RayPPOTrainer):
         return out
 
     # ---- checkpoints, validation, stop ------------------------------------------------------
-    def _save(self, step: int) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's position with every admitted, untrained prompt to roll out again."""
         with self._lock:
             schedule = self.schedule
             in_flight = sorted(
                 [*schedule.pending.values(), *(a for a, _ in schedule.ready)],
                 key=lambda a: a.seq,
             )
-            state = self.sampler.state_dict([a.key for a in in_flight])
-        self._write_checkpoint(step, {"sampler": state})
+            return {"sampler": self.sampler.state_dict([a.key for a in in_flight])}
 
-    def _resume(self) -> int:
-        step = super()._resume()
-        self.restore_position(step)
-        return step
-
-    def _validate(self, step: int) -> dict[str, float]:
-        """Validation of the weights of ``step``, while the stream goes on generating beside
-        it; with a push every N steps the servers may hold older weights, pushed first."""
-        out = self._push() if self.served < self.version else {}
-        out |= super()._validate(step)
-        out["val/weights_version"] = float(self.served)
-        return out
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.restore_position(int(state["step"]))
 
     def restore_position(self, step: int) -> None:
         """After loading the checkpoint of ``step``: its version, and its groups counted as
@@ -348,9 +341,20 @@ class AsyncPPOTrainer(RayPPOTrainer):
             self.version = step
             self.schedule.restore(step)
 
+    def before_validate(self) -> dict[str, float]:
+        """Validation sees the weights of its step, while the stream goes on generating
+        beside it; with a push every N steps the servers may hold older weights, pushed
+        first. ``val/weights_version`` says which version was validated."""
+        out = self._push() if self.served < self.version else {}
+        out["val/weights_version"] = float(self.served)
+        return out
+
     def close(self) -> None:
-        self._stop_producer()
-        super().close()
+        """Stop the producer and the scoring threads (the trainer stops the servers)."""
+        self._stop.set()
+        if self._producer is not None:
+            self._producer.join(timeout=60)
+        self._scoring.shutdown(wait=False, cancel_futures=True)
 
 
 def correction_notice(config: Config) -> str:
