@@ -5,13 +5,16 @@ functions count: a loop hidden in a function is still a loop):
 - ``servers`` imports neither ``agentloop`` nor ``trainer``; ``agentloop`` never imports
   ``trainer``; nothing in the core packages imports ``recipes``;
 - nothing outside ``trainer/cli/`` imports a console-script module;
-- ``servers/`` names no trainer config key.
+- ``servers/`` names no trainer config key;
+- no module imports another module's private (``_``-prefixed) name: what two modules share is
+  public, with a docstring, in one of them.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,21 +34,26 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
+def _import_base(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` in module ``name`` reads from."""
+    base = node.module or ""
+    if node.level:
+        anchor = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        anchor = anchor[: len(anchor) - node.level + 1]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules ``name`` imports anywhere in its body (``from a import b`` counts
     ``a.b`` when that is a module, else ``a``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    is_pkg = path.name == "__init__.py"
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = name.split(".") if is_pkg else name.split(".")[:-1]
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _import_base(name, path, node)
             targets = [
                 f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
             ]
@@ -167,6 +175,59 @@ def test_servers_name_no_trainer_config_key():
         if key.search(line)
     ]
     assert hits == []
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(modules: dict[str, Path]) -> list[str]:
+    """``from x import _name`` (or ``import x._mod``) where ``x`` is another project module:
+    a name one module keeps to itself, used by another. Imports inside functions count."""
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = _import_base(name, path, node)
+                if base.split(".")[0] not in PACKAGES or base == name:
+                    continue
+                names = [f"from {base} import {a.name}" for a in node.names if _is_private(a.name)]
+            elif isinstance(node, ast.Import):
+                names = [
+                    f"import {a.name}"
+                    for a in node.names
+                    if a.name.split(".")[0] in PACKAGES
+                    and any(_is_private(part) for part in a.name.split("."))
+                ]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names]
+    return sorted(found)
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = private_imports(_modules())
+    assert found == [], (
+        "these import a name another module keeps private: make it public (no leading _, a "
+        "docstring, in __all__) in the module that owns it, or move it where both can use it\n"
+        + "\n".join(found)
+    )
+
+
+def test_a_private_import_is_found(tmp_path, monkeypatch):
+    pkg = tmp_path / "trainer"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("_x = 1\ny = 2\n")
+    (pkg / "b.py").write_text("from trainer.a import _x, y\n")
+    (pkg / "c.py").write_text("def f():\n    from .a import _x\n    return _x\n")
+    (pkg / "d.py").write_text("from __future__ import annotations\n_own = 1\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    modules = {_module_name(p): p for p in sorted(pkg.rglob("*.py"))}
+    assert private_imports(modules) == [
+        "trainer/b.py:1: from trainer.a import _x",
+        "trainer/c.py:2: from trainer.a import _x",
+    ]
 
 
 # The trainer's own parts, lowest first: each may import only parts listed before it (and

@@ -1,5 +1,7 @@
 """RL algorithms on padded response tensors: advantage estimators (``estimators``), policy
-losses (``policy_losses``) and the math they share (``core``: aggregation, KL, entropy)."""
+losses (``policy_losses``), the math they share (``core``: aggregation, KL, entropy; ``groups``:
+group statistics under sample weights) and rollout correction's importance weights
+(``correction``)."""
 
 from trainer.algos.core import (
     KL_TYPES,
@@ -18,6 +20,7 @@ from trainer.algos.core import (
     rloo_advantages,
     scores_to_token_rewards,
 )
+from trainer.algos.correction import correction_weights
 from trainer.algos.estimators import (
     ADV_ESTIMATORS,
     GROUPED,
@@ -25,6 +28,7 @@ from trainer.algos.estimators import (
     compute_advantages,
     estimator_for,
 )
+from trainer.algos.groups import ONE_SAMPLE, group_index, group_stats, sample_weights
 from trainer.algos.policy_losses import (
     FIXED_AGG,
     POLICY_LOSSES,
@@ -42,6 +46,7 @@ __all__ = [
     "GROUPED",
     "KL_TYPES",
     "LOSS_AGG_MODES",
+    "ONE_SAMPLE",
     "POLICY_LOSSES",
     "AdvantageInputs",
     "PolicyLossConfig",
@@ -51,11 +56,14 @@ __all__ = [
     "agg_numerator",
     "apply_kl_in_reward",
     "compute_advantages",
+    "correction_weights",
     "entropy_from_logits",
     "estimator_for",
     "fixed_agg",
     "gae_advantages",
     "grpo_advantages",
+    "group_index",
+    "group_stats",
     "import_callable",
     "kl_penalty",
     "loss_for",
@@ -64,5 +72,6 @@ __all__ = [
     "policy_loss_tokens",
     "reinforce_plus_plus_advantages",
     "rloo_advantages",
+    "sample_weights",
     "scores_to_token_rewards",
 ]

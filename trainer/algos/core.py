@@ -41,6 +41,8 @@ from typing import Any, Literal
 
 import torch
 
+from trainer.algos.groups import ONE_SAMPLE, group_index, group_stats, sample_weights
+
 __all__ = [
     "LOSS_AGG_MODES",
     "KL_TYPES",
@@ -72,51 +74,6 @@ LOSS_AGG_MODES = (
 KL_TYPES = ("kl", "abs", "mse", "low_var_kl")
 
 
-def _group_index(group_ids: Sequence[str] | torch.Tensor) -> torch.Tensor:
-    """Dense group index per sample: [batch] int64."""
-    if isinstance(group_ids, torch.Tensor):
-        return torch.unique(group_ids, return_inverse=True)[1]
-    first: dict[str, int] = {}
-    return torch.tensor([first.setdefault(g, len(first)) for g in group_ids], dtype=torch.long)
-
-
-_ONE_SAMPLE = 1.0 + 1e-4
-"""A group must weigh more than this to have a baseline (segment weights 1/k sum to 1 only
-up to rounding)."""
-
-
-def _weights(weights: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
-    """The sample weights as float32 [batch] (all 1 when None), checked."""
-    if weights is None:
-        return torch.ones_like(scores)
-    if weights.shape != scores.shape:
-        raise ValueError(
-            f"weights have shape {list(weights.shape)}, the scores {list(scores.shape)}: "
-            "one weight per sample"
-        )
-    weights = weights.to(scores.dtype)
-    if not bool((weights >= 0).all()):
-        bad = weights[~(weights >= 0)][0].item()
-        raise ValueError(f"sample weights must be >= 0 (a dropped sample has 0), got {bad}")
-    return weights
-
-
-def _group_stats(
-    scores: torch.Tensor, index: torch.Tensor, weights: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample group weight (its count when every weight is 1), weighted mean and unbiased
-    weighted std (std 0 for groups of one)."""
-    n_groups = int(index.max()) + 1 if index.numel() else 0
-    count = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, weights)
-    total = torch.zeros(n_groups, dtype=scores.dtype).index_add_(0, index, weights * scores)
-    mean = total / count
-    sq = torch.zeros(n_groups, dtype=scores.dtype).index_add_(
-        0, index, weights * (scores - mean[index]) ** 2
-    )
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))
-    return count[index], mean[index], std[index]
-
-
 def grpo_advantages(
     scores: torch.Tensor,
     group_ids: Sequence[str] | torch.Tensor,
@@ -128,12 +85,12 @@ def grpo_advantages(
     unbiased std of the sample's group (``s - mean_g`` when ``norm_by_std`` is False); 0 for
     a group of one. ``weights``: see the module docstring. ``scores``: [batch] -> [batch]."""
     scores = scores.to(torch.float32)
-    w = _weights(weights, scores)
-    count, mean, std = _group_stats(scores, _group_index(group_ids), w)
+    w = sample_weights(weights, scores)
+    count, mean, std = group_stats(scores, group_index(group_ids), w)
     adv = scores - mean
     if norm_by_std:
         adv = adv / (std + eps)
-    return torch.where(count > _ONE_SAMPLE, adv, torch.zeros_like(adv)) * w
+    return torch.where(count > ONE_SAMPLE, adv, torch.zeros_like(adv)) * w
 
 
 def rloo_advantages(
@@ -144,10 +101,10 @@ def rloo_advantages(
     """Leave-one-out baseline: ``s_i - mean_{j != i} s_j``; 0 for a group of one. [batch].
     ``weights``: see the module docstring."""
     scores = scores.to(torch.float32)
-    w = _weights(weights, scores)
-    count, mean, _ = _group_stats(scores, _group_index(group_ids), w)
+    w = sample_weights(weights, scores)
+    count, mean, _ = group_stats(scores, group_index(group_ids), w)
     adv = (scores - mean) * count / (count - 1).clamp(min=1)
-    return torch.where(count > _ONE_SAMPLE, adv, torch.zeros_like(adv)) * w
+    return torch.where(count > ONE_SAMPLE, adv, torch.zeros_like(adv)) * w
 
 
 def scores_to_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -188,7 +145,7 @@ def reinforce_plus_plus_advantages(
         returns[:, t] = running * m[:, t]
     if weights is None:
         return masked_whiten(returns, mask)
-    w = _weights(weights, running)
+    w = sample_weights(weights, running)
     return masked_whiten(returns, mask * (w > 0).unsqueeze(1)) * w.unsqueeze(1)
 
 

@@ -39,10 +39,6 @@ from dataclasses import dataclass
 import torch
 
 from trainer.algos.core import (
-    _ONE_SAMPLE,
-    _group_index,
-    _group_stats,
-    _weights,
     grpo_advantages,
     masked_whiten,
     registered,
@@ -50,6 +46,7 @@ from trainer.algos.core import (
     rloo_advantages,
     scores_to_token_rewards,
 )
+from trainer.algos.groups import ONE_SAMPLE, group_index, group_stats, sample_weights
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -104,41 +101,41 @@ def _on_tokens(per_sample: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def reinforce_plus_plus_baseline_advantages(x: AdvantageInputs) -> torch.Tensor:
     scores = x.outcome
-    w = _weights(x.weights, scores)
-    count, mean, _ = _group_stats(scores, _group_index(x.group_ids), w)
-    centred = scores - torch.where(count > _ONE_SAMPLE, mean, torch.zeros_like(mean))
+    w = sample_weights(x.weights, scores)
+    count, mean, _ = group_stats(scores, group_index(x.group_ids), w)
+    centred = scores - torch.where(count > ONE_SAMPLE, mean, torch.zeros_like(mean))
     kept = x.mask * (w > 0).unsqueeze(1)
     return masked_whiten(_on_tokens(centred, x.mask), kept) * w.unsqueeze(1)
 
 
 def opo_advantages(x: AdvantageInputs) -> torch.Tensor:
     scores = x.outcome
-    w = _weights(x.weights, scores)
+    w = sample_weights(x.weights, scores)
     lengths = x.mask.to(torch.float32).sum(-1)
-    index = _group_index(x.group_ids)
-    count, _, _ = _group_stats(scores, index, w)
+    index = group_index(x.group_ids)
+    count, _, _ = group_stats(scores, index, w)
     groups = int(index.max()) + 1 if index.numel() else 0
     total = scores.new_zeros(groups).index_add_(0, index, w * lengths * scores)
     norm = scores.new_zeros(groups).index_add_(0, index, w * lengths)
     baseline = (total / norm.clamp(min=1e-12))[index]
-    baseline = torch.where(count > _ONE_SAMPLE, baseline, torch.zeros_like(baseline))
+    baseline = torch.where(count > ONE_SAMPLE, baseline, torch.zeros_like(baseline))
     return _on_tokens((scores - baseline) * w, x.mask)
 
 
 def grpo_passk_advantages(x: AdvantageInputs, eps: float = 1e-6) -> torch.Tensor:
     scores = x.outcome
-    w = _weights(x.weights, scores)
-    index = _group_index(x.group_ids)
+    w = sample_weights(x.weights, scores)
+    index = group_index(x.group_ids)
     if bool((torch.bincount(index) < 2).any()):
         raise ValueError(
             "algorithm.adv_estimator=grpo_passk needs two samples or more per prompt "
             "(actor_rollout_ref.rollout.n >= 2)"
         )
-    _, _, std = _group_stats(scores, index, w)
+    _, _, std = group_stats(scores, index, w)
     adv = torch.zeros_like(scores)
     for g in torch.unique(index).tolist():
         members = torch.nonzero((index == g) & (w > 0)).squeeze(1)
-        if float(w[members].sum()) <= _ONE_SAMPLE:  # one session or less left: no margin
+        if float(w[members].sum()) <= ONE_SAMPLE:  # one session or less left: no margin
             continue
         # Order statistics by weight: a session split into k segments of weight 1/k is one
         # sample, so the best is the top unit of weight and the second the next one.
@@ -155,10 +152,10 @@ def grpo_passk_advantages(x: AdvantageInputs, eps: float = 1e-6) -> torch.Tensor
 
 def gpg_advantages(x: AdvantageInputs) -> torch.Tensor:
     scores = x.outcome
-    w = _weights(x.weights, scores)
-    count, mean, _ = _group_stats(scores, _group_index(x.group_ids), w)
+    w = sample_weights(x.weights, scores)
+    count, mean, _ = group_stats(scores, group_index(x.group_ids), w)
     alpha = float(w.sum()) / max(1.0, float(w[scores != 0].sum()))
-    mean = torch.where(count > _ONE_SAMPLE, mean, torch.zeros_like(mean))
+    mean = torch.where(count > ONE_SAMPLE, mean, torch.zeros_like(mean))
     return _on_tokens(alpha * (scores - mean) * w, x.mask)
 
 
@@ -186,7 +183,7 @@ def remax_advantages(x: AdvantageInputs) -> torch.Tensor:
     rewards = x.rewards
     m = x.mask.to(torch.float32)
     to_go = (rewards * m).flip(-1).cumsum(-1).flip(-1)  # reward-to-go from each position
-    w = _weights(x.weights, x.scores.to(torch.float32))
+    w = sample_weights(x.weights, x.scores.to(torch.float32))
     baselines = x.baselines.to(torch.float32).unsqueeze(1)
     return (to_go - baselines) * m * w.unsqueeze(1)
 

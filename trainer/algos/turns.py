@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trainer.algos.core import _ONE_SAMPLE, _group_index, _weights
+from trainer.algos.groups import ONE_SAMPLE, group_index, sample_weights
 
 __all__ = ["turn_credit_term", "turn_index"]
 
@@ -68,8 +68,8 @@ def turn_credit_term(
     for j in reversed(range(k)):  # over turns, vectorised over the batch
         running = rewards[:, j] + gamma * running
         returns[:, j] = running
-    w = _weights(weights, torch.zeros(batch))
-    index = _group_index(group_ids)
+    w = sample_weights(weights, torch.zeros(batch))
+    index = group_index(group_ids)
     groups = int(index.max()) + 1 if index.numel() else 0
     cell = (w.unsqueeze(1) * valid).float()  # each (sample, turn) weighs its sample's weight
     count = torch.zeros(groups).index_add_(0, index, cell.sum(1))
@@ -81,7 +81,7 @@ def turn_credit_term(
         std = torch.sqrt(sq / (count - 1).clamp(min=1))
         centred = centred / (std[index].unsqueeze(1) + eps)
     sessions = torch.zeros(groups).index_add_(0, index, w)
-    centred = torch.where((sessions[index] > _ONE_SAMPLE).unsqueeze(1), centred, 0.0)
+    centred = torch.where((sessions[index] > ONE_SAMPLE).unsqueeze(1), centred, 0.0)
     centred = torch.where(valid, centred, 0.0)
     per_token = centred.gather(1, turn.clamp(max=k - 1)) * (turn < k)
     return per_token * mask.float() * w.unsqueeze(1)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.algos.core import _weights, gae_advantages, masked_whiten
+from trainer.algos.core import gae_advantages, masked_whiten
+from trainer.algos.groups import sample_weights
 
 __all__ = ["explained_variance", "gae_for_policy", "value_loss_tokens"]
 
@@ -44,7 +45,7 @@ def gae_for_policy(
     advantages, returns = gae_advantages(token_rewards, values, mask, gamma, lam)
     if weights is None:
         return masked_whiten(advantages, mask), returns
-    w = _weights(weights, advantages[:, 0])
+    w = sample_weights(weights, advantages[:, 0])
     kept = mask * (w > 0).unsqueeze(1)
     return masked_whiten(advantages, kept) * w.unsqueeze(1), returns
 

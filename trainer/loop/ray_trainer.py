@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 from agentloop import RolloutBatch
 from servers import ServerRestartError
+from trainer.algos import correction_weights
 from trainer.algos.value import explained_variance
 from trainer.config.schema import Config
 from trainer.data.sampler import PromptSampler
@@ -62,7 +63,6 @@ from trainer.loop.validate import validate
 from trainer.metrics.verl_names import data_metrics, memory_metrics, step_metrics
 from trainer.rewards.manager import RewardOutput
 from trainer.workers import TrainBatch, TrainerWorkerDiedError
-from trainer.workers.policy_math import correction_weights
 
 __all__ = ["RayPPOTrainer", "RunStoppedError", "stopped_message"]
 

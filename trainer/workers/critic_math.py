@@ -1,8 +1,9 @@
 """The critic's math on one rank: values of the sampled tokens' states and the clipped value
 update over micro-batches. Plain functions of a ``torch.nn.Module`` (a transformers
 ``...ForTokenClassification`` with one output), so the same code runs on an FSDP2 shard and on
-a whole model in one process; micro-batches, packing and the loss normalisation across
-micro-batches and ranks are the actor's (``trainer.workers.policy_math``).
+a whole model in one process; micro-batches and the optimizer step (``trainer.workers.dist``),
+packing and the loss normalisation across micro-batches and ranks are the actor's
+(``trainer.workers.policy_math``).
 
 The value of response token t is the head's output at the position that predicts t (the
 last prompt token for t = 0): V(s_t), the state before the policy chose t, as in verl.
@@ -18,12 +19,9 @@ from trainer.algos import agg_numerator
 from trainer.algos.value import value_loss_tokens
 from trainer.config.critic import CriticSpec
 from trainer.workers.batch import TrainBatch
+from trainer.workers.dist import all_reduce_floats, clip_and_step, micro_batch_groups, world_size
 from trainer.workers.packing import model_input, scatter_rows
 from trainer.workers.policy_math import (
-    _all_reduce,
-    _clip_and_step,
-    _micro_batches,
-    _world,
     accumulate_gradients,
     epoch_mini_batches,
     global_denominator,
@@ -58,7 +56,7 @@ def values_in_micro_batches(
 ) -> torch.Tensor:
     """Values [batch, R] of the (rank-local) batch, 0 where ``response_mask`` is 0."""
     values = torch.zeros(len(batch), batch.response_length, dtype=torch.float32)
-    groups = _micro_batches(
+    groups = micro_batch_groups(
         batch, micro_batch_size, use_dynamic_bsz, max_token_len, packed=remove_padding
     )
     for idx in groups:
@@ -107,7 +105,7 @@ def update_critic(
     the clipped value loss against ``batch.returns`` (``trainer.algos.value``). Returns mean
     metrics over the steps under verl's names."""
     remove_padding = spec.model.use_remove_padding
-    world = _world()
+    world = world_size()
     totals: dict[str, float] = {}
     steps = 0
     for mini in epoch_mini_batches(
@@ -117,7 +115,7 @@ def update_critic(
             mini.response_mask, spec.loss_agg_mode, batch.response_length, mini.weights
         )
         norm = max(denominator, 1.0)
-        groups = _micro_batches(
+        groups = micro_batch_groups(
             mini,
             spec.micro_batch_size,
             spec.use_dynamic_bsz,
@@ -133,8 +131,8 @@ def update_critic(
             remove_padding=remove_padding,
         )
         sums = accumulate_gradients(model, mini, groups, loss_fn)
-        grad_norm = _clip_and_step(model, optimizer, None, spec.grad_clip)
-        reduced = dict(zip(sums, _all_reduce(list(sums.values())), strict=True))
+        grad_norm = clip_and_step(model, optimizer, None, spec.grad_clip)
+        reduced = dict(zip(sums, all_reduce_floats(list(sums.values())), strict=True))
         tokens = max(reduced["tokens"], 1.0)
         metrics = {
             "critic/vf_loss": reduced["vf_loss"] / norm,

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from trainer.config.actor import FSDPConfig, ModelConfig
 from trainer.models.resolve import import_external_lib
+from trainer.workers.dist import this_rank
 from trainer.workers.gather import gather_tensor
 from trainer.workers.lora import apply_lora, is_lora
 
@@ -202,7 +203,7 @@ def shard_pieces(model: torch.nn.Module, *, skip_tied_head: bool = False) -> lis
     """
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = this_rank()
     pieces = []
     for name, value in _state_items(model, skip_tied_head):
         shape = tuple(value.shape)

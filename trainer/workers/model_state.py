@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from servers.lora import write_adapter
 from trainer.config.actor import ModelConfig, OptimConfig
+from trainer.workers.dist import this_rank
 from trainer.workers.fsdp import full_tensors
 from trainer.workers.lora import (
     adapter_config,
@@ -147,7 +147,7 @@ def save_sharded(
         state["optimizer"] = optim_sd
     if state:
         dcp.save(state, checkpoint_id=str(path / "dcp"))
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = this_rank()
     if rank == 0 and "optimizer" in contents:
         torch.save(
             {"scheduler": scheduler.state_dict(), "updates": updates}, path / "optim_extra.pt"
@@ -212,7 +212,7 @@ def export_hf(
         state = dict(adapter_tensors(model))
     else:  # transformers re-ties the head on load
         state = dict(model_tensors(model, skip_tied_head=True))
-    if dist.is_initialized() and dist.get_rank() != 0:
+    if this_rank() != 0:
         return
     out = Path(directory)
     if adapter:

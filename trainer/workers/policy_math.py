@@ -10,25 +10,24 @@ is exactly the mini-batch ``agg_loss``. FSDP averages gradients over ranks, henc
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
-import torch.distributed as dist
 
 from trainer.algos import (
     PolicyLossConfig,
     agg_denominator,
     agg_numerator,
+    correction_weights,
     fixed_agg,
     kl_penalty,
     loss_for,
 )
 from trainer.config.actor import ActorConfig
-from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
+from trainer.workers.batch import TrainBatch
+from trainer.workers.dist import all_reduce_floats, clip_and_step, micro_batch_groups, world_size
 from trainer.workers.log_prob_head import (
     LogProbRequest,
     install_log_prob_head,
@@ -41,7 +40,6 @@ from trainer.workers.varlen_attention import enable_packed_attention, guard_padd
 __all__ = [
     "LossSpec",
     "accumulate_gradients",
-    "correction_weights",
     "epoch_mini_batches",
     "forward_log_probs",
     "global_denominator",
@@ -49,23 +47,6 @@ __all__ = [
     "model_kwargs",
     "update_policy",
 ]
-
-logger = logging.getLogger(__name__)
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
-    """Sum (or max) of a few numbers over ranks; identity without a process group."""
-    if _world() == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return t.cpu().tolist()
 
 
 def model_kwargs(model: torch.nn.Module, inputs: ModelInput, device: torch.device) -> dict:
@@ -127,20 +108,6 @@ def forward_log_probs(
     )
 
 
-def _micro_batches(
-    batch: TrainBatch, size: int, dynamic: bool, max_tokens: int, packed: bool = False
-) -> list[torch.Tensor]:
-    """Index groups; with dynamic batching every rank runs the same number (the max).
-    ``packed``: a group's tokens are its real tokens, else rows x its longest row."""
-    if not dynamic:
-        return fixed_micro_batches(len(batch), size)
-    prompt_len, resp_len = batch.lengths()
-    tokens = prompt_len + resp_len
-    count = len(balanced_micro_batches(tokens, max_tokens, packed=packed))
-    count = int(_all_reduce([float(count)], op="max")[0])
-    return balanced_micro_batches(tokens, max_tokens, min_count=count, packed=packed)
-
-
 @torch.no_grad()
 def log_probs_in_micro_batches(
     model: torch.nn.Module,
@@ -159,7 +126,7 @@ def log_probs_in_micro_batches(
     r = batch.response_length
     log_probs = torch.zeros(len(batch), r, dtype=torch.float32)
     entropy = torch.zeros(len(batch), r, dtype=torch.float32) if with_entropy else None
-    groups = _micro_batches(
+    groups = micro_batch_groups(
         batch, micro_batch_size, use_dynamic_bsz, max_token_len, packed=remove_padding
     )
     for idx in groups:
@@ -186,7 +153,7 @@ def global_denominator(
     the rows' sample weights, which the ``seq-mean-*`` modes count)."""
     value = agg_denominator(mask, mode, response_length, weights)
     if mode != "seq-mean-token-sum-norm":  # that one is a constant, not a count
-        value = _all_reduce([value])[0]
+        value = all_reduce_floats([value])[0]
     return value
 
 
@@ -266,20 +233,6 @@ class LossSpec:
             constants=cfg.loss_constants,
             fixed_agg_mode=fixed_agg(cfg.policy_loss.loss_mode),
         )
-
-
-def correction_weights(
-    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mode: str, clip: float
-) -> torch.Tensor:
-    """Per-token weight of the PPO loss that corrects for sampling by another policy than
-    the proximal (old) one: w = pi_old / pi_rollout, truncated at ``clip`` (``tis``) or 0
-    above it (``decoupled``: AReaL's decoupled PPO drops such tokens). No gradient."""
-    weight = torch.exp((old_log_probs - rollout_log_probs).clamp(max=20.0)).detach()
-    if mode == "tis":
-        return weight.clamp(max=clip)
-    if mode == "decoupled":
-        return torch.where(weight <= clip, weight, torch.zeros_like(weight))
-    raise ValueError(f"unknown rollout correction mode {mode!r}")
 
 
 def _micro_loss(
@@ -369,7 +322,7 @@ def update_policy(
     their token budget counts real tokens); ``cfg.log_prob_chunk_size``: see
     ``forward_log_probs``."""
     spec = LossSpec.from_config(cfg, temperature, correction, correction_clip, remove_padding)
-    world = _world()
+    world = world_size()
     totals: dict[str, float] = {}
     steps = 0
     minis = epoch_mini_batches(batch, samples_per_mini_batch, cfg.ppo_epochs, cfg.shuffle, seed)
@@ -382,7 +335,7 @@ def update_policy(
             pg_denominator = global_denominator(
                 mini.response_mask, spec.pg_agg_mode, batch.response_length, mini.weights
             )
-        groups = _micro_batches(
+        groups = micro_batch_groups(
             mini,
             cfg.ppo_micro_batch_size_per_gpu,
             cfg.use_dynamic_bsz,
@@ -403,8 +356,8 @@ def update_policy(
                 pg_denominator=max(pg_denominator, 1.0),
             ),
         )
-        grad_norm = _clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
-        reduced = dict(zip(sums, _all_reduce(list(sums.values())), strict=True))
+        grad_norm = clip_and_step(model, optimizer, scheduler, cfg.grad_clip)
+        reduced = dict(zip(sums, all_reduce_floats(list(sums.values())), strict=True))
         tokens = max(reduced.pop("tokens"), 1.0)
         metrics = {
             "actor/pg_loss": reduced["pg_loss"] / max(pg_denominator, 1.0),
@@ -440,25 +393,3 @@ def epoch_mini_batches(
             )
         for start in range(0, len(batch), samples_per_mini_batch):
             yield batch.select(order[start : start + samples_per_mini_batch])
-
-
-def _clip_and_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-    max_norm: float,
-) -> float:
-    """Clip the global gradient norm, step (skipped on a non-finite norm), zero the grads."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    value = float(norm)
-    if math.isfinite(value):
-        optimizer.step()
-    else:
-        logger.warning("gradient norm is %s: optimizer step skipped", value)
-    optimizer.zero_grad(set_to_none=True)
-    if scheduler is not None:
-        scheduler.step()
-    return value

@@ -14,11 +14,8 @@ import torch
 
 from trainer.algos import agg_numerator
 from trainer.workers.batch import TrainBatch
+from trainer.workers.dist import all_reduce_floats, clip_and_step, micro_batch_groups, world_size
 from trainer.workers.policy_math import (
-    _all_reduce,
-    _clip_and_step,
-    _micro_batches,
-    _world,
     accumulate_gradients,
     forward_log_probs,
     global_denominator,
@@ -44,7 +41,7 @@ def sft_update(
     """Forward/backward over this rank's ``batch`` in micro-batches, then one clipped
     optimizer step. Metrics are global (reduced over ranks): ``train/loss`` (token-mean NLL
     before the step), ``train/grad_norm``, ``train/lr`` (of this step), ``train/loss_tokens``."""
-    world = _world()
+    world = world_size()
     tokens = global_denominator(batch.response_mask, _MODE, batch.response_length)
     denominator = max(tokens, 1.0)
 
@@ -53,14 +50,14 @@ def sft_update(
         nll = agg_numerator(-log_probs, mb.response_mask.to(log_probs.device), _MODE)
         return nll * (world / denominator), {"nll": float(nll.detach())}
 
-    groups = _micro_batches(
+    groups = micro_batch_groups(
         batch, micro_batch_size, use_dynamic_bsz, max_token_len, packed=remove_padding
     )
     nll_sum = accumulate_gradients(model, batch, groups, micro_loss).get("nll", 0.0)
     lr = optimizer.param_groups[0]["lr"]
-    grad_norm = _clip_and_step(model, optimizer, scheduler, grad_clip)
+    grad_norm = clip_and_step(model, optimizer, scheduler, grad_clip)
     return {
-        "train/loss": _all_reduce([nll_sum])[0] / denominator,
+        "train/loss": all_reduce_floats([nll_sum])[0] / denominator,
         "train/grad_norm": grad_norm,
         "train/lr": lr,
         "train/loss_tokens": tokens,

@@ -47,8 +47,8 @@ from servers.weights import (
     plan_bucket,
     reserve_staging_file,
 )
+from trainer.workers.dist import this_rank, world_size
 from trainer.workers.fsdp import free_port, full_tensors, shard_pieces
-from trainer.workers.policy_math import _world
 
 __all__ = [
     "FullTensorSource",
@@ -81,7 +81,7 @@ class WeightSender:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.rank = this_rank()
         self._file: SharedFile | None = None
         self._transfer: tuple[tuple[str, ...], Any] | None = None
         self._last_routes: list[str] | None = None
@@ -175,7 +175,7 @@ class WeightSender:
             import ray
 
             here = ray.get_runtime_context().get_node_id()
-            nodes = [here] * _world()
+            nodes = [here] * world_size()
             if dist.is_initialized():
                 dist.all_gather_object(nodes, here)
             self._nodes = set(nodes)
@@ -321,7 +321,7 @@ class SharedFile:
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.rank = this_rank()
         path = [new_staging_file() if self.rank == 0 else None]
         if self.rank == 0:
             try:

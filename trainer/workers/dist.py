@@ -1,0 +1,87 @@
+"""What every rank-side update shares about the trainer's process group: this rank's place in
+it, a sum or max of a few numbers over it, one clipped optimizer step, and micro-batches that
+every rank runs the same number of.
+
+The actor (``policy_math``), the critic (``critic_math``), SFT (``sft_step``) and weight sync
+(``weight_send``) all run on an FSDP2 shard inside a process group and on a whole model in one
+process in tests; these helpers are the identity without a process group, so the same code
+serves both.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from trainer.workers.batch import TrainBatch, balanced_micro_batches, fixed_micro_batches
+
+__all__ = ["all_reduce_floats", "clip_and_step", "micro_batch_groups", "this_rank", "world_size"]
+
+logger = logging.getLogger(__name__)
+
+
+def world_size() -> int:
+    """The number of ranks in the trainer's process group (1 without one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def this_rank() -> int:
+    """This rank's index in the trainer's process group (0 without one)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def all_reduce_floats(values: list[float], op: Literal["sum", "max"] = "sum") -> list[float]:
+    """Sum (or max) of a few numbers over ranks; identity without a process group. The
+    numbers travel as float64 (on the GPU under NCCL, which cannot reduce CPU tensors)."""
+    if world_size() == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.cpu().tolist()
+
+
+def micro_batch_groups(
+    batch: TrainBatch, size: int, dynamic: bool, max_tokens: int, packed: bool = False
+) -> list[torch.Tensor]:
+    """Row index groups of ``batch``'s micro-batches: ``size`` rows each, or with ``dynamic``
+    as few as fit ``max_tokens`` tokens each. Dynamic groups are as many on every rank (the
+    ranks' max), since FSDP's collectives need the same number of forwards everywhere.
+    ``packed``: a group's tokens are its real tokens, else rows x its longest row."""
+    if not dynamic:
+        return fixed_micro_batches(len(batch), size)
+    prompt_len, resp_len = batch.lengths()
+    tokens = prompt_len + resp_len
+    count = len(balanced_micro_batches(tokens, max_tokens, packed=packed))
+    count = int(all_reduce_floats([float(count)], op="max")[0])
+    return balanced_micro_batches(tokens, max_tokens, min_count=count, packed=packed)
+
+
+def clip_and_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    max_norm: float,
+) -> float:
+    """Clip the global gradient norm (``max_norm`` <= 0: no clipping, the norm is still
+    measured), step the optimizer and scheduler, zero the grads; returns the norm. A
+    non-finite norm skips the optimizer step (one bad batch must not poison the weights) but
+    still advances the scheduler, so every rank stays on the same schedule."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
+    if hasattr(norm, "full_tensor"):  # a DTensor norm of an FSDP2 shard
+        norm = norm.full_tensor()
+    value = float(norm)
+    if math.isfinite(value):
+        optimizer.step()
+    else:
+        logger.warning("gradient norm is %s: optimizer step skipped", value)
+    optimizer.zero_grad(set_to_none=True)
+    if scheduler is not None:
+        scheduler.step()
+    return value
