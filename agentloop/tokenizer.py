@@ -27,7 +27,7 @@ class TokenizerSource:
     def load(self) -> Any:
         from transformers import AutoTokenizer
 
-        from servers.extern import import_external_lib
+        from servers.user_code import import_external_lib
 
         import_external_lib(self.external_lib, "actor_rollout_ref.model.external_lib")
 

@@ -16,10 +16,10 @@ import torch
 from servers.config import ServerConfig
 from servers.core import ServerCore
 from servers.engines import make_engine
-from servers.extern import import_external_lib
 from servers.http import HttpFront, build_app
 from servers.shm import SHM, engine_shm
 from servers.types import TokenOutput
+from servers.user_code import import_external_lib
 from servers.weights import WeightSyncInfo, bucketize
 
 __all__ = ["AsyncServer"]

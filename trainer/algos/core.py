@@ -35,12 +35,12 @@ With all weights 1 every result is bit-identical to the unweighted formulas.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 
+from servers.user_code import load_object
 from trainer.algos.groups import ONE_SAMPLE, group_index, group_stats, sample_weights
 
 __all__ = [
@@ -276,20 +276,9 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def import_callable(path: str, key: str) -> Any:
-    """The function at ``path`` ("package.module:function" or "package.module.function"),
-    for a config ``key`` that names a user's own estimator or loss."""
-    module, sep, name = path.partition(":")
-    if not sep:
-        module, _, name = path.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module), name) if module else None
-    except ImportError as exc:
-        raise ValueError(f"{key}={path!r}: cannot import {module!r} ({exc})") from None
-    except AttributeError:
-        found = None
-    if not callable(found):
-        raise ValueError(f"{key}={path!r}: no function {name!r} in module {module!r}")
-    return found
+    """The function at ``path`` (``package.module:function``, ``package.module.function`` or
+    ``file.py:function``), for a config ``key`` that names a user's own estimator or loss."""
+    return load_object(path, key=key, need_callable=True)
 
 
 def registered(name: str, table: dict[str, Any], key: str) -> Any:

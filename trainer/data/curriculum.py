@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from agentloop.batch import RolloutBatch
+from servers.user_code import load_object
 from trainer.algos.core import scores_to_token_rewards
 from trainer.config.schema import DataConfig
-from trainer.data.extern import load_extern
 from trainer.data.sampler import PromptSampler, RowKey
 
 __all__ = ["StepBatch", "UserSampler", "build_sampler"]
@@ -197,7 +197,12 @@ def build_sampler(rows: list[dict[str, Any]], data: DataConfig) -> PromptSampler
     from omegaconf import OmegaConf
 
     assert data.sampler.class_name is not None
-    cls = load_extern(data.sampler.class_path, data.sampler.class_name, KEY)
+    cls = load_object(
+        data.sampler.class_path,
+        data.sampler.class_name,
+        key=f"{KEY}.class_path",
+        name_key=f"{KEY}.class_name",
+    )
     where = f"{KEY} ({data.sampler.class_name} from {data.sampler.class_path})"
     try:
         sampler = cls(data_source=rows, data_config=OmegaConf.create(asdict(data)))

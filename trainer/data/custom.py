@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from servers.user_code import load_object
 from trainer.config.schema import DataConfig
-from trainer.data.extern import load_extern
 
 __all__ = ["custom_rows"]
 
@@ -29,7 +29,9 @@ def custom_rows(files: Sequence[str], config: DataConfig, tokenizer: Any) -> lis
 
     assert config.custom_cls.path is not None and config.custom_cls.name is not None
     where = f"{KEY} ({config.custom_cls.name} from {config.custom_cls.path})"
-    cls = load_extern(config.custom_cls.path, config.custom_cls.name, KEY)
+    cls = load_object(
+        config.custom_cls.path, config.custom_cls.name, key=f"{KEY}.path", name_key=f"{KEY}.name"
+    )
     if not (inspect.isclass(cls) and hasattr(cls, "__getitem__") and hasattr(cls, "__len__")):
         raise ValueError(
             f"{where} is not a dataset class: it needs __len__ and __getitem__ (verl's "

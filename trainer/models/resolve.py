@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from agentloop.tokenizer import TokenizerSource
     from trainer.config.actor import ModelConfig
 
-from servers.extern import import_external_lib
+from servers.user_code import import_external_lib
 
 __all__ = [
     "import_external_lib",

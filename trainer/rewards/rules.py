@@ -26,7 +26,6 @@ This module imports no torch: process-pool workers import it to score.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import logging
 import math
@@ -34,8 +33,9 @@ import numbers
 import re
 import string
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
+
+from servers.user_code import load_object
 
 __all__ = [
     "BATCH_KEYWORDS",
@@ -220,24 +220,15 @@ def default_compute_score(
 
 
 def load_reward_function(path: str | None, name: str, key: str, field: str = "name") -> RewardFn:
-    """The function ``name`` of the file ``path`` (None: the built-in scorer); errors name the
-    config keys ``<key>.path`` and ``<key>.<field>`` (e.g. ``custom_reward_function.name``)."""
+    """The function ``name`` of the file (or module) ``path`` (None: the built-in scorer);
+    errors name the config keys ``<key>.path`` and ``<key>.<field>`` (e.g.
+    ``custom_reward_function.name``). The file runs anew on each call and is not registered
+    as a module, so a function shipped to another process travels by value."""
     if not path:
         return default_compute_score
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ValueError(f"{key}.path={path!r} does not exist: point it at a .py file")
-    spec = importlib.util.spec_from_file_location(f"agentloop_reward_{file.stem}", file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's file; report what broke
-        raise ValueError(f"{key}.path={path!r} failed to import: {exc}") from exc
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"{file} has no function {name!r}: set {key}.{field}")
-    return fn
+    return load_object(
+        path, name, key=f"{key}.path", name_key=f"{key}.{field}", need_callable=True, cache=False
+    )
 
 
 def describe_function(path: str | None, name: str) -> str:

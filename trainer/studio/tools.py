@@ -4,7 +4,6 @@ what the page shows is what the model would read."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import time
@@ -22,6 +21,7 @@ from agentloop.tools import (
     load_tool_config,
     truncate_text,
 )
+from servers.user_code import load_module
 
 __all__ = ["ToolBench", "ToolCallView", "ToolView", "load_tools"]
 
@@ -56,15 +56,7 @@ def load_tools(path: str | Path) -> dict[str, BaseTool]:
     functions, ``BaseTool`` instances) are taken. Raises ValueError with the CLI's text."""
     file = Path(path).expanduser()
     if file.suffix == ".py":
-        if not file.is_file():
-            raise ValueError(f"tool module {str(file)!r} does not exist")
-        spec = importlib.util.spec_from_file_location(f"agentloop_studio_{file.stem}", file)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:  # noqa: BLE001 - the user's file; say what broke
-            raise ValueError(f"tool module {str(file)!r} failed to import: {exc}") from exc
+        module = load_module(str(file), key="tool module", cache=False)  # edited between loads
         tools = {t.name: t for t in vars(module).values() if isinstance(t, BaseTool)}
         if not tools:
             raise ValueError(

@@ -96,8 +96,9 @@ def run_main(capsys, *overrides: str) -> tuple[int, str]:
         (
             [{"prompt": USER}],
             ["custom_reward_function.path=no_such_reward.py"],
-            "custom_reward_function.path='no_such_reward.py' does not exist: point it at a .py "
-            "file",
+            "custom_reward_function.path='no_such_reward.py': there is no file "
+            f"{str(Path('no_such_reward.py').absolute())!r}; point it at an existing .py file (a "
+            "relative path starts at the working directory)",
         ),
         (
             [{"prompt": USER}],
@@ -142,8 +143,10 @@ def test_agent_loop_target_that_does_not_import_fails_at_start_up(tmp_path, caps
     )
     assert code == 2
     assert err == (
-        f"agentloop-rollout: error: {loops}: agent loop 'mine': cannot import "
-        "'no_such_pkg.loops.Mine': ModuleNotFoundError: No module named 'no_such_pkg'"
+        f"agentloop-rollout: error: {loops}: agent loop 'mine': _target_="
+        "'no_such_pkg.loops.Mine': cannot import module 'no_such_pkg.loops' "
+        "(ModuleNotFoundError: No module named 'no_such_pkg'); install the package that provides "
+        "'no_such_pkg', put its folder on PYTHONPATH, or correct the name"
     )
 
 

@@ -70,10 +70,16 @@ def test_custom_rows_are_length_filtered_like_file_rows(files, tokenizer):
         (
             "/nope/data.py",
             "X",
-            "data.custom_cls: '/nope/data.py' is not a file; give a .py path, file://<path> or "
-            "pkg://<package.module>",
+            "data.custom_cls.path='/nope/data.py': there is no file '/nope/data.py'; point it at "
+            "an existing .py file (a relative path starts at the working directory)",
         ),
-        (MODULE, "Missing", f"data.custom_cls: '{MODULE}' has no 'Missing'"),
+        (
+            MODULE,
+            "Missing",
+            f"data.custom_cls.path='{MODULE}', data.custom_cls.name='Missing': module "
+            f"'{MODULE.removeprefix('pkg://')}' defines no 'Missing'; define it there or set "
+            "data.custom_cls.name to a name it defines",
+        ),
         (
             MODULE,
             "NotADataset",
@@ -89,7 +95,10 @@ def test_custom_rows_are_length_filtered_like_file_rows(files, tokenizer):
         (
             "pkg://no_such_pkg.data",
             "X",
-            "data.custom_cls: cannot import 'no_such_pkg.data' (No module named 'no_such_pkg')",
+            "data.custom_cls.path='pkg://no_such_pkg.data': cannot import module "
+            "'no_such_pkg.data' (ModuleNotFoundError: No module named 'no_such_pkg'); install the "
+            "package that provides 'no_such_pkg', put its folder on PYTHONPATH, or correct the "
+            "name",
         ),
     ],
 )
@@ -214,7 +223,11 @@ def test_in_flight_rows_come_back_first_after_a_resume():
 def test_a_bad_sampler_is_refused_naming_the_key():
     with pytest.raises(ValueError) as exc:
         build_sampler(ROWS, data(sampler=SamplerConfig(class_path=MODULE, class_name="Nope")))
-    assert str(exc.value) == f"data.sampler: '{MODULE}' has no 'Nope'"
+    assert str(exc.value) == (
+        f"data.sampler.class_path='{MODULE}', data.sampler.class_name='Nope': module "
+        f"'{MODULE.removeprefix('pkg://')}' defines no 'Nope'; define it there or set "
+        "data.sampler.class_name to a name it defines"
+    )
     with pytest.raises(ValueError) as exc:
         build_sampler(
             ROWS, data(sampler=SamplerConfig(class_path=MODULE, class_name="NotADataset"))

@@ -133,10 +133,10 @@ def test_tokenizer_path_may_be_a_hub_id_of_a_tokenizer_only_snapshot(
         ),
         (
             {"external_lib": "agentloop_no_such_module"},
-            f"{PREFIX}.external_lib='agentloop_no_such_module' could not be imported "
-            "(ModuleNotFoundError: No module named 'agentloop_no_such_module'): install the "
-            "package that provides it or put its folder on PYTHONPATH, or set "
-            f"{PREFIX}.external_lib=null",
+            f"{PREFIX}.external_lib='agentloop_no_such_module': cannot import module "
+            "'agentloop_no_such_module' (ModuleNotFoundError: No module named "
+            "'agentloop_no_such_module'); install the package that provides "
+            "'agentloop_no_such_module', put its folder on PYTHONPATH, or correct the name",
         ),
     ],
 )
@@ -160,8 +160,8 @@ def test_a_bad_key_stops_agentloop_train_before_anything_starts(capsys, tmp_path
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
     assert err.startswith(
-        "agentloop-train: error: actor_rollout_ref.model.external_lib='agentloop_no_such_module' "
-        "could not be imported"
+        "agentloop-train: error: actor_rollout_ref.model.external_lib='agentloop_no_such_module': "
+        "cannot import module 'agentloop_no_such_module'"
     )
 
 

@@ -101,8 +101,9 @@ def run(capsys, tmp_path, data: Path, *overrides: str, run_dir: Path | None = No
         ),
         (
             ["custom_reward_function.path=/nowhere/reward.py"],
-            "custom_reward_function.path='/nowhere/reward.py' does not exist: point it at a "
-            ".py file",
+            "custom_reward_function.path='/nowhere/reward.py': there is no file "
+            "'/nowhere/reward.py'; point it at an existing .py file (a relative path starts at "
+            "the working directory)",
         ),
         (
             ["trainer.logger=[console,neptune]"],
@@ -134,11 +135,13 @@ def run(capsys, tmp_path, data: Path, *overrides: str, run_dir: Path | None = No
         ),
         (
             ["reward_model.verify.path=/nowhere/verify.py"],
-            "reward_model.verify.path='/nowhere/verify.py' does not exist: point it at a .py file",
+            "reward_model.verify.path='/nowhere/verify.py': there is no file "
+            "'/nowhere/verify.py'; point it at an existing .py file",
         ),
         (
             ["reward_model.rules=[{name: fmt, path: /nowhere/fmt.py}]"],
-            "reward_model.rules[0].path='/nowhere/fmt.py' does not exist: point it at a .py file",
+            "reward_model.rules[0].path='/nowhere/fmt.py': there is no file '/nowhere/fmt.py'; "
+            "point it at an existing .py file",
         ),
         (
             ["actor_rollout_ref.rollout.weight_transfer=rdma"],

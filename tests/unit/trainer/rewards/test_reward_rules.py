@@ -175,7 +175,8 @@ def test_missing_path_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError) as err:
         load_reward_function(missing, "compute_score", "custom_reward_function")
     assert str(err.value) == (
-        f"custom_reward_function.path={missing!r} does not exist: point it at a .py file"
+        f"custom_reward_function.path={missing!r}: there is no file {missing!r}; point it at an "
+        "existing .py file (a relative path starts at the working directory)"
     )
 
 
@@ -184,7 +185,9 @@ def test_missing_function_name_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError) as err:
         load_reward_function(path, "score_it", "reward_model.rules[0]", "function")
     assert str(err.value) == (
-        f"{tmp_path / 'reward.py'} has no function 'score_it': set reward_model.rules[0].function"
+        f"reward_model.rules[0].path={path!r}, reward_model.rules[0].function='score_it': file "
+        f"{path!r} defines no 'score_it'; define it there or set reward_model.rules[0].function "
+        "to a name it defines"
     )
 
 
@@ -193,8 +196,9 @@ def test_a_file_that_fails_to_import_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError) as err:
         load_reward_function(path, "compute_score", "custom_reward_function")
     assert str(err.value) == (
-        f"custom_reward_function.path={path!r} failed to import: "
-        "No module named 'not_a_module_anywhere_xyz'"
+        f"custom_reward_function.path={path!r}: importing file {path!r} raised "
+        "ModuleNotFoundError: No module named 'not_a_module_anywhere_xyz'; install the package "
+        "that provides 'not_a_module_anywhere_xyz' or put its folder on PYTHONPATH"
     )
 
 

@@ -90,6 +90,11 @@ def test_bad_tool_configs_give_the_clis_error_and_keep_what_was_loaded(client, t
         "error": f"tool module {str(empty)!r} defines no tool: decorate functions with "
         "@agentloop.tools.function_tool"
     }
+    gone = client.post("/api/tools/load", json={"path": "/nowhere/tools.py"}).json()
+    assert gone == {
+        "error": "tool module='/nowhere/tools.py': there is no file '/nowhere/tools.py'; point "
+        "it at an existing .py file (a relative path starts at the working directory)"
+    }
     assert [t["name"] for t in client.get("/api/tools").json()["tools"]] == ["calculator"]
 
 
@@ -131,8 +136,8 @@ def test_reward_files_with_a_wrong_signature_or_a_crash_say_so(client, tmp_path)
     )
     missing = client.post("/api/reward/load", json={"path": "/nowhere/r.py"}).json()
     assert missing == {
-        "error": "custom_reward_function.path='/nowhere/r.py' does not exist: point it at a "
-        ".py file"
+        "error": "custom_reward_function.path='/nowhere/r.py': there is no file '/nowhere/r.py'; "
+        "point it at an existing .py file (a relative path starts at the working directory)"
     }
     crash = tmp_path / "crash.py"
     crash.write_text(
