@@ -181,12 +181,33 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
+def _module_aliases(name: str, path: Path, tree: ast.AST, known: set[str]) -> dict[str, str]:
+    """Local names bound to another project module (``import a.b as m``, ``from a import b``)."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in known:
+                    aliases[a.asname] = a.name
+                elif not a.asname and a.name.split(".")[0] in known:
+                    aliases[a.name.split(".")[0]] = a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = _import_base(name, path, node)
+            for a in node.names:
+                if f"{base}.{a.name}" in known:
+                    aliases[a.asname or a.name] = f"{base}.{a.name}"
+    return {alias: mod for alias, mod in aliases.items() if mod != name}
+
+
 def private_imports(modules: dict[str, Path]) -> list[str]:
-    """``from x import _name`` (or ``import x._mod``) where ``x`` is another project module:
-    a name one module keeps to itself, used by another. Imports inside functions count."""
+    """``from x import _name``, ``import x._mod`` or ``x._name`` where ``x`` is another
+    project module: a name one module keeps to itself, used by another. Imports inside
+    functions count."""
     found = []
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        aliases = _module_aliases(name, path, tree, set(modules))
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 base = _import_base(name, path, node)
                 if base.split(".")[0] not in PACKAGES or base == name:
@@ -199,6 +220,13 @@ def private_imports(modules: dict[str, Path]) -> list[str]:
                     if a.name.split(".")[0] in PACKAGES
                     and any(_is_private(part) for part in a.name.split("."))
                 ]
+            elif (
+                isinstance(node, ast.Attribute)
+                and _is_private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+            ):
+                names = [f"{aliases[node.value.id]}.{node.attr}"]
             else:
                 continue
             found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names]
@@ -222,11 +250,13 @@ def test_a_private_import_is_found(tmp_path, monkeypatch):
     (pkg / "b.py").write_text("from trainer.a import _x, y\n")
     (pkg / "c.py").write_text("def f():\n    from .a import _x\n    return _x\n")
     (pkg / "d.py").write_text("from __future__ import annotations\n_own = 1\n")
+    (pkg / "e.py").write_text("from trainer import a\nimport trainer.d as d\nz = a._x + d.y\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     modules = {_module_name(p): p for p in sorted(pkg.rglob("*.py"))}
     assert private_imports(modules) == [
         "trainer/b.py:1: from trainer.a import _x",
         "trainer/c.py:2: from trainer.a import _x",
+        "trainer/e.py:3: trainer.a._x",
     ]
 
 
