@@ -1,7 +1,7 @@
 """The one loader of user code: reward functions, tools, agent loops, interactions, estimators
 and losses, datasets and samplers, external libraries, the studio's files.
 
-Every config value that names user code takes the same syntax (docs/user_code.md):
+Every config value that names user code takes the same syntax (docs/user-code.md):
 
 - ``path/to/file.py:name``: a Python file (absolute, or relative to the working directory) and
   the object ``name`` in it;
