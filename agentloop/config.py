@@ -1,8 +1,10 @@
 """Typed configs of the rollout side (``actor_rollout_ref.rollout``) and a strict builder that
 turns a plain dict (e.g. from Hydra/YAML) into nested dataclasses with clear errors.
 
-Key names follow verl; verl's other spellings and keys with no effect here are handled by
-``trainer.config.verl.compat`` (docs/verl-migration.md).
+Each component gets its own node: the agent loops' (``multi_turn``, ``agent``, ``trace``,
+``gateway``, ...) here, the servers' engine options as ``engine`` (``servers.EngineConfig``).
+verl's key names (its flat server keys, its other spellings, keys with no effect here) are
+handled at the edge, by ``trainer.config.verl`` (docs/verl-migration.md).
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servers.config import SCHEDULING_POLICIES, WEIGHT_TRANSFERS
+from servers.config import SCHEDULING_POLICIES, WEIGHT_TRANSFERS, EngineConfig
 from servers.placement import check_resource_name
 
 __all__ = [
     "AgentConfig",
-    "EngineKwargsConfig",
     "GatewayConfig",
     "MultiTurnConfig",
     "RecoveryConfig",
@@ -283,22 +284,12 @@ class ValKwargsConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class EngineKwargsConfig:
-    """Extra constructor arguments of the rollout engines, passed as they are (verl's
-    ``rollout.engine_kwargs``); only the table of ``rollout.name`` is used. An argument the
-    servers set themselves from a rollout key is refused naming that key, a name the engine
-    does not take fails the start naming it (both before any server starts)."""
-
-    vllm: dict[str, Any] = field(default_factory=dict)
-    """``vllm.engine.arg_utils.AsyncEngineArgs`` fields, e.g. ``{max_logprobs: 5}``."""
-    sglang: dict[str, Any] = field(default_factory=dict)
-    """``sglang.srt.server_args.ServerArgs`` fields, e.g. ``{attention_backend: fa3}``."""
-
-
-@dataclass(kw_only=True, slots=True)
 class RolloutConfig:
-    name: Literal["vllm", "sglang"] = "vllm"
-    """Inference engine of the rollout servers."""
+    """``actor_rollout_ref.rollout``: what the agent loops read (sampling, lengths,
+    ``multi_turn``, ``agent``, ``trace``, ``gateway``, ``val_kwargs``), the rollout servers'
+    group (``num_servers``, ``node_resource``, ``recovery``) and their ``engine`` node, which
+    ``servers/`` reads as it is (``ServerConfig.of_engine``)."""
+
     mode: str = "async"
     """Only ``async`` (server-based agent loops) exists."""
     n: int = 1
@@ -312,8 +303,6 @@ class RolloutConfig:
     """Prompt tokens kept per sample (left-padded to this)."""
     response_length: int = 512
     """Response budget over all turns, tool tokens included (right-padded to this)."""
-    tensor_model_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
     num_servers: int | None = None
     """AsyncServer actors (data-parallel engines). None: as verl, one per tensor-parallel group
     of the trainer's GPUs on CUDA (trainer.nnodes x trainer.n_gpus_per_node //
@@ -323,32 +312,14 @@ class RolloutConfig:
     """A custom Ray resource the rollout servers' nodes declare (``ray start
     --resources='{"rollout": 1}'``): servers start, and restart after a node is lost, only
     there (docs/cluster.md); None: any node with the CPUs/GPUs a server asks for."""
-    cpu_cores: str | int | None = None
-    """CPU only: cores the rollout engines run on (``"0"``, ``"0-3"``); with the trainer
-    ranks on other cores (``actor.cpu_cores``) rollout and training overlap for real."""
-    max_model_len: int | None = None
-    """Engine context length; None: prompt_length + response_length."""
-    scheduling_policy: str = "priority"
-    """Engine scheduling: ``priority`` runs stragglers' turns first (the sample admitted
-    earliest and held back most by turns and tools); ``fcfs``: arrival order."""
-    max_num_seqs: int | None = None
-    """Sequences an engine decodes at once; None: the engine's default (a cap makes turns
-    wait in priority order, but cost rollout time on CPU: docs/agent-loops.md)."""
-    max_num_batched_tokens: int | None = None
-    """vLLM: tokens an engine schedules in one step (prompt chunks plus one per decoding
-    sequence); None: the engine's default."""
-    enable_chunked_prefill: bool | None = None
-    """vLLM: split a long prompt's prefill over steps, beside the decoding sequences; None: the
-    engine's default for the model."""
-    enforce_eager: bool | None = None
-    """Skip CUDA graphs / torch.compile (SGLang: ``disable_cuda_graph``). None: True on CPU
-    (a 30 s engine start instead of 150 s), False on GPU (verl's default)."""
-    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
-    """Extra engine constructor arguments per backend: ``{vllm: {...}, sglang: {...}}``."""
-    weight_transfer: str = "host"
-    """How the trainer's weights reach the engines after each update: ``host`` (shards
-    written into shared memory on one node, Ray objects across nodes; CPU and GPU), or vLLM's
-    GPU weight-transfer API: ``nccl`` (servers on their own GPUs) or ``ipc`` (colocated)."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """The rollout servers' engine options, read by ``servers/`` as they are
+    (``servers.EngineConfig``); verl's flat keys (``rollout.name``,
+    ``rollout.tensor_model_parallel_size``, ``rollout.gpu_memory_utilization``, ...) set them
+    (``trainer.config.verl.keys``). ``max_model_len`` None: ``prompt_length +
+    response_length`` (``context_length``); ``cpu_cores`` with the trainer ranks on other cores
+    (``actor.cpu_cores``) makes rollout and training overlap for real; ``engine_kwargs`` is
+    verl's ``engine_kwargs.<name>`` table of the running backend."""
     lora_sync: str = "adapter"
     """How a LoRA actor's weights (``actor_rollout_ref.model.lora_rank > 0``) reach vLLM
     servers in training: ``adapter`` (servers run with LoRA and load each new adapter
@@ -382,37 +353,47 @@ class RolloutConfig:
             raise ValueError("rollout.prompt_length and rollout.response_length must be >= 1")
         if self.num_servers is not None and self.num_servers < 1:
             raise ValueError(f"rollout.num_servers must be >= 1 or null, got {self.num_servers}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+        self._check_engine()
+
+    def _check_engine(self) -> None:
+        """The engine node, checked here under the keys verl's scripts write (each sets a
+        field of ``engine``); ``ServerConfig`` checks it again where a server is built."""
+        engine = self.engine
+        if engine.max_num_batched_tokens is not None and engine.max_num_batched_tokens < 1:
             raise ValueError(
                 f"rollout.max_num_batched_tokens must be >= 1 or null, got "
-                f"{self.max_num_batched_tokens}"
+                f"{engine.max_num_batched_tokens}"
             )
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
+        if engine.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"rollout.scheduling_policy must be 'priority' or 'fcfs', "
-                f"got {self.scheduling_policy!r}"
+                f"got {engine.scheduling_policy!r}"
             )
-        if self.max_num_seqs is not None and self.max_num_seqs < 1:
-            raise ValueError(f"rollout.max_num_seqs must be >= 1 or null, got {self.max_num_seqs}")
-        if self.weight_transfer not in WEIGHT_TRANSFERS:
+        if engine.max_num_seqs is not None and engine.max_num_seqs < 1:
             raise ValueError(
-                f"actor_rollout_ref.rollout.weight_transfer={self.weight_transfer!r}: use host, "
-                "nccl or ipc"
+                f"rollout.max_num_seqs must be >= 1 or null, got {engine.max_num_seqs}"
+            )
+        if engine.weight_transfer not in WEIGHT_TRANSFERS:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.weight_transfer={engine.weight_transfer!r}: use "
+                "host, nccl or ipc"
             )
         if self.lora_sync not in ("adapter", "merged"):
             raise ValueError(
                 f"actor_rollout_ref.rollout.lora_sync={self.lora_sync!r}: use adapter (servers "
                 "load each LoRA adapter version) or merged (servers get merged full weights)"
             )
-        if self.weight_transfer != "host" and self.name != "vllm":
+        if engine.weight_transfer != "host" and engine.backend != "vllm":
             raise ValueError(
-                f"actor_rollout_ref.rollout.weight_transfer={self.weight_transfer} is vLLM's "
-                f"weight-transfer API: set it to host with rollout.name={self.name}"
+                f"actor_rollout_ref.rollout.weight_transfer={engine.weight_transfer} is vLLM's "
+                f"weight-transfer API: set it to host with rollout.name={engine.backend}"
             )
 
     @property
     def context_length(self) -> int:
-        return self.max_model_len or self.prompt_length + self.response_length
+        """The servers' context length, derived here once: ``engine.max_model_len``, else
+        ``prompt_length + response_length``."""
+        return self.engine.max_model_len or self.prompt_length + self.response_length
 
     @property
     def default_agent_loop(self) -> str:

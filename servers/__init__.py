@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from servers.actor import AsyncServer
-    from servers.config import ServerConfig
+    from servers.config import EngineConfig, ServerConfig
     from servers.core import ServerCore
     from servers.group import ServerGroup, ServerRestartError, launch_servers, stop_servers
     from servers.manager import AsyncLLMServerManager, NoHealthyServerError
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # tests/unit/test_init_name_lists.py.
 _EXPORTS = {
     "servers.actor": ("AsyncServer",),
-    "servers.config": ("ServerConfig",),
+    "servers.config": ("EngineConfig", "ServerConfig"),
     "servers.core": ("ServerCore",),
     "servers.group": ("ServerGroup", "ServerRestartError", "launch_servers", "stop_servers"),
     "servers.manager": ("AsyncLLMServerManager", "NoHealthyServerError"),
@@ -35,6 +35,7 @@ _HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "AsyncLLMServerManager",
     "AsyncServer",
+    "EngineConfig",
     "EngineDeadError",
     "GenerateInputError",
     "NoHealthyServerError",

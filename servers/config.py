@@ -1,7 +1,10 @@
-"""Typed configuration of one inference server (engine options + HTTP front)."""
+"""Typed configuration of one inference server: ``EngineConfig`` (the engine options a launcher
+picks, the rollout config's ``engine`` node) and ``ServerConfig`` (those plus the model served
+and the HTTP front)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +13,13 @@ from typing import Any, Literal
 from servers.engine_args import refuse_own_args
 from servers.lora import check_lora
 
-__all__ = ["SCHEDULING_POLICIES", "WEIGHT_TRANSFERS", "ServerConfig", "parse_cores"]
+__all__ = [
+    "SCHEDULING_POLICIES",
+    "WEIGHT_TRANSFERS",
+    "EngineConfig",
+    "ServerConfig",
+    "parse_cores",
+]
 
 SCHEDULING_POLICIES = ("priority", "fcfs")
 """Engine scheduling policies: lowest ``priority`` value first, or arrival order."""
@@ -46,45 +55,32 @@ def parse_cores(spec: str | int, key: str = "cpu_cores") -> list[int]:
 
 
 @dataclass(kw_only=True, slots=True)
-class ServerConfig:
-    model: str
-    """Path of a Hugging Face model folder (use ``agentloop-models prepare`` for names)."""
-    tokenizer: str | None = None
-    """Tokenizer folder (None: the model folder's)."""
-    trust_remote_code: bool = False
-    """Let the engine (transformers) run code shipped with the model and tokenizer."""
-    chat_template: str | None = None
-    """Jinja chat template text the OpenAI chat endpoint renders with, replacing the
-    tokenizer's own (None: keep it)."""
-    external_lib: str | None = None
-    """Module imported in the server's process before its engine starts (transformers
-    registrations of a custom tokenizer or config). vLLM's engine processes are spawned and
-    do not inherit it: an architecture the engine must build is registered from a vLLM
-    plugin (``vllm.general_plugins`` entry point), which vLLM loads in each of them."""
+class EngineConfig:
+    """The engine options a launcher picks for a run, apart from the model served and the
+    HTTP front: a rollout config holds one as its ``engine`` node and hands it to
+    ``ServerConfig.of_engine`` as it is, so no field is copied by hand between the two.
+    Checked where a ``ServerConfig`` is built (a launcher checks it earlier, naming its own
+    keys)."""
+
     backend: Literal["vllm", "sglang"] = "vllm"
     """Inference engine behind the server."""
-    dtype: str = "auto"
-    """Weights/activations dtype; ``auto`` is float32 on CPU (faster there) and the
-    checkpoint's dtype on GPU."""
     tensor_parallel_size: int = 1
     """GPUs per engine (1 on CPU)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory the engine may take (weights + KV cache)."""
     max_model_len: int | None = None
-    """Prompt + response token limit; None takes the model's."""
+    """Prompt + response token limit; None: the model's (a rollout derives it from its
+    lengths: ``RolloutConfig.context_length``)."""
     enforce_eager: bool | None = None
     """Skip CUDA graphs / torch.compile (SGLang: ``disable_cuda_graph``); None means True on
     CPU (30 s vs 150 s start) and False on GPU (each engine's own default)."""
-    enable_prefix_caching: bool = True
-    """Reuse KV cache across turns of one trajectory."""
-    cpu_kvcache_space_gib: int = 1
-    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE); without it vLLM tries to take ~all RAM."""
     cpu_cores: str | int | None = None
     """CPU only: the cores the engine runs on (``"0"``, ``"0-3"``, ``"0,2"``), so a trainer
     pinned to other cores does not compete with it; None: vLLM's own binding."""
-    scheduling_policy: Literal["priority", "fcfs"] = "priority"
-    """Order of waiting requests: ``priority`` runs the lowest ``priority`` value first (agent
-    loops send their stragglers' turns with a lower one); ``fcfs``: arrival order."""
+    scheduling_policy: str = "priority"
+    """Order of waiting requests (``SCHEDULING_POLICIES``): ``priority`` runs the lowest
+    ``priority`` value first (agent loops send their stragglers' turns with a lower one);
+    ``fcfs``: arrival order."""
     max_num_seqs: int | None = None
     """Sequences the engine decodes at once; None: the engine's default. Turns wait (and the
     priority order matters) only once they are all taken; on the 2-core CPU benchmark a cap
@@ -101,17 +97,45 @@ class ServerConfig:
     passed as they are. One the server sets itself from a field above (``model``,
     ``tensor_parallel_size``, ...) is refused naming that field; a name the engine does not
     take fails the server's start naming it (``servers/engine_args.py``)."""
+    weight_transfer: str = "host"
+    """How a trainer's weights reach the engine (``WEIGHT_TRANSFERS``). ``host``: through host
+    memory (a shared-memory file the trainer writes when it shares the node, Ray objects
+    otherwise); works on CPU and GPU, with either backend. vLLM on GPU only: ``nccl`` (vLLM's
+    weight-transfer API; trainer rank 0 broadcasts from its GPU, nothing touches host memory)
+    or ``ipc`` (CUDA IPC: for trainer ranks on the engine's own GPUs, i.e. colocated)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ServerConfig(EngineConfig):
+    """One server: the model it serves, its engine options (``EngineConfig``) and its HTTP
+    front."""
+
+    model: str
+    """Path of a Hugging Face model folder (use ``agentloop-models prepare`` for names)."""
+    tokenizer: str | None = None
+    """Tokenizer folder (None: the model folder's)."""
+    trust_remote_code: bool = False
+    """Let the engine (transformers) run code shipped with the model and tokenizer."""
+    chat_template: str | None = None
+    """Jinja chat template text the OpenAI chat endpoint renders with, replacing the
+    tokenizer's own (None: keep it)."""
+    external_lib: str | None = None
+    """Module imported in the server's process before its engine starts (transformers
+    registrations of a custom tokenizer or config). vLLM's engine processes are spawned and
+    do not inherit it: an architecture the engine must build is registered from a vLLM
+    plugin (``vllm.general_plugins`` entry point), which vLLM loads in each of them."""
+    dtype: str = "auto"
+    """Weights/activations dtype; ``auto`` is float32 on CPU (faster there) and the
+    checkpoint's dtype on GPU."""
+    enable_prefix_caching: bool = True
+    """Reuse KV cache across turns of one trajectory."""
+    cpu_kvcache_space_gib: int = 1
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE); without it vLLM tries to take ~all RAM."""
     logprobs_mode: str = "processed_logprobs"
     """Which log-probs the engine returns: ``processed_logprobs`` are under the sampling
     distribution (after temperature), what the trainer recomputes; ``raw_logprobs`` are before."""
     seed: int = 0
     """Engine seed."""
-    weight_transfer: Literal["host", "nccl", "ipc"] = "host"
-    """How a trainer's weights reach the engine. ``host``: through host memory (a
-    shared-memory file the trainer writes when it shares the node, Ray objects otherwise);
-    works on CPU and GPU, with either backend. vLLM on GPU only: ``nccl`` (vLLM's
-    weight-transfer API; trainer rank 0 broadcasts from its GPU, nothing touches host memory)
-    or ``ipc`` (CUDA IPC: for trainer ranks on the engine's own GPUs, i.e. colocated)."""
     lora_rank: int = 0
     """vLLM: the largest LoRA adapter rank the server loads (``load_adapter``); 0: LoRA off.
     The engine's ``max_lora_rank`` is the smallest value vLLM accepts at or above it (1, 8, 16,
@@ -155,6 +179,13 @@ class ServerConfig:
     """Longest prompt one HTTP request may send, in tokens (``/generate``: ``prompt_ids``;
     chat: after the chat template; completions: each prompt once tokenized); more is a 400.
     None: only the model length bounds it."""
+
+    @classmethod
+    def of_engine(cls, engine: EngineConfig, **rest: Any) -> ServerConfig:
+        """A server with ``engine``'s options, each field as it is, and ``rest`` (the model it
+        serves, its front, and any engine field a launcher derives, e.g. ``max_model_len``)."""
+        values = {f.name: getattr(engine, f.name) for f in dataclasses.fields(EngineConfig)}
+        return cls(**{**values, **rest})
 
     @property
     def model_name(self) -> str:

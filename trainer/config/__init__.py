@@ -111,7 +111,12 @@ def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, A
     config file extending ``ppo_trainer``; plus the ``+key`` extras at the root."""
     from agentloop.config import from_dict
     from trainer.config.schema import Config
-    from trainer.config.verl.compat import read_config_file, split_config_args, translate_overrides
+    from trainer.config.verl.compat import (
+        place_engine_kwargs,
+        read_config_file,
+        split_config_args,
+        translate_overrides,
+    )
 
     try:
         args, source = split_config_args(list(overrides or []))
@@ -129,7 +134,7 @@ def load_config(overrides: list[str] | None = None) -> tuple[Config, dict[str, A
     sections = tuple(f.name for f in dataclasses.fields(Config))
     extras = {k: tree.pop(k) for k in list(tree) if k not in sections}
     try:
-        return from_dict(Config, tree), extras
+        return from_dict(Config, place_engine_kwargs(tree)), extras
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

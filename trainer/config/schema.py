@@ -122,15 +122,15 @@ class ActorRolloutRefConfig:
         """The core lists name cores this machine has (``parse_cores`` says what to write)."""
         from servers.config import parse_cores
 
-        if self.rollout.cpu_cores is not None:
-            parse_cores(self.rollout.cpu_cores, "actor_rollout_ref.rollout.cpu_cores")
+        if self.rollout.engine.cpu_cores is not None:
+            parse_cores(self.rollout.engine.cpu_cores, "actor_rollout_ref.rollout.cpu_cores")
         if self.actor.cpu_cores is not None:
             parse_cores(self.actor.cpu_cores, "actor_rollout_ref.actor.cpu_cores")
 
     def check_weight_transfer(self, device: str) -> None:
         """vLLM's GPU weight transfer fits the placement: NCCL cannot put trainer rank 0 and an
         engine on one GPU, and CUDA IPC reaches only engines on the trainer ranks' own GPUs."""
-        transfer = self.rollout.weight_transfer
+        transfer = self.rollout.engine.weight_transfer
         key = "actor_rollout_ref.rollout.weight_transfer"
         if transfer == "host":
             return
@@ -207,7 +207,7 @@ class Config:
             return rollout.num_servers
         if device != "cuda":
             return 1
-        world, tp = self.trainer.world_size, rollout.tensor_model_parallel_size
+        world, tp = self.trainer.world_size, rollout.engine.tensor_parallel_size
         if world > tp and world % tp:
             raise ValueError(
                 f"{world} trainer GPUs (trainer.nnodes x trainer.n_gpus_per_node) do not split "

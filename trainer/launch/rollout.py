@@ -14,6 +14,7 @@ from servers.placement import on_nodes_with
 from trainer.config.actor import ModelConfig
 from trainer.config.reward import JudgeConfig
 from trainer.config.schema import Config
+from trainer.config.verl.keys import ENGINE_KEYS
 from trainer.launch.worker_logs import init_ray
 
 if TYPE_CHECKING:
@@ -176,40 +177,35 @@ def warn_toolless_rows(
     )
 
 
-# The rollout key that sets each ServerConfig field start_rollout fills (servers/engine_args.py
-# names these when an engine_kwargs entry would override one).
+# The key that sets each ServerConfig field start_rollout fills, as verl's scripts write it
+# (servers/engine_args.py names these when an engine_kwargs entry would override one): the
+# model's, and each engine field's verl spelling (``trainer.config.verl.keys.ENGINE_KEYS``).
 _ROLLOUT = "actor_rollout_ref.rollout"
 _SERVER_FIELD_KEYS = {
     "model": "actor_rollout_ref.model.path",
     "tokenizer": "actor_rollout_ref.model.tokenizer_path",
     "trust_remote_code": "actor_rollout_ref.model.trust_remote_code",
-    "tensor_parallel_size": f"{_ROLLOUT}.tensor_model_parallel_size",
-    "gpu_memory_utilization": f"{_ROLLOUT}.gpu_memory_utilization",
-    "max_model_len": f"{_ROLLOUT}.max_model_len",
-    "enforce_eager": f"{_ROLLOUT}.enforce_eager",
-    "scheduling_policy": f"{_ROLLOUT}.scheduling_policy",
-    "max_num_seqs": f"{_ROLLOUT}.max_num_seqs",
-    "max_num_batched_tokens": f"{_ROLLOUT}.max_num_batched_tokens",
-    "enable_chunked_prefill": f"{_ROLLOUT}.enable_chunked_prefill",
-    "weight_transfer": f"{_ROLLOUT}.weight_transfer",
+    **{name: f"{_ROLLOUT}.{verl}" for verl, name in ENGINE_KEYS.items()},
     "lora_rank": "actor_rollout_ref.model.lora_rank",
     "lora_adapter_path": "actor_rollout_ref.model.lora_adapter_path",
 }
 
 
 def check_engine_kwargs(rollout: RolloutConfig) -> None:
-    """``rollout.engine_kwargs.<name>`` (the running backend's table) holds only arguments
+    """``rollout.engine.engine_kwargs`` (verl's ``engine_kwargs.<name>``) holds only arguments
     that the engine takes and that no rollout key sets; the error names the key to use. Imports
     the engine (vLLM: some seconds) only when the table is not empty."""
-    kwargs = getattr(rollout.engine_kwargs, rollout.name)
-    key = f"{_ROLLOUT}.engine_kwargs.{rollout.name}"
-    engine_args.check_engine_kwargs(rollout.name, kwargs, key=key, owners=_SERVER_FIELD_KEYS)
+    backend = rollout.engine.backend
+    key = f"{_ROLLOUT}.engine_kwargs.{backend}"
+    engine_args.check_engine_kwargs(
+        backend, rollout.engine.engine_kwargs, key=key, owners=_SERVER_FIELD_KEYS
+    )
 
 
 def serves_lora(rollout: RolloutConfig, lora: bool = True) -> bool:
     """Whether rollout servers load LoRA adapters: vLLM ones, unless ``lora`` is off (training
     with ``actor_rollout_ref.rollout.lora_sync=merged``)."""
-    return lora and rollout.name == "vllm"
+    return lora and rollout.engine.backend == "vllm"
 
 
 def start_rollout(
@@ -235,30 +231,20 @@ def start_rollout(
     from servers import ServerConfig, ServerGroup
     from trainer.models import tokenizer_source
 
-    server_config = ServerConfig(
+    server_config = ServerConfig.of_engine(
+        rollout.engine,
+        max_model_len=rollout.context_length,
         model=model.path,
         tokenizer=model.tokenizer_path,
         trust_remote_code=model.trust_remote_code,
         chat_template=model.custom_chat_template,
         external_lib=model.external_lib,
-        backend=rollout.name,
-        tensor_parallel_size=rollout.tensor_model_parallel_size,
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
-        max_model_len=rollout.context_length,
-        cpu_cores=rollout.cpu_cores,
-        scheduling_policy=rollout.scheduling_policy,
-        max_num_seqs=rollout.max_num_seqs,
-        max_num_batched_tokens=rollout.max_num_batched_tokens,
-        enable_chunked_prefill=rollout.enable_chunked_prefill,
-        enforce_eager=rollout.enforce_eager,
-        engine_kwargs=getattr(rollout.engine_kwargs, rollout.name),
-        weight_transfer=rollout.weight_transfer,
         # SGLang loads no adapters here: it serves merged weights (``WeightSync.starts_ahead``)
         lora_rank=model.lora_rank if serves_lora(rollout, lora) else 0,
         lora_adapter_path=model.lora_adapter_path if serves_lora(rollout, lora) else None,
     )
     init_ray()  # no-op where agentloop-train started it at trainer.worker_log_level
-    num_gpus = None if gpu_share is None else gpu_share * rollout.tensor_model_parallel_size
+    num_gpus = None if gpu_share is None else gpu_share * rollout.engine.tensor_parallel_size
     group = ServerGroup(
         server_config,
         num_servers,

@@ -192,20 +192,26 @@ def test_from_dict_builds_nested_configs():
             "multi_turn.max_parallel_calls must be >= 1, got 0",
         ),
         (
-            {"scheduling_policy": "lifo"},
+            {"engine": {"scheduling_policy": "lifo"}},
             "rollout.scheduling_policy must be 'priority' or 'fcfs', got 'lifo'",
         ),
-        ({"max_num_seqs": 0}, "rollout.max_num_seqs must be >= 1 or null, got 0"),
+        ({"engine": {"max_num_seqs": 0}}, "rollout.max_num_seqs must be >= 1 or null, got 0"),
         (
-            {"max_num_batched_tokens": 0},
+            {"engine": {"max_num_batched_tokens": 0}},
             "rollout.max_num_batched_tokens must be >= 1 or null, got 0",
         ),
         ({"num_servers": 0}, "rollout.num_servers must be >= 1 or null, got 0"),
-        ({"enforce_eager": "yes"}, "rollout.enforce_eager must be bool, got str 'yes'"),
         (
-            {"engine_kwargs": {"trtllm": {}}},
-            "unknown config key rollout.engine_kwargs.trtllm; known keys under "
-            "rollout.engine_kwargs: vllm, sglang",
+            {"engine": {"enforce_eager": "yes"}},
+            "rollout.engine.enforce_eager must be bool, got str 'yes'",
+        ),
+        (
+            {"engine": {"engine_kwargs": ["max_logprobs"]}},
+            "rollout.engine.engine_kwargs must be a mapping, got list",
+        ),
+        (
+            {"engine_kwargs": {"vllm": {}}},
+            "unknown config key rollout.engine_kwargs; known keys under rollout: ",
         ),
     ],
 )

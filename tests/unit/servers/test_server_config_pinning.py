@@ -49,5 +49,5 @@ def test_a_single_core_given_as_a_number_on_the_command_line_is_taken():
         ]
     )
     ref = config.actor_rollout_ref
-    assert parse_cores(ref.rollout.cpu_cores) == parse_cores(ref.actor.cpu_cores) == [first]
+    assert parse_cores(ref.rollout.engine.cpu_cores) == parse_cores(ref.actor.cpu_cores) == [first]
     assert ServerConfig(model="m", cpu_cores=first).cpu_cores == first

@@ -94,7 +94,7 @@ def test_the_rollout_servers_fit_their_groups_gpus(job, config):
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
     servers = config.servers_for("cuda")
     assert (
-        servers * rollout.tensor_model_parallel_size
+        servers * rollout.engine.tensor_parallel_size
         <= int(limits["nvidia.com/gpu"]) * group["minReplicas"]
     )
 

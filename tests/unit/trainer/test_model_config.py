@@ -19,6 +19,7 @@ import agentloop
 import servers
 import trainer.launch.rollout
 from agentloop import AgentLoopWorker, RolloutConfig, TokenizerSource
+from servers.config import EngineConfig
 from tests.hf_cache import add_to_hf_cache, use_hf_cache
 from tests.unit.agentloop.scripted import ScriptedServer
 from trainer.config import load_config
@@ -265,7 +266,7 @@ def test_servers_run_with_lora_only_for_a_lora_actor_on_vllm_with_adapter_sync(m
     model = ModelConfig(path="/snap/model", lora_rank=8)
     start_rollout(RolloutConfig(), model, num_servers=1)
     start_rollout(RolloutConfig(), model, num_servers=1, lora=False)
-    start_rollout(RolloutConfig(name="sglang"), model, num_servers=1)
+    start_rollout(RolloutConfig(engine=EngineConfig(backend="sglang")), model, num_servers=1)
     start_rollout(RolloutConfig(), ModelConfig(path="/snap/model"), num_servers=1)
     assert [c.lora_rank for c in seen] == [8, 0, 0, 0]
     with pytest.raises(ValueError, match=r"lora_sync='both': use adapter .* or merged"):

@@ -408,4 +408,4 @@ def test_engine_kwargs_of_the_other_backend_and_known_names_pass():
         f"{KW}.vllm.max_logprobs=5", f"{KW}.sglang.tp_size=2"
     ).actor_rollout_ref.rollout
     check_engine_kwargs(rollout)  # name=vllm: the sglang table is not used
-    assert rollout.engine_kwargs.vllm == {"max_logprobs": 5}
+    assert rollout.engine.engine_kwargs == {"max_logprobs": 5}

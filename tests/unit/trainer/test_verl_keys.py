@@ -14,6 +14,7 @@ import yaml
 
 import trainer.config as config_pkg
 from trainer.config import ConfigError, load_config
+from trainer.config.verl.compat import place_engine_kwargs
 from trainer.config.verl.keys import RULES, markdown_table, rule_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -181,8 +182,8 @@ def test_the_tool_agent_script_means_what_it_means_in_verl():
     assert ref.actor.log_prob_micro_batch_size_per_gpu == 32  # rollout.log_prob_micro_...
     assert ref.ref.param_offload is True  # ref.fsdp_config.param_offload
     assert ref.rollout.multi_turn.max_assistant_turns == 5  # from the config file
-    assert ref.rollout.name == "sglang"
-    assert ref.rollout.tensor_model_parallel_size == 2
+    assert ref.rollout.engine.backend == "sglang"  # rollout.name
+    assert ref.rollout.engine.tensor_parallel_size == 2  # rollout.tensor_model_parallel_size
     assert config.trainer.logger == ["console", "mlflow"]
     assert ref.model.path == "Qwen/Qwen2.5-3B-Instruct"
 
@@ -202,15 +203,75 @@ def test_entries_of_free_form_mappings_need_no_plus():
     config, _ = load_config(
         [
             MODEL,
+            "actor_rollout_ref.rollout.name=sglang",
             "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3",
+            "actor_rollout_ref.rollout.engine.engine_kwargs.mem_fraction_static=0.5",
             "data.apply_chat_template_kwargs.enable_thinking=false",
             "+custom_reward_function.reward_kwargs.method=flexible",
         ]
     )
     rollout = config.actor_rollout_ref.rollout
-    assert rollout.engine_kwargs.sglang == {"attention_backend": "fa3"}
+    assert rollout.engine.engine_kwargs == {"attention_backend": "fa3", "mem_fraction_static": 0.5}
     assert rollout.chat_template_kwargs == {"enable_thinking": False}
     assert config.custom_reward_function.reward_kwargs == {"method": "flexible"}
+
+
+def test_verls_flat_engine_keys_set_the_engine_node():
+    config, _ = load_config(
+        [
+            MODEL,
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
+            "actor_rollout_ref.rollout.enforce_eager=True",
+            "actor_rollout_ref.rollout.max_model_len=2048",
+            "actor_rollout_ref.rollout.max_num_seqs=8",
+        ]
+    )
+    engine = config.actor_rollout_ref.rollout.engine
+    assert (engine.backend, engine.tensor_parallel_size, engine.gpu_memory_utilization) == (
+        "sglang",
+        2,
+        0.7,
+    )
+    assert (engine.enforce_eager, engine.max_model_len, engine.max_num_seqs) == (True, 2048, 8)
+
+
+def test_only_the_running_backends_engine_kwargs_table_is_used():
+    config, _ = load_config(
+        [
+            MODEL,
+            "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=5",
+        ]
+    )
+    assert config.actor_rollout_ref.rollout.engine.engine_kwargs == {"max_logprobs": 5}
+
+
+def test_an_engine_kwargs_table_of_no_backend_here_names_the_known_ones():
+    tree = {"actor_rollout_ref": {"rollout": {"engine_kwargs": {"trtllm": {}}}}}
+    with pytest.raises(ValueError) as info:
+        place_engine_kwargs(tree)
+    assert str(info.value) == (
+        "unknown config key actor_rollout_ref.rollout.engine_kwargs.trtllm; known keys under "
+        "actor_rollout_ref.rollout.engine_kwargs: vllm, sglang"
+    )
+
+
+def test_a_verl_engine_kwargs_entry_and_the_engine_nodes_with_different_values_is_an_error():
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            [
+                MODEL,
+                "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=5",
+                "actor_rollout_ref.rollout.engine.engine_kwargs.max_logprobs=7",
+            ]
+        )
+    assert str(info.value) == (
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs=5 and actor_rollout_ref."
+        "rollout.engine.engine_kwargs.max_logprobs=7 set one argument to different values: "
+        "keep one"
+    )
 
 
 def test_both_spellings_with_different_values_is_an_error():

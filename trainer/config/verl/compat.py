@@ -16,7 +16,13 @@ from typing import Any
 from trainer.config import warn_no_effect
 from trainer.config.verl.keys import NO_MEGATRON, KeyRule, rule_for
 
-__all__ = ["ConfigFile", "split_config_args", "translate_overrides", "translate_tree"]
+__all__ = [
+    "ConfigFile",
+    "place_engine_kwargs",
+    "split_config_args",
+    "translate_overrides",
+    "translate_tree",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +33,7 @@ FREE_FORM = tuple(
     for mapping in (
         "actor_rollout_ref.rollout.engine_kwargs.vllm",
         "actor_rollout_ref.rollout.engine_kwargs.sglang",
+        "actor_rollout_ref.rollout.engine.engine_kwargs",
         "actor_rollout_ref.rollout.chat_template_kwargs",
         "custom_reward_function.reward_kwargs",
     )
@@ -174,6 +181,39 @@ def translate_tree(tree: dict[str, Any]) -> dict[str, Any]:
         origin[target] = (key, value)
         _put(out, target, value)
     return out
+
+
+BACKENDS = ("vllm", "sglang")
+"""The tables of verl's ``actor_rollout_ref.rollout.engine_kwargs``."""
+
+
+def place_engine_kwargs(tree: dict[str, Any]) -> dict[str, Any]:
+    """The composed ``tree`` with verl's per-backend ``actor_rollout_ref.rollout.engine_kwargs``
+    tables replaced by the running backend's table in ``rollout.engine.engine_kwargs`` (the
+    other table is unused, as in verl); an entry also set there to another value is an error.
+    Runs after composition, when ``rollout.engine.backend`` (verl's ``rollout.name``) is known."""
+    rollout = tree.get("actor_rollout_ref", {}).get("rollout", {})
+    tables = rollout.pop("engine_kwargs", None) or {}
+    key = "actor_rollout_ref.rollout.engine_kwargs"
+    if not isinstance(tables, dict):
+        raise ValueError(f"{key} must be a mapping of backend tables ({', '.join(BACKENDS)})")
+    unknown = sorted(set(tables) - set(BACKENDS))
+    if unknown:
+        raise ValueError(
+            f"unknown config key {key}.{unknown[0]}; known keys under {key}: {', '.join(BACKENDS)}"
+        )
+    engine = rollout.setdefault("engine", {})
+    backend = engine.get("backend", "vllm")
+    table = tables.get(backend) or {}
+    own = engine.setdefault("engine_kwargs", {}) or {}
+    for name, value in table.items():
+        if name in own and own[name] != value:
+            raise ValueError(
+                f"{key}.{backend}.{name}={value} and actor_rollout_ref.rollout.engine."
+                f"engine_kwargs.{name}={own[name]} set one argument to different values: keep one"
+            )
+    engine["engine_kwargs"] = {**own, **table}
+    return tree
 
 
 def read_config_file(source: ConfigFile) -> dict[str, Any] | None:

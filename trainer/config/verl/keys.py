@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Literal
 
-__all__ = ["RULES", "KeyRule", "markdown_table", "rule_for"]
+__all__ = ["ENGINE_KEYS", "RULES", "KeyRule", "markdown_table", "rule_for"]
 
 Status = Literal["alias", "warn", "refuse"]
 
@@ -80,6 +80,27 @@ def _r(key: str, why: str, *ok: str) -> KeyRule:
 
 ARR = "actor_rollout_ref"
 
+ENGINE_KEYS = {
+    "name": "backend",
+    "tensor_model_parallel_size": "tensor_parallel_size",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "max_model_len": "max_model_len",
+    "enforce_eager": "enforce_eager",
+    "cpu_cores": "cpu_cores",
+    "scheduling_policy": "scheduling_policy",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "weight_transfer": "weight_transfer",
+}
+"""verl's flat rollout keys of the servers' engine (``actor_rollout_ref.rollout.<key>``, as
+its scripts and ours before the engine node write them) and the ``servers.EngineConfig``
+field each sets (``actor_rollout_ref.rollout.engine.<field>``). verl's per-backend
+``engine_kwargs.<name>`` tables are placed by ``trainer.config.verl.compat.place_engine_kwargs``
+(only the running backend's is used)."""
+
+_ENGINE = tuple(ENGINE_KEYS.items())
+
 RULES: tuple[KeyRule, ...] = (
     # ---- aliases: verl's other spelling of one of our keys ----------------------------------
     _a("data.max_response_length", f"{ARR}.rollout.response_length"),
@@ -97,6 +118,17 @@ RULES: tuple[KeyRule, ...] = (
     _a(f"{ARR}.ref.log_prob_use_dynamic_bsz", f"{ARR}.actor.use_dynamic_bsz"),
     _a(f"{ARR}.ref.fsdp_config.param_offload", f"{ARR}.ref.param_offload"),
     _a(f"{ARR}.actor.optim.clip_grad", f"{ARR}.actor.grad_clip"),
+    *(_a(f"{ARR}.rollout.{key}", f"{ARR}.rollout.engine.{field}") for key, field in _ENGINE),
+    *(
+        KeyRule(
+            f"{ARR}.rollout.engine_kwargs.{backend}.*",
+            "alias",
+            f"the table of the running backend (rollout.name) becomes {ARR}.rollout.engine."
+            "engine_kwargs after composition; the other table is unused, as in verl",
+            target=f"{ARR}.rollout.engine_kwargs.{backend}",
+        )
+        for backend in ("vllm", "sglang")
+    ),
     _a(
         f"{ARR}.rollout.checkpoint_engine.update_weights_bucket_megabytes",
         "trainer.weight_sync_bucket_mb",
