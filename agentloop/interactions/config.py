@@ -65,8 +65,9 @@ def load_interactions(path: str | Path) -> dict[str, Any]:
 
 
 def _default_name(class_name: str) -> str:
-    """verl's default: the class name without an ``Interaction`` suffix, lowered."""
-    simple = class_name.rsplit(".", 1)[-1]
+    """verl's default: the class name without an ``Interaction`` suffix, lowered (the name
+    after the last ``.`` or ``:``, however the class is named)."""
+    simple = class_name.replace(":", ".").rsplit(".", 1)[-1]
     return (simple[: -len("Interaction")] if simple.endswith("Interaction") else simple).lower()
 
 

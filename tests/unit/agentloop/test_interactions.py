@@ -187,6 +187,22 @@ def test_the_verl_layout_loads_with_names_given_or_derived(tmp_path):
     assert loaded["plain"].config == {"name": "plain"}
 
 
+def test_a_name_is_derived_however_the_class_is_named(tmp_path):
+    (tmp_path / "users.py").write_text(
+        "class QuizInteraction:\n"
+        "    def __init__(self, config):\n"
+        "        self.config = config\n\n"
+        "    async def generate_response(self, instance_id, messages, **kwargs):\n"
+        "        return True, '', 0.0, {}\n"
+    )
+    path = write(
+        tmp_path,
+        f"interaction:\n  - class_name: {MODULE}:PlainDef\n"
+        f"  - class_name: {tmp_path / 'users.py'}:QuizInteraction\n",
+    )
+    assert sorted(load_interactions(path)) == ["plaindef", "quiz"]
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
