@@ -23,10 +23,11 @@ from agentloop.formats import (
     detect_format,
     get_format,
     register_format,
+    register_parser,
     registered_formats,
 )
 from agentloop.manager import AgentLoopManager
-from agentloop.parsers import ToolCall, ToolCallError, get_parser, register_parser
+from agentloop.parsers import ToolCall, ToolCallError
 from agentloop.records import SampleRecord, ToolCallRecord
 from agentloop.single_turn import SingleTurnAgentLoop
 from agentloop.stream import FinishedGroup, RolloutStream
@@ -62,7 +63,6 @@ __all__ = [
     "encode_delta",
     "from_dict",
     "get_agent_loop",
-    "get_parser",
     "load_agent_loop_config",
     "load_tokenizer",
     "mask_spans",

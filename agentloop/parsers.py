@@ -1,18 +1,20 @@
-"""Tool-call parsers for training trajectories (registry by ``multi_turn.format``).
+"""What every tool-call parser shares, whatever the model family's syntax.
 
 A parser turns the decoded text of one model turn into an ordered list of calls and errors.
 Every failure is a structured ``ToolCallError`` that becomes the tool message the model sees,
 so a malformed call costs the model a turn, never the rollout. ``check_calls`` adds the errors
 that need the tool set: unknown tool, arguments failing the tool's JSON schema.
+
+The parsers themselves live beside their chat formats in ``agentloop.formats`` (one module per
+family, Hermes included), so the one registry of formats is also the one of parsers; this
+module holds the format-independent parts they are built from: the result types, tolerant
+JSON, scanning JSON text, and the checks against the tool set.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-import logging
-import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -23,27 +25,20 @@ __all__ = [
     "ToolCall",
     "ToolCallError",
     "ToolCallParser",
-    "HermesToolParser",
     "bracket_end",
     "check_calls",
-    "get_parser",
     "json_kind",
     "loads_json",
     "read_json_call",
     "limit_calls",
     "loads_tolerant",
     "object_call",
-    "register_parser",
-    "registered_parsers",
     "split_top",
 ]
 
 ErrorKind = Literal[
     "bad_json", "missing_name", "bad_arguments", "unknown_tool", "schema", "too_many_calls"
 ]
-logger = logging.getLogger(__name__)
-
-CALL_HINT = 'write {"name": <tool name>, "arguments": {...}} inside <tool_call></tool_call>'
 
 
 @dataclass(slots=True)
@@ -86,53 +81,6 @@ class ParsedTurn:
 
 class ToolCallParser(Protocol):
     def parse(self, text: str) -> ParsedTurn: ...
-
-
-_PARSERS: dict[str, Callable[[], ToolCallParser]] = {}
-
-
-def register_parser(name: str) -> Callable[[type], type]:
-    """Class decorator: make a parser available as ``multi_turn.format=name``."""
-
-    def wrap(cls: type) -> type:
-        _PARSERS[name] = cls
-        return cls
-
-    return wrap
-
-
-def get_parser(
-    name: str, *, repair: bool = True, schemas: Mapping[str, dict[str, Any]] | None = None
-) -> ToolCallParser:
-    """A fresh parser for ``multi_turn.format=name``. ``repair``
-    (``multi_turn.repair_tool_calls``) goes to parsers whose constructor takes it; a user
-    parser that does not is used as it is (logged once when repair is off)."""
-    if name not in _PARSERS:
-        raise ValueError(
-            f"unknown multi_turn.format {name!r}; registered: {', '.join(sorted(_PARSERS))}"
-        )
-    cls = _PARSERS[name]
-    params = inspect.signature(cls).parameters
-    if "repair" in params:
-        # schemas: for formats whose argument values are untyped text (GLM)
-        extra = {"schemas": schemas} if schemas is not None and "schemas" in params else {}
-        return cls(repair=repair, **extra)
-    if not repair and name not in _WARNED:
-        _WARNED.add(name)
-        logger.warning(
-            "multi_turn.repair_tool_calls=False: the %r parser takes no repair switch and "
-            "parses as it always does",
-            name,
-        )
-    return cls()
-
-
-_WARNED: set[str] = set()
-
-
-def registered_parsers() -> list[str]:
-    """Names ``get_parser`` accepts."""
-    return sorted(_PARSERS)
 
 
 # ---- tolerant JSON ----------------------------------------------------------------------------
@@ -225,30 +173,8 @@ def loads_tolerant(text: str, repair: bool = True) -> tuple[Any, bool]:
             raise first from None
 
 
-# ---- Hermes / Qwen --------------------------------------------------------------------------
-@register_parser("hermes")
-@register_parser("qwen")  # verl's name for the same format
-class HermesToolParser:
-    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks (Hermes,
-    Qwen2.5/Qwen3). Several per turn; a final block the model did not close is still read.
-    ``repair=False`` parses the JSON strictly, as the served endpoint does."""
-
-    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-
-    def __init__(self, repair: bool = True) -> None:
-        self.repair = repair
-
-    def parse(self, text: str) -> ParsedTurn:
-        items: list[ToolCall | ToolCallError] = []
-        for index, match in enumerate(self._BLOCK.finditer(text), start=1):
-            items.append(read_json_call(match.group(1).strip(), index, self.repair))
-        content = self._BLOCK.sub("", text).strip()
-        return ParsedTurn(content=content, items=items)
-
-
-def read_json_call(
-    raw: str, index: int, repair: bool, hint: str = CALL_HINT
-) -> ToolCall | ToolCallError:
+# ---- call objects ---------------------------------------------------------------------------
+def read_json_call(raw: str, index: int, repair: bool, hint: str) -> ToolCall | ToolCallError:
     """One call object ``{"name", "arguments"|"parameters"}``; ``hint`` (how to write a
     call in the family's syntax) ends the messages of malformed ones."""
     try:

@@ -23,7 +23,7 @@ from typing import Any
 
 from agentloop.base import AgentLoopBase, AgentLoopContext, AgentLoopOutput, register
 from agentloop.interactions import InteractionError, InteractionSession, row_interaction
-from agentloop.parsers import ParsedTurn, ToolCall, check_calls, get_parser, limit_calls
+from agentloop.parsers import ParsedTurn, ToolCall, check_calls, limit_calls
 from agentloop.tokens import Trajectory
 from agentloop.tools.session import ToolSession
 
@@ -41,8 +41,8 @@ class ToolAgentLoop(AgentLoopBase):
         super().__init__(context, **kwargs)
         self.multi_turn = self.config.multi_turn
         self.schemas = {name: tool.tool_schema for name, tool in context.tools.items()}
-        self.parser = get_parser(
-            self.chat_format.name, repair=self.multi_turn.repair_tool_calls, schemas=self.schemas
+        self.parser = self.chat_format.new_parser(
+            repair=self.multi_turn.repair_tool_calls, schemas=self.schemas
         )
 
     async def run(

@@ -1,6 +1,7 @@
-"""Chat formats (``multi_turn.format``): per model family, the tool-call parser, the tokens
-that end a model turn, and the history messages its chat template needs. Importing this
-package registers the built-in families: hermes/qwen (Qwen2.5, Qwen3), llama3_json (Llama
+"""Chat formats (``multi_turn.format``): per model family, the tool-call parser (beside its
+format, built with ``ChatFormat.new_parser``), the tokens that end a model turn, and the
+history messages its chat template needs. One registry holds them all; importing this package
+registers the built-in families: hermes/qwen (Qwen2.5, Qwen3), llama3_json (Llama
 3.1-3.3), mistral (tokenizer v3) and its variant mistral_v7 (v7+), gpt-oss (Harmony), glm45
 (GLM-4.5/4.6) and its variant glm47 (GLM-4.7)."""
 
@@ -19,6 +20,7 @@ from agentloop.formats.base import (
     get_format,
     plain_tool_message,
     register_format,
+    register_parser,
     registered_formats,
     resolve_format,
     variant_for,
@@ -33,6 +35,7 @@ __all__ = [
     "get_format",
     "plain_tool_message",
     "register_format",
+    "register_parser",
     "registered_formats",
     "resolve_format",
     "variant_for",

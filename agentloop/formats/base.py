@@ -2,10 +2,14 @@
 syntax (its parser) to how its chat template ends a model turn and what the template needs
 in the message history to render tool results.
 
-A family module registers its format with ``register_format``; ``get_format`` looks one up
-(a parser registered alone with ``register_parser`` gets a plain format ending turns with
-the tokenizer's eos). ``detect_format`` derives the format from a chat template's text, and
-``end_tokens`` takes the end-of-turn ids from the tokenizer (never assumed to be eos).
+This is the one registry of both formats and parsers: a family module registers its format
+with ``register_format``, and a parser is always built from its format
+(``fmt.new_parser(...)``), so the parser that reads a turn and the end tokens that closed it
+cannot come from two lookups. ``register_parser`` is the shorthand for a parser of one's own: a
+plain format around it that ends turns with the tokenizer's eos (or, under the name of a
+registered format, that format with the new parser). ``get_format`` looks a format up;
+``detect_format`` derives it from a chat template's text, and ``end_tokens`` takes the
+end-of-turn ids from the tokenizer (never assumed to be eos).
 A format can be a *variant* of another (``variant_of``): the same family in a later template
 version that renders history differently (Mistral v7+ tool results, GLM-4.7's reasoning).
 The template picks the variant, also when ``multi_turn.format`` names the base format.
@@ -13,19 +17,13 @@ The template picks the variant, also when ``multi_turn.format`` names the base f
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from agentloop.parsers import (
-    ParsedTurn,
-    ToolCall,
-    ToolCallError,
-    ToolCallParser,
-    get_parser,
-    registered_parsers,
-)
+from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, ToolCallParser
 
 __all__ = [
     "ChatFormat",
@@ -37,6 +35,7 @@ __all__ = [
     "get_format",
     "plain_tool_message",
     "register_format",
+    "register_parser",
     "registered_formats",
     "resolve_format",
     "variant_for",
@@ -64,7 +63,7 @@ def plain_tool_message(
 class ChatFormat:
     name: str
     parser: Callable[..., ToolCallParser]
-    """The parser class (constructed with ``repair=`` when it takes it)."""
+    """The parser class; ``new_parser`` builds one (with ``repair=`` when it takes it)."""
     end_tokens: tuple[str, ...] = ()
     """Special tokens that end a model turn, in order of preference (every one the tokenizer
     has counts). Empty: the tokenizer's eos token."""
@@ -106,44 +105,73 @@ class ChatFormat:
     notes: str = ""
     """One line for the docs: what the template rewrites, what is exact."""
 
-    def make_parser(self, repair: bool = True) -> ToolCallParser:
-        return get_parser(self.name, repair=repair)
+    def new_parser(
+        self, *, repair: bool = True, schemas: Mapping[str, dict[str, Any]] | None = None
+    ) -> ToolCallParser:
+        """A fresh parser for this format's turns. ``repair``
+        (``multi_turn.repair_tool_calls``) goes to parsers whose constructor takes it, and
+        ``schemas`` (tool name -> schema) to those that take it, for syntaxes whose argument
+        values are untyped text (GLM); a user parser that takes no repair switch is used as
+        it is (logged once per format when repair is off)."""
+        params = inspect.signature(self.parser).parameters
+        if "repair" in params:
+            extra = {"schemas": schemas} if schemas is not None and "schemas" in params else {}
+            return self.parser(repair=repair, **extra)
+        if not repair and self.name not in _NO_REPAIR_WARNED:
+            _NO_REPAIR_WARNED.add(self.name)
+            logger.warning(
+                "multi_turn.repair_tool_calls=False: the %r parser takes no repair switch and "
+                "parses as it always does",
+                self.name,
+            )
+        return self.parser()
 
 
 _FORMATS: dict[str, ChatFormat] = {}
+_NO_REPAIR_WARNED: set[str] = set()
 
 
 def register_format(fmt: ChatFormat) -> ChatFormat:
-    """Make ``fmt`` (and its aliases) available as ``multi_turn.format``; registers its
-    parser under the same names."""
-    from agentloop.parsers import register_parser
-
+    """Make ``fmt`` (and its aliases) available as ``multi_turn.format``."""
     for name in (fmt.name, *fmt.aliases):
         _FORMATS[name] = fmt
-        register_parser(name)(fmt.parser)  # type: ignore[arg-type]
     return fmt
+
+
+def register_parser(name: str) -> Callable[[type], type]:
+    """Class decorator: make a parser available as ``multi_turn.format=name``, for a family
+    whose turns end with the tokenizer's eos (a plain format around the parser). Under the
+    name of a registered format it replaces that format's parser alone, so the family's end
+    tokens and history messages are kept (its aliases keep the old parser)."""
+
+    def wrap(cls: type) -> type:
+        known = _FORMATS.get(name)
+        fmt = (
+            ChatFormat(name=name, parser=cls)
+            if known is None
+            else replace(known, name=name, parser=cls, aliases=())
+        )
+        _FORMATS[name] = fmt
+        return cls
+
+    return wrap
 
 
 def registered_formats() -> list[str]:
     """Every name ``multi_turn.format`` accepts (formats, aliases, parsers registered alone)."""
-    return sorted({*_FORMATS, *registered_parsers()})
+    return sorted(_FORMATS)
 
 
 def all_formats() -> list[ChatFormat]:
     """Every registered format once (aliases folded), by name."""
-    unique = {fmt.name: fmt for fmt in _FORMATS.values()}
-    return [unique[name] for name in sorted(unique)]
+    return [fmt for name, fmt in sorted(_FORMATS.items()) if name == fmt.name]
 
 
 def get_format(name: str) -> ChatFormat:
-    """The format registered as ``name``; a parser registered alone gets a format ending
-    turns with the tokenizer's eos. Unknown names raise naming the registered ones."""
+    """The format registered as ``name`` (a format, an alias or a parser registered alone).
+    Unknown names raise naming the registered ones."""
     if name in _FORMATS:
         return _FORMATS[name]
-    if name in registered_parsers():
-        fmt = ChatFormat(name=name, parser=type(get_parser(name)))
-        _FORMATS[name] = fmt
-        return fmt
     raise ValueError(
         f"unknown multi_turn.format {name!r}; registered: {', '.join(registered_formats())} "
         "(register your own with agentloop.register_format or agentloop.register_parser)"

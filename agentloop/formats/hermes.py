@@ -5,10 +5,33 @@
 
 from __future__ import annotations
 
-from agentloop.formats.base import ChatFormat, register_format
-from agentloop.parsers import HermesToolParser
+import re
 
-__all__ = ["HERMES"]
+from agentloop.formats.base import ChatFormat, register_format
+from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, read_json_call
+
+__all__ = ["CALL_HINT", "HERMES", "HermesToolParser"]
+
+CALL_HINT = 'write {"name": <tool name>, "arguments": {...}} inside <tool_call></tool_call>'
+
+
+class HermesToolParser:
+    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks (Hermes,
+    Qwen2.5/Qwen3). Several per turn; a final block the model did not close is still read.
+    ``repair=False`` parses the JSON strictly, as the served endpoint does."""
+
+    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+    def __init__(self, repair: bool = True) -> None:
+        self.repair = repair
+
+    def parse(self, text: str) -> ParsedTurn:
+        items: list[ToolCall | ToolCallError] = []
+        for index, match in enumerate(self._BLOCK.finditer(text), start=1):
+            items.append(read_json_call(match.group(1).strip(), index, self.repair, CALL_HINT))
+        content = self._BLOCK.sub("", text).strip()
+        return ParsedTurn(content=content, items=items)
+
 
 HERMES = register_format(
     ChatFormat(

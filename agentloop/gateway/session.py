@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentloop.gateway.messages import GatewayInputError, comparable, render_messages
 from agentloop.messages import takes_string_arguments
-from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, check_calls, get_parser
+from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, check_calls
 from agentloop.tokens import Trajectory
 
 if TYPE_CHECKING:
@@ -335,10 +335,8 @@ class Session:
         if not call.tools or call.tool_choice == "none":
             return ParsedTurn(content=text)
         schemas = {t["function"]["name"]: t for t in call.tools}
-        parser = get_parser(
-            self.loop.chat_format.name,
-            repair=self.loop.config.multi_turn.repair_tool_calls,
-            schemas=schemas,
+        parser = self.loop.chat_format.new_parser(
+            repair=self.loop.config.multi_turn.repair_tool_calls, schemas=schemas
         )
         parse_ns = time.time_ns()
         parsed = check_calls(parser.parse(text), schemas)

@@ -45,14 +45,7 @@ from agentloop.langgraph.messages import (
     takes_string_arguments,
     to_chat_dicts,
 )
-from agentloop.parsers import (
-    ParsedTurn,
-    ToolCall,
-    ToolCallParser,
-    check_calls,
-    get_parser,
-    limit_calls,
-)
+from agentloop.parsers import ParsedTurn, ToolCall, ToolCallParser, check_calls, limit_calls
 from agentloop.tokens import Trajectory
 from agentloop.tool_agent import reached
 
@@ -94,7 +87,7 @@ class AgentLoopChatModel(BaseChatModel):
     override them."""
     request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     parser: Any = None
-    """A ``ToolCallParser``; default: the one named by ``multi_turn.format``."""
+    """A ``ToolCallParser``; default: one built from the rollout's chat format."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     _last: dict[str, Any] | None = PrivateAttr(default=None)
@@ -285,8 +278,8 @@ class AgentLoopChatModel(BaseChatModel):
         loop = self.loop
         multi_turn = loop.config.multi_turn
         schemas = {s["function"]["name"]: s for s in tools}
-        parser: ToolCallParser = self.parser or get_parser(
-            loop.chat_format.name, repair=multi_turn.repair_tool_calls, schemas=schemas
+        parser: ToolCallParser = self.parser or loop.chat_format.new_parser(
+            repair=multi_turn.repair_tool_calls, schemas=schemas
         )
         parse_ns = time.time_ns()
         parsed = check_calls(parser.parse(text), schemas)

@@ -21,24 +21,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentloop import parsers
-from agentloop.formats.base import all_formats
+from agentloop.formats.base import all_formats, get_format, registered_formats
 from agentloop.parsers import (
     ParsedTurn,
     ToolCall,
     ToolCallError,
+    ToolCallParser,
     check_calls,
-    get_parser,
     limit_calls,
     loads_tolerant,
 )
+
+
+def new_parser(name: str, **kwargs: Any) -> ToolCallParser:
+    """A fresh parser of the format registered as ``name``."""
+    return get_format(name).new_parser(**kwargs)
+
 
 # One name per parser class: aliases and variants share their format's parser (its own name
 # is used).
 _OWN_NAMES = {fmt.name for fmt in all_formats() if not fmt.variant_of}
 FORMATS = sorted(
     {
-        type(get_parser(name)): name
-        for name in sorted(parsers.registered_parsers(), key=lambda n: n in _OWN_NAMES)
+        type(new_parser(name)): name
+        for name in sorted(registered_formats(), key=lambda n: n in _OWN_NAMES)
     }.values()
 )
 ERROR_KINDS = set(typing.get_args(parsers.ErrorKind))
@@ -199,16 +205,16 @@ def assert_well_formed(turn: ParsedTurn) -> None:
 @FUZZ
 @given(text=ANY_TURNS)
 def test_parse_never_raises_and_returns_calls_and_errors(fmt, text):
-    turn = get_parser(fmt).parse(text)
+    turn = new_parser(fmt).parse(text)
     assert_well_formed(turn)
-    assert repr(get_parser(fmt).parse(text)) == repr(turn)  # deterministic (repr: NaN != NaN)
+    assert repr(new_parser(fmt).parse(text)) == repr(turn)  # deterministic (repr: NaN != NaN)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @FUZZ
 @given(text=ANY_TURNS, limit=st.integers(0, 4))
 def test_check_and_limit_calls_keep_the_shape_of_any_parse(fmt, text, limit):
-    turn = get_parser(fmt).parse(text)
+    turn = new_parser(fmt).parse(text)
     before = list(turn.items)
     checked = limit_calls(check_calls(turn, SCHEMAS), limit)
     assert checked is turn and len(checked.items) == len(before)
@@ -357,8 +363,8 @@ ROUND_TRIPS: dict[str, RoundTrip] = {
 
 
 def test_every_registered_parser_is_fuzzed_and_round_tripped_through_one_of_its_names():
-    fuzzed = {type(get_parser(name)) for name in FORMATS}
-    assert {type(get_parser(name)) for name in parsers.registered_parsers()} == fuzzed
+    fuzzed = {type(new_parser(name)) for name in FORMATS}
+    assert {type(new_parser(name)) for name in registered_formats()} == fuzzed
     assert len(fuzzed) == len(FORMATS)
     assert sorted(ROUND_TRIPS) == FORMATS
 
@@ -428,7 +434,7 @@ def test_a_well_formed_call_parses_back_to_its_name_and_arguments(fmt, data):
     turn = data.draw(TURNS[fmt], label="turn")
     text, content = spec.write(turn)
     schemas = _schemas(turn.calls) if spec.typed_by_schema else None
-    parsed = get_parser(fmt, schemas=schemas).parse(text)
+    parsed = new_parser(fmt, schemas=schemas).parse(text)
     assert parsed.errors == []
     assert [(c.name, c.arguments) for c in parsed.calls] == turn.calls
     repaired = [c.repaired for c in parsed.calls]

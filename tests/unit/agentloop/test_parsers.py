@@ -1,5 +1,7 @@
-"""Hermes tool-call parser: blocks per turn, tolerant JSON repair, every error kind with the
-exact message the model sees, checks against the tool set, and the parser registry."""
+"""The shared parsing parts through the Hermes tool-call parser: blocks per turn, tolerant
+JSON repair, every error kind with the exact message the model sees, checks against the tool
+set, and the repair switch. (Parsers come from the format registry:
+tests/unit/agentloop/formats/test_registry.py.)"""
 
 from __future__ import annotations
 
@@ -7,17 +9,14 @@ import json
 
 import pytest
 
-from agentloop import parsers
+from agentloop.formats import get_format
+from agentloop.formats.hermes import CALL_HINT, HermesToolParser
 from agentloop.parsers import (
-    CALL_HINT,
-    HermesToolParser,
     ParsedTurn,
     ToolCall,
     ToolCallError,
     bracket_end,
     check_calls,
-    get_parser,
-    register_parser,
     split_top,
 )
 from tests.unit.agentloop.scripted import CALC_SCHEMA
@@ -394,42 +393,6 @@ def test_check_calls_keeps_item_order_with_errors_in_place():
     assert [c.arguments for c in checked.calls] == [{"a": 1, "b": 2}, {"city": "Rome"}]
 
 
-# ---- registry --------------------------------------------------------------------------------
-def test_get_parser_returns_a_fresh_hermes_parser():
-    parser = get_parser("hermes")
-    assert isinstance(parser, HermesToolParser)
-    assert parser is not get_parser("hermes")
-
-
-def test_get_parser_of_an_unknown_format_lists_the_registered_ones(monkeypatch):
-    monkeypatch.setattr(parsers, "_PARSERS", {"hermes": HermesToolParser, "aaa": HermesToolParser})
-    with pytest.raises(ValueError) as info:
-        get_parser("nope")
-    assert str(info.value) == "unknown multi_turn.format 'nope'; registered: aaa, hermes"
-
-
-def test_get_parser_error_names_hermes_among_the_builtin_formats():
-    with pytest.raises(
-        ValueError, match=r"^unknown multi_turn\.format 'nope'; registered: .*\bhermes\b"
-    ):
-        get_parser("nope")
-
-
-def test_register_parser_makes_a_custom_parser_available(monkeypatch):
-    monkeypatch.setattr(parsers, "_PARSERS", dict(parsers._PARSERS))
-
-    @register_parser("shout")
-    class ShoutParser:
-        def parse(self, text: str) -> ParsedTurn:
-            return ParsedTurn(content=text.upper())
-
-    assert ShoutParser.__name__ == "ShoutParser"  # the decorator returns the class itself
-    parser = get_parser("shout")
-    assert isinstance(parser, ShoutParser)
-    assert parser.parse("hi").content == "HI"
-    assert isinstance(get_parser("hermes"), HermesToolParser)
-
-
 # ---- repair switch (multi_turn.repair_tool_calls) -------------------------------------------
 @pytest.mark.parametrize(
     "body",
@@ -442,8 +405,8 @@ def test_register_parser_makes_a_custom_parser_available(monkeypatch):
     ids=["trailing-comma", "single-quotes", "unclosed", "arguments-string"],
 )
 def test_with_repair_off_what_repair_would_fix_is_an_error_the_model_sees(body):
-    assert get_parser("hermes").parse(block(body)).calls[0].repaired is True
-    (error,) = get_parser("hermes", repair=False).parse(block(body)).items
+    assert get_format("hermes").new_parser().parse(block(body)).calls[0].repaired is True
+    (error,) = get_format("hermes").new_parser(repair=False).parse(block(body)).items
     assert isinstance(error, ToolCallError)
     assert error.kind in ("bad_json", "bad_arguments")
     assert error.to_message()["content"].startswith(
@@ -455,23 +418,5 @@ def test_with_repair_off_what_repair_would_fix_is_an_error_the_model_sees(body):
 
 def test_with_repair_off_valid_json_still_parses():
     body = '{"name": "calc", "arguments": {"a": 1, "b": 2}}'
-    call = get_parser("hermes", repair=False).parse(block(body)).calls[0]
+    call = get_format("hermes").new_parser(repair=False).parse(block(body)).calls[0]
     assert call.arguments == {"a": 1, "b": 2} and call.repaired is False
-
-
-def test_a_user_parser_without_a_repair_switch_is_used_as_is_and_logged_once(monkeypatch, caplog):
-    monkeypatch.setattr(parsers, "_PARSERS", dict(parsers._PARSERS))
-    monkeypatch.setattr(parsers, "_WARNED", set())
-
-    @register_parser("plain")
-    class PlainParser:
-        def parse(self, text: str) -> ParsedTurn:
-            return ParsedTurn(content=text)
-
-    with caplog.at_level("WARNING", logger="agentloop.parsers"):
-        assert isinstance(get_parser("plain", repair=False), PlainParser)
-        assert isinstance(get_parser("plain", repair=False), PlainParser)
-    assert [r.getMessage() for r in caplog.records] == [
-        "multi_turn.repair_tool_calls=False: the 'plain' parser takes no repair switch and "
-        "parses as it always does"
-    ]

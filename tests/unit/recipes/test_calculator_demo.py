@@ -9,7 +9,8 @@ import random
 
 from transformers import AutoTokenizer
 
-from agentloop.parsers import check_calls, get_parser
+from agentloop.formats import get_format
+from agentloop.parsers import check_calls
 from agentloop.tokens import mask_spans
 from agentloop.tools.calculator import CALCULATOR_SCHEMA, evaluate, format_value
 from recipes.calculator.data import make_problem, make_rows, make_sft_rows, write_task
@@ -44,7 +45,7 @@ def test_sft_conversations_teach_a_call_the_rollout_parses_and_the_answer_line(
     smollm2_path,
 ):
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
-    parser = get_parser("hermes")
+    parser = get_format("hermes").new_parser()
     for row in make_sft_rows(8, seed=1):
         sample = encode_conversation(tokenizer, row["messages"], row["tools"])
         turns = [

@@ -77,13 +77,13 @@ def test_reward_scores_the_last_answer_after_the_tools_and_shapes_tool_use():
 def test_sft_conversations_train_the_calls_the_rollout_parses(tiny_qwen3_path):
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
-    from agentloop.parsers import get_parser
+    from agentloop.formats import get_format
     from agentloop.tokens import mask_spans
     from recipes.langgraph_agent.tools import custom_op
     from trainer.sft.data import encode_conversation
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_path)
-    parser = get_parser("hermes")
+    parser = get_format("hermes").new_parser()
     for row in make_sft_rows(10, seed=1):
         assert row["tools"] == [convert_to_openai_tool(custom_op)]  # what the loop binds
         sample = encode_conversation(tokenizer, row["messages"], row["tools"])

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig
 from agentloop.formats import detect_format, end_tokens, get_format, resolve_format
 from agentloop.formats.glm import GLM45, GlmToolParser, empty_earlier_reasoning
-from agentloop.parsers import ToolCall, ToolCallError, check_calls, get_parser
+from agentloop.parsers import ToolCall, ToolCallError, check_calls
 from agentloop.tokens import TemplateDeltaError, encode_delta, mask_spans
 from agentloop.tool_agent import ToolAgentLoop
 from tests.chat_families import decode, family_tokenizer, property_settings, render, template_text
@@ -281,7 +281,7 @@ def test_the_loops_parser_gets_the_tool_schemas(glm):
     text that reads as a number."""
     loop, _ = make_loop(glm, ["done"])
     assert loop.parser.schemas == {"calc": CALC_SCHEMA}
-    parser = get_parser("glm45", schemas=SCHEMAS)
+    parser = GLM45.new_parser(schemas=SCHEMAS)
     (item,) = parser.parse(call("lookup", q="42")).items
     assert item.arguments == {"q": "42"}
 
@@ -295,7 +295,7 @@ def test_text_without_calls_is_all_content():
 def test_names_aliases_and_parser_registry():
     for name in ("glm45", "glm4.5", "glm46"):
         assert get_format(name) is GLM45
-        parser = get_parser(name, repair=False)
+        parser = get_format(name).new_parser(repair=False)
         assert isinstance(parser, GlmToolParser) and parser.repair is False
     assert GLM45.end_opens_next is True
     assert GLM45.call_end_tokens == ("<|observation|>",)

@@ -70,7 +70,7 @@ def test_glm47_keeps_glm45_s_parser_and_end_tokens(glm):
     ends = end_tokens(glm, GLM47)
     assert ends.strings == ENDS and ends.opens_next
     assert ends.call_ids == {glm.convert_tokens_to_ids("<|observation|>")}
-    parsed = GLM47.make_parser().parse("Add.</think>Sure." + call("calc", a=2, b=3))
+    parsed = GLM47.new_parser().parse("Add.</think>Sure." + call("calc", a=2, b=3))
     assert [(c.name, c.arguments) for c in parsed.items] == [("calc", {"a": 2, "b": 3})]
 
 

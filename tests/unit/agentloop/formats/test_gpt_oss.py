@@ -245,7 +245,7 @@ def test_split_messages_reads_both_headers():
 # ---- format, end tokens, detection -----------------------------------------------------------
 def test_the_format_is_registered_under_verls_name_and_its_aliases():
     assert get_format("gpt-oss") is get_format("harmony") is get_format("openai") is GPT_OSS
-    assert isinstance(GPT_OSS.make_parser(repair=False), GptOssToolParser)
+    assert isinstance(GPT_OSS.new_parser(repair=False), GptOssToolParser)
 
 
 def test_end_tokens_are_call_and_return_and_only_call_runs_tools(tok):

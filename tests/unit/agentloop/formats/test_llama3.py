@@ -188,7 +188,7 @@ def test_a_turn_not_starting_with_an_object_is_plain_content(text):
 def test_the_format_is_registered_under_its_name_and_alias():
     assert get_format("llama3_json") is LLAMA3
     assert get_format("llama3") is LLAMA3
-    assert isinstance(LLAMA3.make_parser(repair=False), Llama3JsonToolParser)
+    assert isinstance(LLAMA3.new_parser(repair=False), Llama3JsonToolParser)
 
 
 def test_detect_format_finds_llama3_and_not_on_the_qwen3_template(tiny_qwen3_path):
@@ -241,7 +241,7 @@ def test_a_structured_tool_call_renders_as_the_json_the_model_writes(llama):
     ]
     rendered = render(llama, messages, add_generation_prompt=False)
     assert rendered.endswith(ASSISTANT + '{"name": "calc", "parameters": {"a": 1}}<|eot_id|>')
-    assert LLAMA3.make_parser().parse(rendered.split(ASSISTANT)[-1][: -len(EOT)]).calls
+    assert LLAMA3.new_parser().parse(rendered.split(ASSISTANT)[-1][: -len(EOT)]).calls
 
 
 def test_tool_results_are_ipython_turns_with_json_quoted_strings(llama):
@@ -351,7 +351,7 @@ def test_prompt_sampled_ids_and_deltas_equal_the_full_tokenization(llama, conver
     mask: list[int] = []
     history = list(prompt)
     for text, n_calls, new in rounds:
-        parsed = LLAMA3.make_parser().parse(text)
+        parsed = LLAMA3.new_parser().parse(text)
         assert len(parsed.calls) == n_calls and not parsed.errors
         sampled = llama.encode(text + EOT, add_special_tokens=False)
         response += sampled

@@ -154,7 +154,7 @@ def test_prompt_sampled_ids_and_deltas_equal_the_full_tokenization(qwen25, conve
         sampled = qwen25.encode(text + END, add_special_tokens=False)
         response += sampled
         mask += [1] * len(sampled)
-        history.append(HERMES.assistant_message(text, HERMES.make_parser().parse(text)))
+        history.append(HERMES.assistant_message(text, HERMES.new_parser().parse(text)))
         if new is None:
             break
         delta = encode_delta(

@@ -1,5 +1,7 @@
-"""The format registry: the docs table is the registry's, each family's test template is
-detected as its own format and as no other, and lookups of unknown names say what exists."""
+"""The format registry, the one registry of formats and parsers: the docs table is the
+registry's, each family's test template is detected as its own format and as no other,
+lookups of unknown names say what exists, parsers are built from their format, and a parser
+registered alone gets a plain format."""
 
 from __future__ import annotations
 
@@ -8,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from agentloop.formats import detect_format, get_format, registered_formats
+import agentloop.formats.base as registry
+from agentloop.formats import (
+    detect_format,
+    get_format,
+    register_parser,
+    registered_formats,
+)
+from agentloop.formats.hermes import HERMES, HermesToolParser
 from agentloop.formats.table import markdown_table
+from agentloop.parsers import ParsedTurn
 from tests.chat_families import TEMPLATES
 
 DOCS = Path(__file__).resolve().parents[4] / "docs" / "chat-formats.md"
@@ -95,3 +105,77 @@ def test_a_variant_is_picked_by_its_template_also_when_the_base_is_named():
     assert variant_for("mistral_v7", (TEMPLATES / "mistral.jinja").read_text()).name == (
         "mistral_v7"
     )  # a variant set explicitly is kept
+
+
+# ---- parsers from the registry ----------------------------------------------------------------
+def test_new_parser_returns_a_fresh_hermes_parser():
+    parser = get_format("hermes").new_parser()
+    assert isinstance(parser, HermesToolParser)
+    assert parser is not get_format("hermes").new_parser()
+    assert isinstance(get_format("qwen").new_parser(repair=False), HermesToolParser)
+
+
+def test_an_unknown_name_lists_exactly_the_registered_ones(monkeypatch):
+    monkeypatch.setattr(registry, "_FORMATS", {"hermes": HERMES, "aaa": HERMES})
+    with pytest.raises(ValueError) as info:
+        get_format("nope")
+    assert str(info.value) == (
+        "unknown multi_turn.format 'nope'; registered: aaa, hermes "
+        "(register your own with agentloop.register_format or agentloop.register_parser)"
+    )
+
+
+def test_the_unknown_name_error_names_hermes_among_the_builtin_formats():
+    with pytest.raises(
+        ValueError, match=r"^unknown multi_turn\.format 'nope'; registered: .*\bhermes\b"
+    ):
+        get_format("nope")
+
+
+def test_register_parser_makes_a_custom_parser_available_in_a_plain_format(monkeypatch):
+    monkeypatch.setattr(registry, "_FORMATS", dict(registry._FORMATS))
+
+    @register_parser("shout")
+    class ShoutParser:
+        def parse(self, text: str) -> ParsedTurn:
+            return ParsedTurn(content=text.upper())
+
+    assert ShoutParser.__name__ == "ShoutParser"  # the decorator returns the class itself
+    parser = get_format("shout").new_parser()
+    assert isinstance(parser, ShoutParser)
+    assert parser.parse("hi").content == "HI"
+    assert isinstance(get_format("hermes").new_parser(), HermesToolParser)
+    assert "shout" in registered_formats()
+    assert get_format("shout").end_tokens == ()  # turns end with the tokenizer's eos
+
+
+def test_a_parser_registered_under_a_format_s_name_keeps_the_family_s_end_tokens(monkeypatch):
+    monkeypatch.setattr(registry, "_FORMATS", dict(registry._FORMATS))
+
+    @register_parser("hermes")
+    class MyHermes(HermesToolParser):
+        pass
+
+    fmt = get_format("hermes")
+    assert isinstance(fmt.new_parser(), MyHermes)
+    assert (fmt.end_tokens, fmt.template_markers) == (HERMES.end_tokens, HERMES.template_markers)
+    assert get_format("qwen") is HERMES  # the alias keeps the built-in parser
+    assert [f.parser for f in registry.all_formats() if f.name == "hermes"] == [MyHermes]
+
+
+def test_a_user_parser_without_a_repair_switch_is_used_as_is_and_logged_once(monkeypatch, caplog):
+    monkeypatch.setattr(registry, "_FORMATS", dict(registry._FORMATS))
+    monkeypatch.setattr(registry, "_NO_REPAIR_WARNED", set())
+
+    @register_parser("plain")
+    class PlainParser:
+        def parse(self, text: str) -> ParsedTurn:
+            return ParsedTurn(content=text)
+
+    with caplog.at_level("WARNING", logger="agentloop.formats.base"):
+        assert isinstance(get_format("plain").new_parser(repair=False), PlainParser)
+        assert isinstance(get_format("plain").new_parser(repair=False), PlainParser)
+    assert [r.getMessage() for r in caplog.records] == [
+        "multi_turn.repair_tool_calls=False: the 'plain' parser takes no repair switch and "
+        "parses as it always does"
+    ]
