@@ -94,12 +94,14 @@ ENGINE_KEYS = {
     "weight_transfer": "weight_transfer",
 }
 """verl's flat rollout keys of the servers' engine (``actor_rollout_ref.rollout.<key>``, as
-its scripts and ours before the engine node write them) and the ``servers.EngineConfig``
-field each sets (``actor_rollout_ref.rollout.engine.<field>``). verl's per-backend
+its scripts write them; ``cpu_cores``, ``scheduling_policy`` and ``weight_transfer`` are ours,
+as written before the engine node) and the ``servers.EngineConfig`` field each sets
+(``actor_rollout_ref.rollout.engine.<field>``). verl's per-backend
 ``engine_kwargs.<name>`` tables are placed by ``trainer.config.verl.compat.place_engine_kwargs``
 (only the running backend's is used)."""
 
 _ENGINE = tuple(ENGINE_KEYS.items())
+_VERL_ENGINE = set(ENGINE_KEYS) - {"cpu_cores", "scheduling_policy", "weight_transfer"}
 
 RULES: tuple[KeyRule, ...] = (
     # ---- aliases: verl's other spelling of one of our keys ----------------------------------
@@ -118,7 +120,15 @@ RULES: tuple[KeyRule, ...] = (
     _a(f"{ARR}.ref.log_prob_use_dynamic_bsz", f"{ARR}.actor.use_dynamic_bsz"),
     _a(f"{ARR}.ref.fsdp_config.param_offload", f"{ARR}.ref.param_offload"),
     _a(f"{ARR}.actor.optim.clip_grad", f"{ARR}.actor.grad_clip"),
-    *(_a(f"{ARR}.rollout.{key}", f"{ARR}.rollout.engine.{field}") for key, field in _ENGINE),
+    *(
+        KeyRule(
+            f"{ARR}.rollout.{key}",
+            "alias",
+            "" if key in _VERL_ENGINE else "this project's own key before the engine node",
+            target=f"{ARR}.rollout.engine.{field}",
+        )
+        for key, field in _ENGINE
+    ),
     *(
         KeyRule(
             f"{ARR}.rollout.engine_kwargs.{backend}.*",
