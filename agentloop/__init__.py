@@ -1,8 +1,8 @@
 """Agent loops over token-level servers: exact trajectories, tool-call parsing, tools, and
 the workers/manager that turn dataset rows into padded training batches.
 
-Never imports ``trainer``; talks to servers only through ``generate(request_id, *,
-prompt_ids, sampling_params)``.
+Never imports ``trainer``; talks to servers only through ``generate(GenerateRequest)``
+(``servers.types``: prompt ids, typed ``SamplingParams``, the sample's ``session_id``).
 """
 
 from agentloop import single_turn as _single_turn  # noqa: F401  (registers single_turn_agent)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import difflib
 import importlib
 import time
@@ -35,7 +36,7 @@ from agentloop.tools.base import BaseTool
 from agentloop.tools.runner import ToolRunner
 from agentloop.tools.session import ToolSession
 from agentloop.trace import SampleTrace
-from servers.types import TokenOutput
+from servers.types import GenerateRequest, SamplingParams, TokenOutput
 from servers.user_code import load_object
 
 __all__ = [
@@ -52,16 +53,11 @@ __all__ = [
 
 
 class GenerateClient(Protocol):
-    """Anything with the token-level generate API (AsyncLLMServerManager, a test script)."""
+    """Anything with the token-level generate API (AsyncLLMServerManager, a test script).
+    A request's ``session_id`` names the trajectory its turn belongs to (the manager keeps a
+    session on one server); engine request ids are the servers' business."""
 
-    async def generate(
-        self,
-        request_id: str,
-        *,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any],
-        priority: int = 0,
-    ) -> TokenOutput: ...
+    async def generate(self, request: GenerateRequest) -> TokenOutput: ...
 
 
 INLINE_RENDER_CHARS = 2048
@@ -174,15 +170,15 @@ class AgentLoopBase(abc.ABC):
         """Roll out one sample; ``row_fields`` are the dataset row (``raw_prompt``, ...)."""
 
     def tool_session(self, tools_kwargs: Mapping[str, Any] | None = None) -> ToolSession:
-        """The start of a sample that offers tools: its tools under a new request id (the
-        session's ``request_id``, also what keeps its turns on one server), the configured
+        """The start of a sample that offers tools: its tools under a new ``session_id``
+        (also what keeps its turns on one server), the configured
         tools on the worker's runner, created with the row's ``tools_kwargs``, every call
         recorded in the sample's trace."""
         return ToolSession(
             self.context.tools,
             self.context.tool_runner,
             self.config.multi_turn,
-            request_id=uuid.uuid4().hex,
+            session_id=uuid.uuid4().hex,
             tools_kwargs=tools_kwargs,
             trace=self.trace,
         )
@@ -229,15 +225,18 @@ class AgentLoopBase(abc.ABC):
             and (out.token_ids[-1] in self.ends.ids)
         )
 
-    def with_end_tokens(self, sampling_params: dict[str, Any]) -> dict[str, Any]:
+    def with_end_tokens(
+        self, sampling_params: SamplingParams | Mapping[str, Any]
+    ) -> SamplingParams:
         """``sampling_params`` with the format's end ids in ``stop_token_ids``, so the engine
         stops on every one (gpt-oss ``<|call|>``, GLM ``<|observation|>``) even where the
         model's generation config lists only its eos."""
-        stops = list(sampling_params.get("stop_token_ids") or [])
+        params = SamplingParams.from_dict(sampling_params)
+        stops = list(params.stop_token_ids or [])
         extra = sorted(i for i in self.ends.ids if i not in stops)
         if not extra:
-            return sampling_params
-        return {**sampling_params, "stop_token_ids": stops + extra}
+            return params
+        return dataclasses.replace(params, stop_token_ids=stops + extra)
 
     async def encode_delta(
         self,
@@ -273,31 +272,38 @@ class AgentLoopBase(abc.ABC):
         )
 
     async def generate(
-        self, request_id: str, traj: Trajectory, sampling_params: dict[str, Any]
+        self,
+        session_id: str,
+        traj: Trajectory,
+        sampling_params: SamplingParams | Mapping[str, Any],
     ) -> TokenOutput:
-        """One model turn appended to ``traj`` (``max_tokens`` capped by the budget left)."""
+        """One model turn of session ``session_id`` appended to ``traj`` (``max_tokens``
+        capped by the budget left); ``sampling_params``: the struct or a sampling dict."""
         context = traj.context_ids()
         room = min(traj.room, self.config.context_length - len(context))
         if room <= 0:  # the engine's context is full: nothing more can be sampled
             return TokenOutput([], [], "length")
-        params = {
-            **sampling_params,
-            "max_tokens": min(sampling_params.get("max_tokens", room), room),
-        }
+        params = SamplingParams.from_dict(sampling_params)
+        budget = min(params.max_tokens if params.max_tokens is not None else room, room)
+        params = dataclasses.replace(params, max_tokens=budget)
         start = time.perf_counter()
         start_ns = time.time_ns() if self.trace is not None else 0
-        out = await self.server.generate(
-            request_id, prompt_ids=context, sampling_params=params, priority=self.priority()
+        request = GenerateRequest(
+            prompt_ids=context,
+            sampling_params=params,
+            session_id=session_id,
+            priority=self.priority(),
         )
+        out = await self.server.generate(request)
         self.turns_done += 1
         self.metrics["generate_s"] += time.perf_counter() - start
         if self.trace is not None:
             server_for = getattr(self.server, "server_for", None)
             self.trace.generate(
-                start_ns, context, out, server_for(request_id) if server_for else None
+                start_ns, context, out, server_for(session_id) if server_for else None
             )
-        if len(out.token_ids) > params["max_tokens"]:  # never trust a backend with the budget
-            n = params["max_tokens"]
+        if len(out.token_ids) > budget:  # never trust a backend with the budget
+            n = budget
             logp = out.log_probs[:n] if out.log_probs is not None else None
             versions = out.versions[:n] if out.versions is not None else None
             out = TokenOutput(out.token_ids[:n], logp, "length", versions)

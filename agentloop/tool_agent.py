@@ -54,7 +54,7 @@ class ToolAgentLoop(AgentLoopBase):
         **row: Any,
     ) -> AgentLoopOutput:
         session = self.tool_session(tools_kwargs)
-        user = self._interaction(session.request_id, row)
+        user = self._interaction(session.session_id, row)
         schemas = list(self.schemas.values())
         messages = list(raw_prompt)
         session.agent_data.messages = messages  # verl tools read the chat so far
@@ -70,7 +70,7 @@ class ToolAgentLoop(AgentLoopBase):
             if user is not None:
                 await user.start()
             while True:
-                out = await self.generate(session.request_id, traj, sampling_params)
+                out = await self.generate(session.session_id, traj, sampling_params)
                 assistant_turns += 1
                 finish_reasons.append(out.finish_reason)
                 turn_ends.append(len(traj) - 1)
@@ -167,7 +167,7 @@ class ToolAgentLoop(AgentLoopBase):
             self.trace.user(start_ns, user.name, reply)
         return reply
 
-    def _interaction(self, request_id: str, row: dict[str, Any]) -> InteractionSession | None:
+    def _interaction(self, session_id: str, row: dict[str, Any]) -> InteractionSession | None:
         """The row's simulated user, when interactions are configured."""
         interactions = self.context.interactions
         if not interactions:
@@ -177,7 +177,7 @@ class ToolAgentLoop(AgentLoopBase):
             interactions[name],
             name,
             kwargs,
-            request_id,
+            session_id,
             timeout_s=self.multi_turn.interaction_timeout_s,
         )
 

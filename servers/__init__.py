@@ -17,7 +17,13 @@ if TYPE_CHECKING:
     from servers.core import ServerCore
     from servers.group import ServerGroup, ServerRestartError, launch_servers, stop_servers
     from servers.manager import AsyncLLMServerManager, NoHealthyServerError
-    from servers.types import EngineDeadError, GenerateInputError, TokenOutput
+    from servers.types import (
+        EngineDeadError,
+        GenerateInputError,
+        GenerateRequest,
+        SamplingParams,
+        TokenOutput,
+    )
 
 # Each module and the names it gives ``servers``, as imported above for type checkers; the
 # three lists (these imports, this table, ``__all__``) are held equal by
@@ -28,7 +34,13 @@ _EXPORTS = {
     "servers.core": ("ServerCore",),
     "servers.group": ("ServerGroup", "ServerRestartError", "launch_servers", "stop_servers"),
     "servers.manager": ("AsyncLLMServerManager", "NoHealthyServerError"),
-    "servers.types": ("EngineDeadError", "GenerateInputError", "TokenOutput"),
+    "servers.types": (
+        "EngineDeadError",
+        "GenerateInputError",
+        "GenerateRequest",
+        "SamplingParams",
+        "TokenOutput",
+    ),
 }
 _HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -38,10 +50,12 @@ __all__ = [
     "EngineConfig",
     "EngineDeadError",
     "GenerateInputError",
+    "GenerateRequest",
     "NoHealthyServerError",
     "ServerConfig",
     "ServerCore",
     "ServerGroup",
+    "SamplingParams",
     "ServerRestartError",
     "TokenOutput",
     "launch_servers",

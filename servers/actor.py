@@ -1,6 +1,6 @@
 """``AsyncServer``: the Ray actor that owns one engine and its HTTP front.
 
-Contract (DESIGN.md): ``generate(prompt_ids, sampling_params, request_id) -> TokenOutput``,
+Contract (DESIGN.md): ``generate(GenerateRequest) -> TokenOutput``,
 ``abort``, ``sleep``/``wake_up``, the weight-update methods, ``health``, ``address``.
 """
 
@@ -18,7 +18,7 @@ from servers.core import ServerCore
 from servers.engines import make_engine
 from servers.http import HttpFront, build_app
 from servers.shm import SHM, engine_shm
-from servers.types import TokenOutput
+from servers.types import GenerateRequest, TokenOutput
 from servers.user_code import import_external_lib
 from servers.weights import WeightSyncInfo, bucketize
 
@@ -51,15 +51,10 @@ class AsyncServer:
             await self._http.start()
         return await self.health()
 
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any] | None = None,
-        request_id: str | None = None,
-        priority: int = 0,
-    ) -> TokenOutput:
-        """One turn; lower ``priority`` is scheduled first (``scheduling_policy=priority``)."""
-        return await self.core.generate(prompt_ids, sampling_params, request_id, priority)
+    async def generate(self, request: GenerateRequest) -> TokenOutput:
+        """One turn; its ``request_id`` names the engine request (``abort``); lower
+        ``priority`` is scheduled first (``scheduling_policy=priority``)."""
+        return await self.core.generate(request)
 
     async def abort(self, request_id: str) -> None:
         await self.core.engine.abort(request_id)

@@ -4,14 +4,14 @@ the ``agentloop-serve`` CLI all drive. It knows no backend: the engine is handed
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
-from typing import Any
 
 from servers.config import ServerConfig
 from servers.engines import EngineAdapter
 from servers.metrics import ServerMetrics
-from servers.types import GenerateInputError, TokenOutput, validate_request
+from servers.types import GenerateInputError, GenerateRequest, TokenOutput, validate_request
 
 __all__ = ["ServerCore"]
 
@@ -27,25 +27,21 @@ class ServerCore:
     async def start(self) -> None:
         await self.engine.start()
 
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any] | None = None,
-        request_id: str | None = None,
-        priority: int = 0,
-    ) -> TokenOutput:
-        request_id = request_id or uuid.uuid4().hex
+    async def generate(self, request: GenerateRequest) -> TokenOutput:
+        """Validate ``request``, give it an engine request id if it has none, and run it."""
+        request_id = request.request_id or uuid.uuid4().hex
         m = self.metrics
         m.in_flight.inc()
         start = time.perf_counter()
         try:
             params = validate_request(
-                prompt_ids,
-                sampling_params,
+                request.prompt_ids,
+                request.sampling_params,
                 vocab_size=self.engine.vocab_size,
                 max_model_len=self.engine.max_model_len,
             )
-            out = await self.engine.generate(prompt_ids, params, request_id, priority)
+            checked = dataclasses.replace(request, sampling_params=params, request_id=request_id)
+            out = await self.engine.generate(checked)
         except GenerateInputError:
             m.errors.labels("bad_request").inc()
             raise
@@ -56,6 +52,6 @@ class ServerCore:
             m.in_flight.dec()
         m.latency.observe(time.perf_counter() - start)
         m.requests.labels(out.finish_reason).inc()
-        m.prompt_tokens.inc(len(prompt_ids))
+        m.prompt_tokens.inc(len(request.prompt_ids))
         m.generated_tokens.inc(len(out.token_ids))
         return out

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from servers.config import ServerConfig
-from servers.types import TokenOutput
+from servers.types import GenerateRequest, TokenOutput
 from servers.weights import WeightSyncInfo
 
 __all__ = ["EngineAdapter", "make_engine"]
@@ -21,11 +21,11 @@ class EngineAdapter(Protocol):
     max_model_len: int
 
     async def start(self) -> None: ...
-    async def generate(
-        self, prompt_ids: list[int], params: dict[str, Any], request_id: str, priority: int = 0
-    ) -> TokenOutput:
-        """``params`` are already validated and normalised by ``validate_request``; lower
-        ``priority`` is scheduled first where the engine supports it."""
+    async def generate(self, request: GenerateRequest) -> TokenOutput:
+        """``request`` is checked: its ``sampling_params`` validated and normalised by
+        ``validate_request`` (``max_tokens`` and ``logprobs`` set) and its ``request_id``
+        set; the adapter translates the params to its engine's. Lower ``priority`` is
+        scheduled first where the engine supports it."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

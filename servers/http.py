@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servers.core import ServerCore
 from servers.limits import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, request_sequences
-from servers.types import GenerateInputError, error_body
+from servers.types import GenerateInputError, GenerateRequest, SamplingParams, error_body
 
 __all__ = ["build_app", "HttpFront"]
 
@@ -251,6 +251,17 @@ async def _openai_route(
     return StreamingResponse(result, media_type="text/event-stream")
 
 
+def _request(body: dict[str, Any], request_id: str | None, priority: int) -> GenerateRequest:
+    """The ``/generate`` JSON body (``request_id``: the engine request's, as documented) as a
+    typed request; a bad ``sampling_params`` raises ``GenerateInputError`` naming its key."""
+    return GenerateRequest(
+        prompt_ids=body["prompt_ids"],
+        sampling_params=SamplingParams.from_dict(body.get("sampling_params")),
+        request_id=request_id,
+        priority=priority,
+    )
+
+
 def build_app(
     core: ServerCore,
     chat: OpenAIHandler | None = None,
@@ -286,9 +297,7 @@ def build_app(
                 param="priority",
             )
         try:
-            out = await core.generate(
-                body["prompt_ids"], body.get("sampling_params"), request_id, priority
-            )
+            out = await core.generate(_request(body, request_id, priority))
         except GenerateInputError as exc:
             return _bad(str(exc), param=exc.param)
         return JSONResponse(out.to_dict())

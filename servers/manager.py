@@ -2,9 +2,9 @@
 
 - A trajectory's first turn goes to the healthy server with the fewest requests *in flight*
   (decremented when a request finishes, so long requests do not skew a cumulative count).
-- Later turns of the same ``request_id`` stick to that server (LRU of 10k ids) so its prefix
-  cache holds the conversation so far.
-- Every call gets a fresh engine request id (one trajectory makes many engine requests).
+- Later turns of the same ``session_id`` (one trajectory) stick to that server (LRU of 10k
+  ids) so its prefix cache holds the conversation so far.
+- Every call gets a fresh engine ``request_id`` (one session makes many engine requests).
 - A server that dies (Ray actor error or ``EngineDeadError``) is marked unhealthy and the
   request is retried on another; bad input (``ValueError``) is the caller's and is raised.
 - With every server dead, a request waits up to ``restart_wait_s`` for one to be replaced
@@ -16,7 +16,7 @@
   the version that sampled it (``TokenOutput.versions``).
 
 Servers are Ray actor handles (``generate.remote``) or in-process objects with ``async
-generate(prompt_ids, sampling_params, request_id)``.
+generate(GenerateRequest)``; the manager is itself the agent loops' ``GenerateClient``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from servers.types import EngineDeadError, TokenOutput
+from servers.types import EngineDeadError, GenerateRequest, TokenOutput
 
 __all__ = ["AsyncLLMServerManager", "ServerStats", "NoHealthyServerError"]
 
@@ -91,55 +91,52 @@ class AsyncLLMServerManager:
         self._aborted_by_pause: set[str] = set()
 
     # ---- routing --------------------------------------------------------------------------
-    def _pick(self, request_id: str, exclude: set[int]) -> int:
-        idx = self._sticky.get(request_id)
+    def _pick(self, session_id: str, exclude: set[int]) -> int:
+        idx = self._sticky.get(session_id)
         if idx is not None and self._stats[idx].healthy and idx not in exclude:
-            self._sticky.move_to_end(request_id)
+            self._sticky.move_to_end(session_id)
             return idx
         candidates = [s for s in self._stats if s.healthy and s.index not in exclude]
         if not candidates:
             raise NoHealthyServerError(
-                f"no healthy server left for request {request_id} "
+                f"no healthy server left for request {session_id} "
                 f"({sum(not s.healthy for s in self._stats)} of {len(self._stats)} dead)"
             )
         best = min(candidates, key=lambda s: (s.in_flight, s.requests))
-        self._sticky[request_id] = best.index
-        self._sticky.move_to_end(request_id)
+        self._sticky[session_id] = best.index
+        self._sticky.move_to_end(session_id)
         while len(self._sticky) > self.max_sticky:
             self._sticky.popitem(last=False)
         return best.index
 
     @staticmethod
-    async def _call(
-        server: Any, prompt_ids, sampling_params, engine_rid: str, priority: int
-    ) -> TokenOutput:
+    async def _call(server: Any, request: GenerateRequest) -> TokenOutput:
         method = server.generate
-        if hasattr(method, "remote"):
-            return await method.remote(prompt_ids, sampling_params, engine_rid, priority)
-        return await method(prompt_ids, sampling_params, engine_rid, priority)
+        if hasattr(method, "remote"):  # a Ray actor handle (a server is one or a plain object)
+            return await method.remote(request)
+        return await method(request)
 
-    async def generate(
-        self,
-        request_id: str,
-        *,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any] | None = None,
-        priority: int = 0,
-    ) -> TokenOutput:
-        """Generate one turn of trajectory ``request_id``; retried on another server if the
-        chosen one dies, continued from its sampled tokens if ``pause`` aborted it. Lower
-        ``priority`` is scheduled first by engines with ``scheduling_policy=priority``."""
-        params = dict(sampling_params or {})
-        budget = params.get("max_tokens")
+    async def generate(self, request: GenerateRequest) -> TokenOutput:
+        """Generate one turn of session ``request.session_id`` (a new one when None);
+        retried on another server if the chosen one dies, continued from its sampled tokens
+        if ``pause`` aborted it. Lower ``priority`` is scheduled first by engines with
+        ``scheduling_policy=priority``."""
+        session_id = request.session_id or uuid.uuid4().hex
+        budget = request.sampling_params.max_tokens
         tokens: list[int] = []
         log_probs: list[float] | None = []
         versions: list[int] = []
         while True:
+            params = request.sampling_params
             if budget is not None:
-                params["max_tokens"] = budget - len(tokens)
-            out, version, paused = await self._generate_once(
-                request_id, prompt_ids + tokens, params, priority
+                params = replace(params, max_tokens=budget - len(tokens))
+            turn = replace(
+                request,
+                prompt_ids=request.prompt_ids + tokens,
+                sampling_params=params,
+                session_id=session_id,
             )
+            out, version, paused = await self._generate_once(turn)
             tokens.extend(out.token_ids)
             versions.extend([version] * len(out.token_ids))
             if log_probs is not None and out.log_probs is not None:
@@ -153,36 +150,32 @@ class AsyncLLMServerManager:
                 return TokenOutput(tokens, log_probs, "length", versions)
             return TokenOutput(tokens, log_probs, out.finish_reason, versions)
 
-    async def _generate_once(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any],
-        priority: int = 0,
-    ) -> tuple[TokenOutput, int, bool]:
+    async def _generate_once(self, request: GenerateRequest) -> tuple[TokenOutput, int, bool]:
         """One engine request (retried elsewhere if its server dies), sent only while the
         gate is open; with the policy version it sampled under and whether ``pause``
         aborted it."""
+        session_id = request.session_id
+        assert session_id is not None  # generate() names every session
         tried: set[int] = set()
         while True:
             while self._paused:  # a weight update is under way
                 await self._wait_open()
             try:
-                idx = self._pick(request_id, tried)
+                idx = self._pick(session_id, tried)
             except NoHealthyServerError:
-                if not await self._wait_for_replacement(request_id):
+                if not await self._wait_for_replacement(session_id):
                     raise
                 tried.clear()
                 continue
             stats = self._stats[idx]
             version = self._versions.get(idx, self.version)
-            engine_rid = f"{request_id}-{uuid.uuid4().hex[:12]}"
-            self._active[request_id] = (idx, engine_rid)
+            engine_rid = f"{session_id}-{uuid.uuid4().hex[:12]}"
+            self._active[session_id] = (idx, engine_rid)
             stats.in_flight += 1
             stats.requests += 1
             server = self.servers[idx]
             try:
-                out = await self._call(server, prompt_ids, sampling_params, engine_rid, priority)
+                out = await self._call(server, replace(request, request_id=engine_rid))
             except self._dead as exc:
                 stats.failures += 1
                 # A failure of an actor a replacement already took over says nothing of it.
@@ -191,23 +184,23 @@ class AsyncLLMServerManager:
                     tried.add(idx)
                 self.retried_requests += 1
                 logger.warning(
-                    "server %d died (%s); retrying request %s elsewhere",
+                    "server %d died (%s); retrying session %s's turn elsewhere",
                     idx,
                     type(exc).__name__,
-                    request_id,
+                    session_id,
                 )
                 continue
             finally:
                 stats.in_flight -= 1
-                self._active.pop(request_id, None)
+                self._active.pop(session_id, None)
                 aborted = engine_rid in self._aborted_by_pause
                 self._aborted_by_pause.discard(engine_rid)
             stats.generated_tokens += len(out.token_ids)
             return out, version, aborted and out.finish_reason == "abort"
 
-    async def abort(self, request_id: str) -> bool:
-        """Abort the engine request currently running for ``request_id`` (False if none)."""
-        active = self._active.get(request_id)
+    async def abort(self, session_id: str) -> bool:
+        """Abort the engine request currently running for ``session_id`` (False if none)."""
+        active = self._active.get(session_id)
         if active is None:
             return False
         await self._abort_engine(*active)
@@ -252,12 +245,12 @@ class AsyncLLMServerManager:
         else:
             await abort(engine_rid)
 
-    async def _wait_for_replacement(self, request_id: str) -> bool:
+    async def _wait_for_replacement(self, session_id: str) -> bool:
         """Wait until ``replace_server`` runs (True) or ``restart_wait_s`` passes (False)."""
         if self.restart_wait_s <= 0:
             return False
         deadline = time.monotonic() + self.restart_wait_s
-        logger.warning("no healthy server for request %s; waiting for a restart", request_id)
+        logger.warning("no healthy server for session %s; waiting for a restart", session_id)
         while not any(s.healthy for s in self._stats):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -289,8 +282,9 @@ class AsyncLLMServerManager:
             self._replaced.set()
             self._replaced = None
 
-    def server_for(self, request_id: str) -> int | None:
-        return self._sticky.get(request_id)
+    def server_for(self, session_id: str) -> int | None:
+        """The server index session ``session_id`` sticks to (None: not routed yet)."""
+        return self._sticky.get(session_id)
 
     def stats(self) -> list[dict[str, Any]]:
         return [asdict(s) for s in self._stats]

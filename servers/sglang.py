@@ -10,14 +10,14 @@ own event loop and hang inside a running one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 from servers.config import ServerConfig
 from servers.engine_args import check_known_args
-from servers.types import EngineDeadError, TokenOutput
+from servers.types import EngineDeadError, GenerateRequest, SamplingParams, TokenOutput
 from servers.weights import WeightSyncInfo
 
 __all__ = ["SGLangEngine", "engine_args", "to_sglang_sampling", "from_sglang_output"]
@@ -27,9 +27,10 @@ logger = logging.getLogger(__name__)
 _RENAMED = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "seed": "sampling_seed"}
 
 
-def to_sglang_sampling(params: dict[str, Any]) -> dict[str, Any]:
-    """Our sampling dict (already validated) -> SGLang's ``sampling_params``."""
-    out = {_RENAMED.get(k, k): v for k, v in params.items() if k != "logprobs"}
+def to_sglang_sampling(params: SamplingParams | Mapping[str, Any]) -> dict[str, Any]:
+    """Our sampling params (already validated) -> SGLang's ``sampling_params`` dict."""
+    keys = SamplingParams.from_dict(params).to_dict()
+    out = {_RENAMED.get(k, k): v for k, v in keys.items() if k != "logprobs"}
     if out.get("top_k") == 0:  # "no limit" is -1 in SGLang
         out["top_k"] = -1
     return out
@@ -107,19 +108,18 @@ class SGLangEngine:
         self.vocab_size = int(tm.model_config.vocab_size)
         self.max_model_len = int(tm.context_len)
 
-    async def generate(
-        self, prompt_ids: list[int], params: dict[str, Any], request_id: str, priority: int = 0
-    ) -> TokenOutput:
-        """``params`` come from ``validate_request`` (``ServerCore`` does that). ``priority``
-        is not passed on: SGLang's priority scheduling is not wired here yet (fcfs)."""
+    async def generate(self, request: GenerateRequest) -> TokenOutput:
+        """``request`` comes checked from ``ServerCore``. Its ``priority`` is not passed on:
+        SGLang's priority scheduling is not wired here yet (fcfs)."""
         if self.engine is None:
             raise EngineDeadError("engine is not started")
-        want_logprobs = params["logprobs"]
+        params = request.sampling_params
+        want_logprobs = params.logprobs is not False
         result = await self.engine.async_generate(
-            input_ids=prompt_ids,
+            input_ids=request.prompt_ids,
             sampling_params=to_sglang_sampling(params),
             return_logprob=want_logprobs,
-            rid=request_id,
+            rid=request.request_id,
         )
         return from_sglang_output(result, want_logprobs)
 

@@ -1,18 +1,23 @@
 """The token-level generate contract shared by every backend, and input validation.
 
-``generate(prompt_ids, sampling_params, request_id) -> TokenOutput``: token ids in, token ids
-out, the engine's log-prob of every sampled token, and why generation ended. Sampling keys use
-the OpenAI/vLLM names everywhere; each backend adapter translates them.
+``generate(GenerateRequest) -> TokenOutput``: token ids in, token ids out, the engine's
+log-prob of every sampled token, and why generation ended. The request and its
+``SamplingParams`` are typed structs from the agent loop to the engine adapter; plain dicts
+exist only at the edges (the HTTP ``/generate`` body, an agent loop's ``run``). Sampling keys
+use the OpenAI/vLLM names everywhere; each backend adapter translates them to its engine's.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 __all__ = [
     "FinishReason",
+    "GenerateRequest",
+    "SamplingParams",
     "TokenOutput",
     "GenerateInputError",
     "EngineDeadError",
@@ -54,6 +59,97 @@ class GenerateInputError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine behind a server is gone; the request may be retried on another server."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SamplingParams:
+    """How to sample one turn, under the OpenAI/vLLM key names. ``None`` everywhere means
+    "not set": the engine's default applies (``max_tokens``: the room left in the model
+    length), and ``to_dict`` leaves the key out, so a request carries only what its sender
+    chose. Values are checked against the vocabulary by ``validate_request`` on the server,
+    where the vocabulary is known."""
+
+    max_tokens: int | None = None
+    """Most tokens to sample (capped by the room left in the model length)."""
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    """0 or -1: no limit."""
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    """Extra token ids that end the turn (besides the model's eos)."""
+    ignore_eos: bool | None = None
+    logprobs: bool | None = None
+    """Return the log-prob of each sampled token (default True)."""
+    logit_bias: dict[int, float] | None = None
+    """Token id -> bias in [-100, 100] (JSON sends the ids as strings)."""
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any] | None) -> SamplingParams:
+        """The struct of a sampling dict; an unknown key, or a key set to None (leave it out
+        instead), raises ``GenerateInputError`` (a ``ValueError``) that names it."""
+        if params is None:
+            return cls()
+        if isinstance(params, SamplingParams):
+            return params
+        if not isinstance(params, Mapping):
+            raise GenerateInputError(
+                "sampling_params must be an object of sampling keys", param="sampling_params"
+            )
+        unknown = sorted(set(params) - set(SAMPLING_KEYS))
+        if unknown:
+            raise GenerateInputError(
+                f"unknown sampling_params key(s) {', '.join(unknown)}; "
+                f"supported: {', '.join(sorted(SAMPLING_KEYS))}",
+                param=f"sampling_params.{unknown[0]}",
+            )
+        for key, value in params.items():
+            if value is None:  # leave a key out to leave it unset
+                _check_number(key, value)
+        return cls(**params)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys that are set (the HTTP body's ``sampling_params``, an engine's kwargs)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value
+        return out
+
+    def merged(self, changes: Mapping[str, Any] | SamplingParams) -> SamplingParams:
+        """A copy with the keys set in ``changes`` (a dict or another struct) replacing these."""
+        params = self.to_dict()
+        params.update(SamplingParams.from_dict(changes).to_dict())
+        return SamplingParams(**params)
+
+
+@dataclass(kw_only=True, slots=True)
+class GenerateRequest:
+    """One model turn: what the agent loop sends, the manager routes and a server runs."""
+
+    prompt_ids: list[int]
+    """The whole context so far (token ids; the server never re-tokenizes)."""
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    session_id: str | None = None
+    """The trajectory (agent-loop session) the turn belongs to: the manager keeps a
+    session's turns on one server for its prefix cache. Servers ignore it."""
+    request_id: str | None = None
+    """The engine request's id (what ``abort`` names): the manager sets a fresh one per
+    call; a server makes one up when it is None."""
+    priority: int = 0
+    """Lower is scheduled first by engines with ``scheduling_policy=priority``."""
+
+    def __post_init__(self) -> None:
+        # A sampling dict (a script's, a test's) becomes the struct here, once, with the
+        # error of ``SamplingParams.from_dict`` for an unknown key.
+        if not isinstance(self.sampling_params, SamplingParams):
+            self.sampling_params = SamplingParams.from_dict(self.sampling_params)
 
 
 # key -> (type check, constraint description, predicate)
@@ -132,17 +228,21 @@ def _check_ids(field: str, ids: Any, vocab_size: int) -> None:
 
 
 def validate_request(
-    prompt_ids: Any, sampling_params: Any, *, vocab_size: int, max_model_len: int
-) -> dict[str, Any]:
-    """Check a generate request and return normalised sampling params.
+    prompt_ids: Any,
+    sampling_params: SamplingParams | Mapping[str, Any] | None,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+) -> SamplingParams:
+    """Check a generate request and return its normalised sampling params.
 
     ``max_tokens`` defaults to, and is clamped to, the room left in the model length after the
     prompt; ``logprobs`` becomes a bool (default True). Raises ``GenerateInputError`` naming
-    the field to change.
+    the field to change. A dict (the HTTP body's) is converted by ``SamplingParams.from_dict``.
     """
     if sampling_params is None:
         sampling_params = {}
-    if not isinstance(sampling_params, dict):
+    if not isinstance(sampling_params, SamplingParams | Mapping):
         raise GenerateInputError(
             "sampling_params must be an object of sampling keys", param="sampling_params"
         )
@@ -157,25 +257,18 @@ def validate_request(
             f"shorten the prompt to at most {max_model_len - 1} tokens",
             param="prompt_ids",
         )
-    unknown = sorted(set(sampling_params) - set(SAMPLING_KEYS))
-    if unknown:
-        raise GenerateInputError(
-            f"unknown sampling_params key(s) {', '.join(unknown)}; "
-            f"supported: {', '.join(sorted(SAMPLING_KEYS))}",
-            param=f"sampling_params.{unknown[0]}",
-        )
-    for key, value in sampling_params.items():
+    items = SamplingParams.from_dict(sampling_params).to_dict()
+    for key, value in items.items():
         if key == "stop_token_ids":
             _check_ids("sampling_params.stop_token_ids", value, vocab_size)
         else:
             _check_number(key, value)
-    params = dict(sampling_params)
-    if "logit_bias" in params:
-        params["logit_bias"] = _logit_bias(params["logit_bias"], vocab_size)
+    if "logit_bias" in items:
+        items["logit_bias"] = _logit_bias(items["logit_bias"], vocab_size)
     room = max_model_len - len(prompt_ids)
-    params["max_tokens"] = min(params.get("max_tokens", room), room)
-    params["logprobs"] = params.get("logprobs", True) is not False
-    return params
+    items["max_tokens"] = min(items.get("max_tokens", room), room)
+    items["logprobs"] = items.get("logprobs", True) is not False
+    return SamplingParams(**items)
 
 
 def error_body(message: str, *, param: str | None = None, code: int = 400) -> dict[str, Any]:

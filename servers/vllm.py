@@ -13,7 +13,7 @@ import os
 import pickle
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,13 @@ from servers.config import ServerConfig, parse_cores
 from servers.engine_args import check_known_args
 from servers.lora import check_adapter_rank, max_lora_rank, write_adapter
 from servers.shm import engine_shm, remove_shm
-from servers.types import EngineDeadError, GenerateInputError, TokenOutput
+from servers.types import (
+    EngineDeadError,
+    GenerateInputError,
+    GenerateRequest,
+    SamplingParams,
+    TokenOutput,
+)
 from servers.weights import (
     StagedBucket,
     WeightSyncInfo,
@@ -49,14 +55,15 @@ def _on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
-def to_vllm_sampling(params: dict[str, Any]):
-    """Our (OpenAI/vLLM-named) sampling dict -> ``vllm.SamplingParams`` with log-probs on."""
-    from vllm import SamplingParams
+def to_vllm_sampling(params: SamplingParams | Mapping[str, Any]):
+    """Our (OpenAI/vLLM-named) sampling params -> ``vllm.SamplingParams`` with log-probs on
+    (unless ``logprobs`` is False)."""
+    from vllm import SamplingParams as VLLMSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    kwargs = dict(params)
+    kwargs = SamplingParams.from_dict(params).to_dict()
     want_logprobs = kwargs.pop("logprobs", True)
-    return SamplingParams(
+    return VLLMSamplingParams(
         **kwargs,
         logprobs=0 if want_logprobs else None,
         flat_logprobs=True,
@@ -175,26 +182,24 @@ class VLLMEngine:
             raise EngineDeadError(f"vLLM engine died: {self.engine.dead_error}")
         return self.engine
 
-    async def generate(
-        self, prompt_ids: list[int], params: dict[str, Any], request_id: str, priority: int = 0
-    ) -> TokenOutput:
-        """``params`` come from ``validate_request`` (``ServerCore`` does that); ``priority``
-        orders waiting requests under the ``priority`` policy (lower first), ignored under
-        ``fcfs``."""
+    async def generate(self, request: GenerateRequest) -> TokenOutput:
+        """``request`` comes checked from ``ServerCore``; its ``priority`` orders waiting
+        requests under the ``priority`` policy (lower first), ignored under ``fcfs``."""
         from vllm import TokensPrompt
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMDead
 
         engine = self._require()
-        want_logprobs = params["logprobs"]
+        request_id, priority = request.request_id, request.priority
+        want_logprobs = request.sampling_params.logprobs is not False
         try:
-            sampling = to_vllm_sampling(params)
+            sampling = to_vllm_sampling(request.sampling_params)
         except (ValueError, VLLMClientError) as exc:  # vLLM's own checks (e.g. temperature > 2)
             raise GenerateInputError(f"sampling_params: {exc}", param="sampling_params") from None
         final = None
         try:
             async for out in engine.generate(
-                TokensPrompt(prompt_token_ids=prompt_ids),
+                TokensPrompt(prompt_token_ids=request.prompt_ids),
                 sampling,
                 request_id,
                 lora_request=self.current_adapter(),

@@ -120,7 +120,6 @@ class Session:
     def __init__(self, loop: AgentLoopBase, session_id: str | None = None) -> None:
         self.loop = loop
         self.id = session_id or uuid.uuid4().hex
-        self.request_id = self.id  # keeps the session's turns on one server (prefix cache)
         self.segments: list[Segment] = []
         self.calls = 0
         self.sampled_tokens = 0
@@ -283,7 +282,7 @@ class Session:
         if cut is not None:
             self.max_tokens_cuts += 1
         start = len(seg.traj)
-        out = await loop.generate(self.request_id, seg.traj, loop.with_end_tokens(params))
+        out = await loop.generate(self.id, seg.traj, loop.with_end_tokens(params))
         self.sampled_tokens += len(out.token_ids)
         seg.calls += 1
         seg.finish_reasons.append(out.finish_reason)

@@ -6,7 +6,7 @@ for verl run here unchanged and verl is never imported to recognize one: any obj
 ``generate_response`` method qualifies (duck typing). ``Interaction`` below is the same contract
 as a base class for people who do not come from verl.
 
-Per sample, with ``instance_id`` the sample's request id and ``kwargs`` the row's
+Per sample, with ``instance_id`` the sample's session id and ``kwargs`` the row's
 ``extra_info.interaction_kwargs`` (``name`` included, as verl passes them):
 
 - ``start_interaction(instance_id, **kwargs)`` once, before the first model turn;

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop.interactions.base import Interaction
+from servers.types import GenerateRequest, SamplingParams
 
 __all__ = ["SimulatedUser", "UserModel"]
 
@@ -64,9 +65,12 @@ class UserModel:
                 f"multi_turn.user_model.max_model_len={self.max_model_len}"
             )
         params = {**sampling, "max_tokens": min(int(sampling["max_tokens"]), room)}
-        out = await self.client.generate(
-            f"user-{uuid.uuid4().hex}", prompt_ids=list(ids), sampling_params=params
+        request = GenerateRequest(
+            prompt_ids=list(ids),
+            sampling_params=SamplingParams.from_dict(params),
+            session_id=f"user-{uuid.uuid4().hex}",
         )
+        out = await self.client.generate(request)
         return await asyncio.to_thread(
             self.tokenizer.decode, out.token_ids, skip_special_tokens=True
         )

@@ -85,7 +85,8 @@ class AgentLoopChatModel(BaseChatModel):
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     """Rollout sampling params; keyword args bound to the model (``.bind(temperature=0)``)
     override them."""
-    request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    session_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    """The sample's session: every turn of the graph run stays on one server."""
     parser: Any = None
     """A ``ToolCallParser``; default: one built from the rollout's chat format."""
 
@@ -152,7 +153,7 @@ class AgentLoopChatModel(BaseChatModel):
         loop = self.loop
         traj, state = await self._extend(messages, tools)
         params = loop.with_end_tokens({**self.sampling_params, **sampling})
-        out = await loop.generate(self.request_id, traj, params)
+        out = await loop.generate(self.session_id, traj, params)
         closed = loop.turn_closed(out)
         sampled = out.token_ids[:-1] if closed else out.token_ids
         text = loop.tokenizer.decode(sampled, skip_special_tokens=False)
@@ -173,7 +174,7 @@ class AgentLoopChatModel(BaseChatModel):
             else:
                 parsed = ParsedTurn(content=parsed.content)
         state.update(
-            request_id=self.request_id,
+            session_id=self.session_id,
             prompt_ids=traj.prompt_ids,
             response_ids=traj.response_ids,
             response_mask=traj.response_mask,

@@ -122,7 +122,7 @@ class ReactAgentLoop(AgentLoopBase):
         schemas += [convert_to_openai_tool(t) for t in own]
         tools = [self._configured_tool(n) for n in self.context.tools] + own
         self.chat_model = AgentLoopChatModel.for_loop(
-            self, sampling_params, request_id=self.session.request_id, parser=self.parser
+            self, sampling_params, session_id=self.session.session_id, parser=self.parser
         )
         model = self.chat_model.bind_tools(schemas) if schemas else self.chat_model
         graph = self.build_graph(model, self.tools_node(tools))

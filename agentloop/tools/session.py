@@ -26,20 +26,22 @@ class ToolSession:
         runner: ToolRunner,
         multi_turn: MultiTurnConfig,
         *,
-        request_id: str,
+        session_id: str,
         tools_kwargs: Mapping[str, Any] | None = None,
         trace: Any = None,
     ) -> None:
         self.tools = tools
         self.runner = runner
         self.multi_turn = multi_turn
-        self.request_id = request_id
+        self.session_id = session_id
+        """The sample's session (the manager's sticky routing key; verl tools see it as
+        ``agent_data.request_id``, and tool instances are named after it)."""
         self.tools_kwargs = tools_kwargs or {}
         self.trace = trace
         self.instances: dict[str, str] = {}
         self.calls: list[ToolCallRecord] = []
         self.error_kinds: list[str] = []
-        self.agent_data = AgentData(request_id, self.tools_kwargs)
+        self.agent_data = AgentData(session_id, self.tools_kwargs)
         """What verl tools get as ``agent_data`` (the loop sets ``messages``)."""
 
     def truncate(self, text: str) -> str:
@@ -109,7 +111,7 @@ class ToolSession:
         create_kwargs = (self.tools_kwargs.get(name) or {}).get("create_kwargs") or {}
         try:
             self.instances[name] = await self.tools[name].create(
-                f"{self.request_id}-{name}", **create_kwargs
+                f"{self.session_id}-{name}", **create_kwargs
             )
         except Exception as exc:  # reported to the model like any tool failure
             return f"Error: tool {name!r} could not start: {type(exc).__name__}: {exc}"

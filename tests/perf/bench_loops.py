@@ -13,6 +13,7 @@ import numpy as np
 
 from agentloop import AgentLoopBase, AgentLoopOutput
 from agentloop.tokens import Trajectory, encode_delta, encode_prompt
+from servers.types import GenerateRequest
 
 TOOL_TEXT = "result: 42"
 ASSISTANT_TEXT = '<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>'
@@ -76,9 +77,11 @@ async def turn_locked(server: Any, tokenizer: Any, rows: list[dict[str, Any]]) -
         outs = await asyncio.gather(
             *(
                 server.generate(
-                    rids[i],
-                    prompt_ids=contexts[i],
-                    sampling_params=params(rows[i]["plan"]["tokens"][k]),
+                    GenerateRequest(
+                        prompt_ids=contexts[i],
+                        sampling_params=params(rows[i]["plan"]["tokens"][k]),
+                        session_id=rids[i],
+                    )
                 )
                 for i in active
             )

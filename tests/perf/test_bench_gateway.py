@@ -16,6 +16,7 @@ the gateway). Writes bench_results/gateway.json.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from agentloop.gateway import GatewayAgentLoop, Session
 from agentloop.gateway.loop import gateway_of
 from agentloop.tools.calculator import CALCULATOR_SCHEMA
 from servers import AsyncLLMServerManager, ServerConfig, launch_servers
-from servers.types import TokenOutput
+from servers.types import GenerateRequest, TokenOutput
 from tests.ray_local import init_local_ray
 from trainer.models import prepare
 
@@ -47,13 +48,13 @@ class _Recorder:
     def __init__(self, manager: AsyncLLMServerManager, end_id: int) -> None:
         self.manager = manager
         self.end_id = end_id
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[GenerateRequest] = []
 
-    async def generate(self, request_id: str, **request: Any) -> TokenOutput:
-        params = {**request["sampling_params"], "logit_bias": {self.end_id: 100.0}}
-        request = {**request, "sampling_params": params}
+    async def generate(self, request: GenerateRequest) -> TokenOutput:
+        params = request.sampling_params.merged({"logit_bias": {self.end_id: 100.0}})
+        request = dataclasses.replace(request, sampling_params=params)
         self.requests.append(request)
-        return await self.manager.generate(request_id, **request)
+        return await self.manager.generate(request)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.manager, name)
@@ -117,7 +118,8 @@ async def _measure(manager: AsyncLLMServerManager, model: str) -> dict[str, list
         first_request, extending_request = recorder.requests
         direct = []
         for n, request in enumerate((first_request, extending_request)):
-            seconds, _ = await _timed(manager.generate(f"d{i}-{n}", **request))
+            request = dataclasses.replace(request, session_id=f"d{i}-{n}")
+            seconds, _ = await _timed(manager.generate(request))
             direct.append(seconds)
 
         session = Session(loop)

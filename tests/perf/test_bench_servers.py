@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from servers import AsyncLLMServerManager, ServerConfig, launch_servers
+from servers.types import GenerateRequest
 from servers.vllm import VLLMEngine, to_vllm_sampling
 from trainer.models import prepare
 
@@ -92,7 +93,9 @@ async def _manager_throughput(handle) -> float:
 
     async def one(i: int) -> int:
         out = await manager.generate(
-            f"m-{i}", prompt_ids=PROMPT, sampling_params={**PARAMS, "seed": i}
+            GenerateRequest(
+                prompt_ids=PROMPT, sampling_params={**PARAMS, "seed": i}, session_id=f"m-{i}"
+            )
         )
         return len(out.token_ids)
 

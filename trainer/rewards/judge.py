@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 
 from agentloop.tokens import encode_prompt
-from servers.types import EngineDeadError
+from servers.types import EngineDeadError, GenerateRequest, SamplingParams
 from trainer.config.reward import JudgeConfig
 from trainer.rewards.types import RewardSample
 
@@ -133,14 +133,16 @@ class JudgeReward:
 
     async def _generate(self, prompt_ids: list[int]) -> str:
         cfg = self.config
-        params = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "logprobs": False}
-        request_id = f"judge-{uuid.uuid4().hex}"
+        params = SamplingParams(
+            temperature=cfg.temperature, max_tokens=cfg.max_tokens, logprobs=False
+        )
+        request = GenerateRequest(
+            prompt_ids=prompt_ids, sampling_params=params, session_id=f"judge-{uuid.uuid4().hex}"
+        )
         for attempt in range(cfg.max_retries + 1):
             self._counters["requests"] += 1
             try:
-                out = await self.client.generate(
-                    request_id, prompt_ids=prompt_ids, sampling_params=params
-                )
+                out = await self.client.generate(request)
             except EngineDeadError as exc:
                 if attempt == cfg.max_retries:
                     raise JudgeUnavailableError(

@@ -9,6 +9,7 @@ similar token counts (``trainer.workers.balance``); results come back in the bat
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -90,15 +91,20 @@ class WorkerGroup:
             info[0]["trainable_params"],
         )
 
-    def _each(self, method: str, *args: Any) -> list[Any]:
-        return self._gather(method, [getattr(w, method).remote(*args) for w in self.workers])
+    def _each(self, method: Callable[..., Any], *args: Any) -> list[Any]:
+        """``method`` (an ``FSDPWorker`` method, named by reference so that a rename or a
+        typo fails where it is written) on every rank with the same ``args``."""
+        name = method.__name__
+        return self._gather(name, [getattr(w, name).remote(*args) for w in self.workers])
 
-    def _scatter(self, method: str, batch: TrainBatch, *args: Any) -> list[Any]:
+    def _scatter(self, method: Callable[..., Any], batch: TrainBatch, *args: Any) -> list[Any]:
+        """``method`` on every rank with its share of ``batch`` (rank order) and ``args``."""
+        name = method.__name__
         shares = batch.chunk(self.world_size)
         refs = [
-            getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shares, strict=True)
+            getattr(w, name).remote(s, *args) for w, s in zip(self.workers, shares, strict=True)
         ]
-        return self._gather(method, refs)
+        return self._gather(name, refs)
 
     def _gather(self, method: str, refs: list[Any]) -> list[Any]:
         """Every rank's result; a rank that died raises ``TrainerWorkerDiedError`` at once
@@ -158,13 +164,14 @@ class WorkerGroup:
 
     def compute_log_prob(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         layout = self._layout(batch)
-        parts = self._scatter("compute_log_prob", layout.padded)
+        parts = self._scatter(FSDPWorker.compute_log_prob, layout.padded)
         order = layout.order
         return torch.cat([p[0] for p in parts])[order], torch.cat([p[1] for p in parts])[order]
 
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         layout = self._layout(batch)
-        return torch.cat(self._scatter("compute_ref_log_prob", layout.padded))[layout.order]
+        parts = self._scatter(FSDPWorker.compute_ref_log_prob, layout.padded)
+        return torch.cat(parts)[layout.order]
 
     def update_actor(
         self,
@@ -185,7 +192,7 @@ class WorkerGroup:
             assert samples_per_mini_batch is not None
             mini_batches = -(-len(batch) // samples_per_mini_batch)
         layout = self._layout(batch, mini_batches)
-        metrics = self._scatter("update_actor", layout.padded, layout.per_mini, seed)[0]
+        metrics = self._scatter(FSDPWorker.update_actor, layout.padded, layout.per_mini, seed)[0]
         metrics["actor/filler_samples"] = float(len(layout.padded) - len(batch))
         if self.balance:
             metrics |= layout.metrics()
@@ -194,19 +201,19 @@ class WorkerGroup:
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """The critic's values [batch, R] (0 where ``response_mask`` is 0)."""
         layout = self._layout(batch)
-        return torch.cat(self._scatter("compute_values", layout.padded))[layout.order]
+        return torch.cat(self._scatter(FSDPWorker.compute_values, layout.padded))[layout.order]
 
     def update_critic(self, batch: TrainBatch, mini_batches: int, seed: int = 0) -> dict:
         """The critic's epochs over ``mini_batches`` equal mini-batches of ``batch`` (which
         carries ``values`` and ``returns``), each rank its share of every one."""
         layout = self._layout(batch, mini_batches)
-        return self._scatter("update_critic", layout.padded, layout.per_mini, seed)[0]
+        return self._scatter(FSDPWorker.update_critic, layout.padded, layout.per_mini, seed)[0]
 
     def save_critic(self, directory: str, contents: list[str]) -> None:
-        self._each("save_critic", directory, contents)
+        self._each(FSDPWorker.save_critic, directory, contents)
 
     def load_critic(self, directory: str) -> dict[str, Any]:
-        return self._each("load_critic", directory)[0]
+        return self._each(FSDPWorker.load_critic, directory)[0]
 
     def update_sft(
         self,
@@ -218,38 +225,38 @@ class WorkerGroup:
     ) -> dict[str, float]:
         """One SFT optimizer step on the global ``batch`` (split evenly over the ranks)."""
         args = (micro_batch_size, use_dynamic_bsz, max_token_len, grad_clip)
-        return self._scatter("update_sft", batch, *args)[0]
+        return self._scatter(FSDPWorker.update_sft, batch, *args)[0]
 
     def push_weights(
         self, servers: list[Any], bucket_bytes: int, route: str | None = None
     ) -> dict[str, Any]:
         """The current weights to ``servers`` (``FSDPWorker.push_weights``): tensors, bytes
         and each server's route."""
-        return self._each("push_weights", servers, bucket_bytes, route)[0]
+        return self._each(FSDPWorker.push_weights, servers, bucket_bytes, route)[0]
 
     def full_state_dict(self, critic: bool = False) -> dict[str, torch.Tensor]:
         """The whole model under transformers' names (a LoRA actor's merged), float32;
         ``critic``: the value model's."""
-        return self._each("full_state_dict", False, critic)[0]
+        return self._each(FSDPWorker.full_state_dict, False, critic)[0]
 
     def adapter_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """A LoRA actor's adapter tensors (PEFT's file names, float32) and adapter config."""
-        return self._each("adapter_state")[0]
+        return self._each(FSDPWorker.adapter_state)[0]
 
     def memory_stats(self) -> list[dict[str, float]]:
         """Each rank's ``FSDPWorker.memory_stats``, in rank order."""
-        return self._each("memory_stats")
+        return self._each(FSDPWorker.memory_stats)
 
     def save_checkpoint(self, directory: str, contents: list[str]) -> None:
-        self._each("save_checkpoint", directory, contents)
+        self._each(FSDPWorker.save_checkpoint, directory, contents)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
-        return self._each("load_checkpoint", directory)[0]
+        return self._each(FSDPWorker.load_checkpoint, directory)[0]
 
     def export_hf(self, directory: str, merged: bool = False) -> None:
         """``FSDPWorker.export_hf``: a transformers folder (LoRA: an adapter folder, or with
         ``merged`` the merged full model)."""
-        self._each("export_hf", directory, merged)
+        self._each(FSDPWorker.export_hf, directory, merged)
 
     def shutdown(self) -> None:
         import ray

@@ -69,8 +69,8 @@ class ClosesCutTurns:
     appended as template text (mask 0, never trained on), so rollouts are multi-turn while
     every sampled token keeps the engine's own log-prob."""
 
-    async def generate(self, request_id, traj, sampling_params):
-        out = await super().generate(request_id, traj, sampling_params)
+    async def generate(self, session_id, traj, sampling_params):
+        out = await super().generate(session_id, traj, sampling_params)
         eot = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
         if out.finish_reason == "length" and out.token_ids and traj.add_template([eot]):
             return TokenOutput([*out.token_ids, eot], None, "stop")

@@ -53,11 +53,11 @@ class RecordingClient:
         self.manager = manager
         self.calls: list[tuple[list[int], list[int], list[float]]] = []
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params, priority=0):
-        out = await self.manager.generate(
-            request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, priority=priority
+    async def generate(self, request):
+        out = await self.manager.generate(request)
+        self.calls.append(
+            (list(request.prompt_ids), list(out.token_ids), list(out.log_probs or []))
         )
-        self.calls.append((list(prompt_ids), list(out.token_ids), list(out.log_probs or [])))
         return out
 
 

@@ -10,6 +10,7 @@ gives the engine's stored log-probs. The shared tiny-qwen3 server gets its weigh
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -45,16 +46,15 @@ class EndingTurns:
     def __init__(self, manager: AsyncLLMServerManager, end_id: int) -> None:
         self.manager, self.end_id = manager, end_id
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params, priority=0):
-        params = {
-            **sampling_params,
-            "min_tokens": TURN_TOKENS,
-            "max_tokens": TURN_TOKENS + 1,
-            "logit_bias": {self.end_id: 100.0},
-        }
-        return await self.manager.generate(
-            request_id, prompt_ids=prompt_ids, sampling_params=params, priority=priority
+    async def generate(self, request):
+        params = request.sampling_params.merged(
+            {
+                "min_tokens": TURN_TOKENS,
+                "max_tokens": TURN_TOKENS + 1,
+                "logit_bias": {self.end_id: 100.0},
+            }
         )
+        return await self.manager.generate(dataclasses.replace(request, sampling_params=params))
 
 
 def _models(path) -> tuple[torch.nn.Module, torch.nn.Module]:

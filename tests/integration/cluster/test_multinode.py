@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.generate_requests import req
 from tests.integration.cluster.helpers import cpu_spec, write_node_tools
 from tests.integration.trainer import test_weight_push
 from tests.ray_cluster import cluster_env, multinode_cluster, node_id
@@ -85,7 +86,7 @@ def test_each_server_gets_the_route_of_its_node_and_serves_the_same_weights(
     assert loads[nodes["a"]] == {"staged": 1, "buckets": 0, "adapter": 0, "transfer": 0}
     assert loads[nodes["c"]] == {"staged": 0, "buckets": 1, "adapter": 0, "transfer": 0}
     # both routes delivered the same weights: equal log-probs of the same sampled tokens
-    out = {n: ray.get(on[n].generate.remote(PROMPT, SAMPLE)) for n in on}
+    out = {n: ray.get(on[n].generate.remote(req(PROMPT, SAMPLE))) for n in on}
     assert out[nodes["a"]].token_ids == out[nodes["c"]].token_ids
     gap = torch.tensor(out[nodes["a"]].log_probs) - torch.tensor(out[nodes["c"]].log_probs)
     assert gap.abs().max().item() < 1e-5

@@ -7,6 +7,14 @@ import pytest
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
 
+def checked(prompt_ids: list[int], request_id: str):
+    """A greedy 8-token request as ``ServerCore`` hands it to an engine (params complete)."""
+    from servers.types import GenerateRequest, SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0, logprobs=True)
+    return GenerateRequest(prompt_ids=prompt_ids, sampling_params=params, request_id=request_id)
+
+
 async def test_sglang_engine_generates_tokens_with_logprobs(tiny_qwen3_path):
     pytest.importorskip("sglang")
     from servers import ServerConfig
@@ -22,9 +30,9 @@ async def test_sglang_engine_generates_tokens_with_logprobs(tiny_qwen3_path):
     )
     await engine.start()
     try:
-        out = await engine.generate([151644, 872, 198], {"max_tokens": 8, "temperature": 0}, "g1")
+        out = await engine.generate(checked([151644, 872, 198], "g1"))
         assert len(out.token_ids) == len(out.log_probs) > 0
-        again = await engine.generate([151644, 872, 198], {"max_tokens": 8, "temperature": 0}, "g2")
+        again = await engine.generate(checked([151644, 872, 198], "g2"))
         assert again.token_ids == out.token_ids
     finally:
         engine.shutdown()

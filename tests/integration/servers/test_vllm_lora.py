@@ -19,6 +19,7 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from servers import AsyncServer, ServerConfig
+from tests.generate_requests import req
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -98,7 +99,7 @@ async def test_smollm2_started_from_an_adapter_folder_serves_it(smollm2_path, tm
             add_generation_prompt=True,
             return_dict=False,
         )
-        out = await server.generate(prompt, SAMPLED)
+        out = await server.generate(req(prompt, SAMPLED))
         _assert_follows_adapter(model, prompt, out.token_ids, out.log_probs)
     finally:
         await server.shutdown()
@@ -129,7 +130,7 @@ def _folders(server: AsyncServer) -> list[str]:
 async def test_before_any_adapter_the_server_serves_the_base_model(server, peft_model):
     assert server.weight_sync_info().lora_rank == LORA_RANK
     assert (await server.health())["lora_version"] == 0
-    out = await server.generate(PROMPT, SAMPLED)
+    out = await server.generate(req(PROMPT, SAMPLED))
     with peft_model.disable_adapter():
         base = _log_probs(peft_model, PROMPT, out.token_ids)
     assert (torch.tensor(out.log_probs) - base).abs().max().item() < TOLERANCE
@@ -141,7 +142,7 @@ async def test_a_loaded_adapter_is_what_the_server_samples_from(server, peft_mod
     assert {"adapter_config.json", "adapter_model.safetensors"} == {
         p.name for p in (server.core.engine.adapter_root / f"v{version}").iterdir()
     }
-    out = await server.generate(PROMPT, SAMPLED)
+    out = await server.generate(req(PROMPT, SAMPLED))
     _assert_follows_adapter(peft_model, PROMPT, out.token_ids, out.log_probs)
 
 
@@ -162,7 +163,9 @@ async def test_a_request_finishes_on_its_version_while_newer_ones_load(server, p
     first = _new_adapter(peft_model, seed=11)
     v1 = await server.load_adapter(*first)
     engine = server.core.engine.engine
-    long = asyncio.ensure_future(server.generate(PROMPT, {**SAMPLED, "max_tokens": 200, "seed": 4}))
+    long = asyncio.ensure_future(
+        server.generate(req(PROMPT, {**SAMPLED, "max_tokens": 200, "seed": 4}))
+    )
     while engine.get_num_unfinished_requests() == 0:  # the request has reached the engine
         await asyncio.sleep(0.005)
     v2 = await server.load_adapter(*_new_adapter(peft_model, seed=12))
@@ -171,7 +174,7 @@ async def test_a_request_finishes_on_its_version_while_newer_ones_load(server, p
     assert (v2, v3) == (v1 + 1, v1 + 2)
     assert _folders(server) == [f"v{v1}", f"v{v2}", f"v{v3}"]  # v1 kept: a request runs on it
 
-    out = await server.generate(PROMPT, SAMPLED)  # new requests: the current version
+    out = await server.generate(req(PROMPT, SAMPLED))  # new requests: the current version
     _assert_follows_adapter(peft_model, PROMPT, out.token_ids, out.log_probs)
     finished = await long
     set_peft_model_state_dict(peft_model, first[0])
@@ -208,5 +211,5 @@ async def test_an_adapter_for_modules_the_model_lacks_is_refused_and_serving_goe
     assert "model.layers.0.self_attn.qkv_typo" in message
     assert (await server.health())["lora_version"] == before
     assert _folders(server) == folders  # the refused version's folder is gone
-    out = await server.generate(PROMPT, SAMPLED)
+    out = await server.generate(req(PROMPT, SAMPLED))
     assert len(out.token_ids) == SAMPLED["max_tokens"]

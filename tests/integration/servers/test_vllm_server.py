@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from servers import AsyncLLMServerManager
+from tests.generate_requests import req, turn_of
 from tests.ray_local import (
     BATCHED_TOKENS,
     MAX_LOGPROBS,
@@ -59,9 +60,11 @@ async def test_64_concurrent_requests_complete_with_one_logprob_per_token(server
     outs = await asyncio.gather(
         *[
             manager.generate(
-                f"traj-{i}",
-                prompt_ids=prompt,
-                sampling_params={"max_tokens": 24, "temperature": 1.0, "seed": i},
+                turn_of(
+                    f"traj-{i}",
+                    prompt_ids=prompt,
+                    sampling_params={"max_tokens": 24, "temperature": 1.0, "seed": i},
+                )
             )
             for i in range(64)
         ]
@@ -77,14 +80,14 @@ async def test_64_concurrent_requests_complete_with_one_logprob_per_token(server
 
 async def test_greedy_output_is_deterministic(server, prompt):
     params = {"max_tokens": 16, "temperature": 0.0}
-    a = await server.generate.remote(prompt, params)
-    b = await server.generate.remote(prompt, params)
+    a = await server.generate.remote(req(prompt, params))
+    b = await server.generate.remote(req(prompt, params))
     assert a.token_ids == b.token_ids and len(a.token_ids) > 0
 
 
 async def test_max_tokens_is_clamped_to_the_model_length(server, prompt):
     out = await server.generate.remote(
-        prompt, {"max_tokens": 10_000, "temperature": 1.0, "ignore_eos": True, "seed": 1}
+        req(prompt, {"max_tokens": 10_000, "temperature": 1.0, "ignore_eos": True, "seed": 1})
     )
     assert len(prompt) + len(out.token_ids) == MAX_MODEL_LEN
     assert out.finish_reason == "length"
@@ -92,7 +95,7 @@ async def test_max_tokens_is_clamped_to_the_model_length(server, prompt):
 
 async def test_abort_ends_a_long_request_with_finish_reason_abort(server, prompt):
     params = {"max_tokens": 480, "temperature": 1.0, "ignore_eos": True}
-    task = asyncio.ensure_future(server.generate.remote(prompt, params, "long-1"))
+    task = asyncio.ensure_future(server.generate.remote(req(prompt, params, "long-1")))
     await asyncio.sleep(1.0)
     await server.abort.remote("long-1")
     out = await asyncio.wait_for(task, timeout=60)
@@ -107,7 +110,9 @@ async def test_waiting_turns_run_lowest_priority_first_not_in_arrival_order(serv
     long = {"max_tokens": 128, "ignore_eos": True, "temperature": 1.0}
     blockers = [
         asyncio.ensure_future(
-            manager.generate(f"block-{i}", prompt_ids=prompt, sampling_params=long, priority=-99)
+            manager.generate(
+                turn_of(f"block-{i}", prompt_ids=prompt, sampling_params=long, priority=-99)
+            )
         )
         for i in range(MAX_NUM_SEQS)
     ]
@@ -117,7 +122,9 @@ async def test_waiting_turns_run_lowest_priority_first_not_in_arrival_order(serv
     async def turn(priority: int) -> None:
         params = {"max_tokens": 8, "ignore_eos": True, "temperature": 1.0}
         await manager.generate(
-            f"wait-{priority}", prompt_ids=prompt, sampling_params=params, priority=priority
+            turn_of(
+                f"wait-{priority}", prompt_ids=prompt, sampling_params=params, priority=priority
+            )
         )
         finished.append(priority)
 
@@ -156,10 +163,10 @@ async def test_bad_input_over_ray_is_a_value_error_and_server_stays_healthy(
     server, prompt, prompt_ids, params, message
 ):
     with pytest.raises(ValueError) as info:
-        await server.generate.remote(prompt_ids, params)
+        await server.generate.remote(req(prompt_ids, params))
     assert message in str(info.value)
     assert (await server.health.remote())["backend"] == "vllm"
-    ok = await server.generate.remote(prompt, {"max_tokens": 2})
+    ok = await server.generate.remote(req(prompt, {"max_tokens": 2}))
     assert len(ok.token_ids) >= 1
 
 
@@ -453,7 +460,7 @@ async def test_weight_update_changes_outputs_and_logprobs_match_transformers(
     server, prompt, tiny_qwen3_path
 ):
     greedy = {"max_tokens": 12, "temperature": 0.0}
-    before = await server.generate.remote(prompt, greedy)
+    before = await server.generate.remote(req(prompt, greedy))
     original = load_file(str(tiny_qwen3_path / "model.safetensors"))
     torch.manual_seed(123)
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
@@ -465,11 +472,11 @@ async def test_weight_update_changes_outputs_and_logprobs_match_transformers(
     try:
         assert loaded == len(new_state)
 
-        after = await server.generate.remote(prompt, greedy)
+        after = await server.generate.remote(req(prompt, greedy))
         assert after.token_ids != before.token_ids
 
         sampled = await server.generate.remote(
-            prompt, {"max_tokens": 32, "temperature": 1.0, "seed": 7, "ignore_eos": True}
+            req(prompt, {"max_tokens": 32, "temperature": 1.0, "seed": 7, "ignore_eos": True})
         )
         reference = _hf_logprobs(model, prompt, sampled.token_ids)
         diff = (torch.tensor(sampled.log_probs) - reference).abs().mean().item()
@@ -477,14 +484,14 @@ async def test_weight_update_changes_outputs_and_logprobs_match_transformers(
     finally:  # the server is shared: its original weights go back whatever happened
         await server.update_weights.remote(list(original.items()))
     # Restoring the original weights restores the original greedy output exactly.
-    restored = await server.generate.remote(prompt, greedy)
+    restored = await server.generate.remote(req(prompt, greedy))
     assert restored.token_ids == before.token_ids
 
 
 async def test_sleep_and_wake_up_are_noops_on_cpu_and_server_still_generates(server, prompt):
     await server.sleep.remote()
     await server.wake_up.remote()
-    out = await server.generate.remote(prompt, {"max_tokens": 3})
+    out = await server.generate.remote(req(prompt, {"max_tokens": 3}))
     assert len(out.token_ids) >= 1
 
 
@@ -509,11 +516,11 @@ async def test_a_turn_aborted_for_a_weight_update_resumes_and_each_token_matches
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     manager = AsyncLLMServerManager([server])
-    await manager.generate("warm", prompt_ids=prompt, sampling_params={"max_tokens": 4})
+    await manager.generate(turn_of("warm", prompt_ids=prompt, sampling_params={"max_tokens": 4}))
     budget = MAX_MODEL_LEN - len(prompt) - 8  # about 4.5 s of decoding at full speed
     params = {"max_tokens": budget, "temperature": 1.0, "ignore_eos": True}
     task = asyncio.ensure_future(
-        manager.generate("partial-1", prompt_ids=prompt, sampling_params=params)
+        manager.generate(turn_of("partial-1", prompt_ids=prompt, sampling_params=params))
     )
     # Pause once the (warm) engine has run the request for a second: some tokens, far from
     # the end, however long the request took to reach it under load.

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from servers import ServerConfig, launch_servers
+from tests.generate_requests import req
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers import WorkerGroup, WorkerSpec
 
@@ -73,7 +74,7 @@ def test_after_a_push_the_server_serves_the_trainers_weights(
     assert (info.dtype, info.loads_staged, info.transfer) == ("float32", True, "host")
     original = load_file(str(tiny_qwen3_path / "model.safetensors"))
     ray.get(server.update_weights.remote(list(original.items())))  # the server's own weights
-    before = ray.get(server.generate.remote(PROMPT, GREEDY))
+    before = ray.get(server.generate.remote(req(PROMPT, GREEDY)))
 
     sent = group.push_weights([server], 1 << 20, route)  # None: the ranks pick (staged here)
 
@@ -81,11 +82,11 @@ def test_after_a_push_the_server_serves_the_trainers_weights(
     params = {k: v for k, v in trainer.state_dict().items() if k != "lm_head.weight"}  # tied
     assert sent["tensors"] == len(params)
     assert sent["bytes"] == sum(v.numel() * 4 for v in params.values())  # float32: served so
-    after = ray.get(server.generate.remote(PROMPT, GREEDY))
+    after = ray.get(server.generate.remote(req(PROMPT, GREEDY)))
     assert after.token_ids != before.token_ids
     sampled = ray.get(
         server.generate.remote(
-            PROMPT, {"max_tokens": 24, "temperature": 1.0, "seed": 3, "ignore_eos": True}
+            req(PROMPT, {"max_tokens": 24, "temperature": 1.0, "seed": 3, "ignore_eos": True})
         )
     )
     gap = (torch.tensor(sampled.log_probs) - _hf_logprobs(trainer.eval(), sampled.token_ids)).abs()
@@ -129,7 +130,7 @@ def test_a_lora_actor_sends_its_adapter_or_merged_weights_and_the_server_serves_
         def gap() -> tuple[float, float]:
             """Server vs the trained actor, and vs its base model, on sampled tokens."""
             params = {"max_tokens": 24, "temperature": 1.0, "seed": 5, "ignore_eos": True}
-            out = ray.get(server.generate.remote(PROMPT, params))
+            out = ray.get(server.generate.remote(req(PROMPT, params)))
             served = torch.tensor(out.log_probs)
             with trained.disable_adapter():
                 plain = _hf_logprobs(trained, out.token_ids)

@@ -89,6 +89,7 @@ def test_vllm_weight_transfer_serves_the_trainers_weights(backend, tiny_qwen3_pa
     from transformers import AutoModelForCausalLM
 
     from servers import ServerConfig, launch_servers
+    from tests.generate_requests import req
     from tests.ray_local import REPO, stop_local_ray
     from trainer.config.actor import ActorConfig, RefConfig
     from trainer.workers import WorkerGroup, WorkerSpec
@@ -120,7 +121,7 @@ def test_vllm_weight_transfer_serves_the_trainers_weights(backend, tiny_qwen3_pa
         assert sent["bytes"] == 2 * sum(v.numel() for v in model.state_dict().values())
         sampled = ray.get(
             server.generate.remote(
-                PROMPT, {"max_tokens": 16, "temperature": 1.0, "seed": 3, "ignore_eos": True}
+                req(PROMPT, {"max_tokens": 16, "temperature": 1.0, "seed": 3, "ignore_eos": True})
             )
         )
         ids = torch.tensor([PROMPT + sampled.token_ids])

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from agentloop.tools import BaseTool, ToolError, ToolResult
-from servers.types import TokenOutput
+from servers.types import GenerateRequest, TokenOutput
 
 
 class ScriptedServer:
@@ -29,17 +29,15 @@ class ScriptedServer:
         self.sampled: list[list[int]] = []
         self.priorities: list[int] = []
 
-    async def generate(
-        self,
-        request_id: str,
-        *,
-        prompt_ids: list[int],
-        sampling_params: dict[str, Any],
-        priority: int = 0,
-    ) -> TokenOutput:
-        self.priorities.append(priority)
+    async def generate(self, request: GenerateRequest) -> TokenOutput:
+        self.priorities.append(request.priority)
+        sampling_params = request.sampling_params.to_dict()
         self.requests.append(
-            {"request_id": request_id, "prompt_ids": list(prompt_ids), **sampling_params}
+            {
+                "session_id": request.session_id,
+                "prompt_ids": list(request.prompt_ids),
+                **sampling_params,
+            }
         )
         text = self.turns.pop(0) if self.turns else "done"
         ids = self.tokenizer.encode(text, add_special_tokens=False)

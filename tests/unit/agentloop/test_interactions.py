@@ -66,7 +66,7 @@ async def test_the_users_reply_is_a_masked_delta_and_its_ok_ends_the_episode(tok
     assert record.interaction.turn_scores == [0.0, 1.0]
     assert record.interaction.final_score == 1.0 and record.interaction.terminated
     assert record.interaction.error is None and record.weight == 1.0
-    request_id = server.requests[0]["request_id"]
+    request_id = server.requests[0]["session_id"]
     starts = [c for c in verl_api.Gsm8kInteraction.calls if c[0] == "start"]
     assert starts == [("start", request_id, "5", {"name": "gsm8k"})]
     responds = [c for c in verl_api.Gsm8kInteraction.calls if c[0] == "respond"]
@@ -106,7 +106,7 @@ async def test_plain_def_methods_run_and_a_none_score_counts_as_no_score(tokeniz
     assert out.record.stop_reason == "interaction_done"
     assert out.record.interaction.turn_scores == [None, None]
     assert out.record.turn_scores == []  # no turn was scored
-    assert verl_api.PlainDef.calls == [("finalize", server.requests[0]["request_id"])]
+    assert verl_api.PlainDef.calls == [("finalize", server.requests[0]["session_id"])]
 
 
 FAULTS = {
@@ -137,7 +137,7 @@ async def test_a_faulty_user_fails_only_its_sample_and_is_finalized_once(tokeniz
     assert out.extra["interaction_error"] == FAULTS[fault]
     assert out.record.weight == 0.0  # the environment failed, not the model: out of the loss
     assert out.record.interaction.final_score is None
-    request_id = server.requests[0]["request_id"] if server.requests else None
+    request_id = server.requests[0]["session_id"] if server.requests else None
     assert [c[0] for c in verl_api.Faulty.calls] == ["finalize"]
     if request_id is not None:
         assert verl_api.Faulty.calls == [("finalize", request_id)]

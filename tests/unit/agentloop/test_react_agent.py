@@ -81,7 +81,7 @@ def test_two_tool_call_episode_matches_tool_agent_ids_mask_and_extra(tokenizer):
     assert [r["prompt_ids"] for r in react_srv.requests] == [
         r["prompt_ids"] for r in tool_srv.requests
     ]
-    assert len({r["request_id"] for r in react_srv.requests}) == 1
+    assert len({r["session_id"] for r in react_srv.requests}) == 1
     assert react_srv.requests[0]["temperature"] == 0.7
     assert react_out.metrics["tool_s"] > 0 and react_out.metrics["generate_s"] > 0
 
@@ -99,7 +99,7 @@ def test_each_sample_opens_its_tools_under_the_one_new_request_id_of_its_turns(t
         loop = loop_cls(AgentLoopContext(server, tokenizer, config, {"calc": calc}))
         out = asyncio.run(loop.run(dict(SAMPLING), raw_prompt=PROMPT, tools_kwargs=tools_kwargs))
         assert out.record.tool_calls == 1
-        (request_id,) = {r["request_id"] for r in server.requests}
+        (request_id,) = {r["session_id"] for r in server.requests}
         request_ids.append(request_id)
     assert request_ids[0] != request_ids[1]
     assert calc.created == {f"{rid}-calc": {"offset": 10} for rid in request_ids}

@@ -180,9 +180,9 @@ class TurnServer(ScriptedServer):
         super().__init__(tokenizer, [text for text, _ in turns])
         self.turn_ends = [tokenizer.convert_tokens_to_ids(end) for _, end in turns]
 
-    async def generate(self, request_id, **kwargs):
+    async def generate(self, request):
         self.eot = self.turn_ends.pop(0)
-        return await super().generate(request_id, **kwargs)
+        return await super().generate(request)
 
 
 def make_config(family: Family, **multi_turn: Any) -> RolloutConfig:

@@ -127,14 +127,9 @@ async def test_worker_runs_rows_concurrently_with_default_and_user_loops(tmp_pat
     )
 
     class SlowServer(ScriptedServer):
-        async def generate(self, request_id, *, prompt_ids, sampling_params, priority=0):
+        async def generate(self, request):
             await asyncio.sleep(0.3)
-            return await super().generate(
-                request_id,
-                prompt_ids=prompt_ids,
-                sampling_params=sampling_params,
-                priority=priority,
-            )
+            return await super().generate(request)
 
     config = RolloutConfig(response_length=64, agent=AgentConfig(agent_loop_config_path=path))
     worker = AgentLoopWorker(

@@ -80,7 +80,7 @@ async def test_turns_carry_the_exact_trajectory_and_append_only_deltas(tokenizer
     )
     assert state3["response_ids"] == state2["response_ids"] + human + server.sampled[2]
     assert tokenizer.decode(human).endswith("<|im_start|>assistant\n")
-    assert len({r["request_id"] for r in server.requests}) == 1
+    assert len({r["session_id"] for r in server.requests}) == 1
 
 
 async def test_bound_sampling_keys_override_the_rollout_params(tokenizer):

@@ -92,7 +92,7 @@ async def test_every_turn_samples_with_the_configured_params(tokenizer):
     # max_tokens is the budget left, shrinking every turn
     budgets = [r["max_tokens"] for r in server.requests]
     assert budgets[0] == 300 and budgets[0] > budgets[1] > budgets[2]
-    assert len({r["request_id"] for r in server.requests}) == 1  # sticky routing key
+    assert len({r["session_id"] for r in server.requests}) == 1  # sticky routing key
 
 
 ERROR_CASES = [

@@ -60,7 +60,7 @@ def add(a: int, b: int = 1) -> ToolCall:
 
 def session_of(tools: dict[str, BaseTool], tools_kwargs=None, timeout_s=5.0) -> ToolSession:
     runner = ToolRunner(tools, timeout_s=timeout_s)
-    return ToolSession(tools, runner, MultiTurnConfig(), request_id="r", tools_kwargs=tools_kwargs)
+    return ToolSession(tools, runner, MultiTurnConfig(), session_id="r", tools_kwargs=tools_kwargs)
 
 
 async def test_older_verl_tool_gets_a_json_string_and_its_text_reward_and_metrics_flow(tmp_path):

@@ -48,7 +48,7 @@ class GatedEngine:
         self.gate = asyncio.Event()
         self.waiting = 0
 
-    async def generate(self, prompt_ids, params, request_id, priority=0):
+    async def generate(self, request):
         self.waiting += 1
         await self.gate.wait()
         self.waiting -= 1

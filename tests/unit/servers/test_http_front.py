@@ -16,9 +16,9 @@ class ScriptedEngine:
     def __init__(self) -> None:
         self.priorities: list[int] = []
 
-    async def generate(self, prompt_ids, params, request_id, priority=0):
-        self.priorities.append(priority)
-        n = params["max_tokens"]
+    async def generate(self, request):
+        self.priorities.append(request.priority)
+        n = request.sampling_params.max_tokens
         return TokenOutput(token_ids=list(range(n)), log_probs=[-1.0] * n, finish_reason="length")
 
     async def health(self):

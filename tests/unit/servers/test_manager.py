@@ -7,6 +7,21 @@ import asyncio
 import pytest
 
 from servers import AsyncLLMServerManager, EngineDeadError, NoHealthyServerError, TokenOutput
+from servers.types import GenerateRequest, SamplingParams
+
+DELAYS: dict[str, float] = {}
+"""Seconds a ``FakeServer`` takes for each session's turn (set by ``req``)."""
+
+
+def req(session_id: str, prompt_ids: list[int], params: dict) -> GenerateRequest:
+    """A turn of ``session_id``; a ``delay`` in ``params`` is the fake servers' latency."""
+    params = dict(params)
+    DELAYS[session_id] = params.pop("delay", 0.01)
+    return GenerateRequest(
+        prompt_ids=prompt_ids,
+        sampling_params=SamplingParams.from_dict(params),
+        session_id=session_id,
+    )
 
 
 class FakeServer:
@@ -20,14 +35,14 @@ class FakeServer:
         self.max_in_flight = 0
         self.aborted: list[str] = []
 
-    async def generate(self, prompt_ids, sampling_params, request_id, priority=0):
+    async def generate(self, request):
         if self.dead:
             raise EngineDeadError(f"{self.name} is dead")
-        self.seen.append(request_id)
+        self.seen.append(request.request_id)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(sampling_params.get("delay", 0.01))
+            await asyncio.sleep(DELAYS.get(request.session_id, 0.01))
         finally:
             self.in_flight -= 1
         return TokenOutput(token_ids=[1, 2, 3], log_probs=[-0.1] * 3, finish_reason="stop")
@@ -40,12 +55,10 @@ async def test_first_turns_go_to_the_server_with_fewest_in_flight():
     a, b = FakeServer("a"), FakeServer("b")
     manager = AsyncLLMServerManager([a, b])
     # One very long request lands on a; every later short request must avoid a while it runs.
-    long = asyncio.ensure_future(
-        manager.generate("long", prompt_ids=[1], sampling_params={"delay": 0.5})
-    )
+    long = asyncio.ensure_future(manager.generate(req("long", [1], {"delay": 0.5})))
     await asyncio.sleep(0.01)
     for i in range(10):
-        await manager.generate(f"short-{i}", prompt_ids=[1], sampling_params={"delay": 0.01})
+        await manager.generate(req(f"short-{i}", [1], {"delay": 0.01}))
     await long
     assert len(a.seen) == 1 and len(b.seen) == 10
 
@@ -56,7 +69,7 @@ async def test_uneven_lengths_balance_in_flight_not_counts():
     delays = [0.2 if i % 4 == 0 else 0.02 for i in range(60)]
 
     async def one(i):
-        await manager.generate(f"t{i}", prompt_ids=[1], sampling_params={"delay": delays[i]})
+        await manager.generate(req(f"t{i}", [1], {"delay": delays[i]}))
         await asyncio.sleep(0)
 
     await asyncio.gather(*[one(i) for i in range(60)])
@@ -69,14 +82,14 @@ async def test_uneven_lengths_balance_in_flight_not_counts():
 async def test_later_turns_of_a_trajectory_stick_to_their_server_with_fresh_engine_ids():
     a, b = FakeServer("a"), FakeServer("b")
     manager = AsyncLLMServerManager([a, b])
-    await manager.generate("traj-1", prompt_ids=[1], sampling_params={})
+    await manager.generate(req("traj-1", [1], {}))
     first = manager.server_for("traj-1")
     busy = asyncio.ensure_future(  # make the sticky server the busier one
-        manager.generate("other", prompt_ids=[1], sampling_params={"delay": 0.3})
+        manager.generate(req("other", [1], {"delay": 0.3}))
     )
     await asyncio.sleep(0.01)
     for _ in range(3):
-        await manager.generate("traj-1", prompt_ids=[1, 2], sampling_params={})
+        await manager.generate(req("traj-1", [1, 2], {}))
     await busy
     server = [a, b][first]
     traj_ids = [rid for rid in server.seen if rid.startswith("traj-1-")]
@@ -86,20 +99,20 @@ async def test_later_turns_of_a_trajectory_stick_to_their_server_with_fresh_engi
 async def test_sticky_map_is_an_lru_of_bounded_size():
     manager = AsyncLLMServerManager([FakeServer("a")], max_sticky=5)
     for i in range(8):
-        await manager.generate(f"t{i}", prompt_ids=[1], sampling_params={})
+        await manager.generate(req(f"t{i}", [1], {}))
     assert manager.server_for("t0") is None and manager.server_for("t7") == 0
 
 
 async def test_dead_server_is_marked_and_the_request_retried_elsewhere():
     dead, alive = FakeServer("dead", dead=True), FakeServer("alive")
     manager = AsyncLLMServerManager([dead, alive])
-    out = await manager.generate("t", prompt_ids=[1], sampling_params={})
+    out = await manager.generate(req("t", [1], {}))
     assert out.token_ids == [1, 2, 3]
     stats = manager.stats()
     assert stats[0]["healthy"] is False and stats[0]["failures"] == 1
     assert stats[1]["requests"] == 1
     # The dead server is not tried again.
-    await manager.generate("t2", prompt_ids=[1], sampling_params={})
+    await manager.generate(req("t2", [1], {}))
     assert manager.stats()[0]["requests"] == 1
 
 
@@ -108,13 +121,13 @@ async def test_all_servers_dead_raises_a_clear_error():
     with pytest.raises(
         NoHealthyServerError, match=r"no healthy server left for request t \(2 of 2 dead\)"
     ):
-        await manager.generate("t", prompt_ids=[1], sampling_params={})
+        await manager.generate(req("t", [1], {}))
 
 
 async def test_with_no_server_left_a_turn_waits_for_a_replacement_and_runs_there():
     only = FakeServer("only", dead=True)
     manager = AsyncLLMServerManager([only], restart_wait_s=5)
-    turn = asyncio.create_task(manager.generate("t", prompt_ids=[1], sampling_params={}))
+    turn = asyncio.create_task(manager.generate(req("t", [1], {})))
     await asyncio.sleep(0.2)
     assert not turn.done() and manager.stats()[0]["healthy"] is False
     restarted = FakeServer("restarted")
@@ -127,18 +140,18 @@ async def test_with_no_server_left_a_turn_waits_for_a_replacement_and_runs_there
 async def test_a_turn_waiting_past_restart_wait_s_fails_with_the_clear_error():
     manager = AsyncLLMServerManager([FakeServer("a", dead=True)], restart_wait_s=0.2)
     with pytest.raises(NoHealthyServerError, match=r"\(1 of 1 dead\)"):
-        await manager.generate("t", prompt_ids=[1], sampling_params={})
+        await manager.generate(req("t", [1], {}))
 
 
 async def test_a_late_failure_of_a_replaced_actor_leaves_its_replacement_healthy():
     class DiesLate(FakeServer):
-        async def generate(self, prompt_ids, sampling_params, request_id, priority=0):
+        async def generate(self, request):
             await asyncio.sleep(0.2)
             raise EngineDeadError("old actor")
 
     new = FakeServer("new")
     manager = AsyncLLMServerManager([DiesLate("old")])
-    turn = asyncio.create_task(manager.generate("t", prompt_ids=[1], sampling_params={}))
+    turn = asyncio.create_task(manager.generate(req("t", [1], {})))
     await asyncio.sleep(0.05)
     manager.replace_server(0, new)
     out = await asyncio.wait_for(turn, 2)
@@ -147,14 +160,14 @@ async def test_a_late_failure_of_a_replaced_actor_leaves_its_replacement_healthy
 
 async def test_bad_input_is_not_retried():
     class Rejecting(FakeServer):
-        async def generate(self, prompt_ids, sampling_params, request_id, priority=0):
-            self.seen.append(request_id)
+        async def generate(self, request):
+            self.seen.append(request.request_id)
             raise ValueError("prompt_ids is empty: send at least one token id")
 
     a, b = Rejecting("a"), Rejecting("b")
     manager = AsyncLLMServerManager([a, b])
     with pytest.raises(ValueError, match="prompt_ids is empty"):
-        await manager.generate("t", prompt_ids=[], sampling_params={})
+        await manager.generate(req("t", [], {}))
     assert len(a.seen) + len(b.seen) == 1
     assert all(s["healthy"] for s in manager.stats())
 
@@ -162,9 +175,7 @@ async def test_bad_input_is_not_retried():
 async def test_abort_reaches_the_running_engine_request():
     a = FakeServer("a")
     manager = AsyncLLMServerManager([a])
-    task = asyncio.ensure_future(
-        manager.generate("t", prompt_ids=[1], sampling_params={"delay": 0.2})
-    )
+    task = asyncio.ensure_future(manager.generate(req("t", [1], {"delay": 0.2})))
     await asyncio.sleep(0.02)
     assert await manager.abort("t") is True
     await task
@@ -185,11 +196,12 @@ class StreamingFakeServer:
         self.requests: list[list[int]] = []
         self._aborted: set[str] = set()
 
-    async def generate(self, prompt_ids, sampling_params, request_id, priority=0):
+    async def generate(self, request):
+        prompt_ids = request.prompt_ids
         self.requests.append(list(prompt_ids))
         tokens: list[int] = []
-        while len(tokens) < sampling_params["max_tokens"]:
-            if request_id in self._aborted:
+        while len(tokens) < request.sampling_params.max_tokens:
+            if request.request_id in self._aborted:
                 return TokenOutput(tokens, [-1.0] * len(tokens), "abort")
             await asyncio.sleep(0.01)
             tokens.append(len(prompt_ids) + len(tokens))
@@ -202,14 +214,10 @@ class StreamingFakeServer:
 async def test_pause_with_abort_continues_the_turn_from_its_tokens_under_the_new_version():
     server = StreamingFakeServer()
     manager = AsyncLLMServerManager([server])
-    task = asyncio.ensure_future(
-        manager.generate("t", prompt_ids=[100, 101], sampling_params={"max_tokens": 20})
-    )
+    task = asyncio.ensure_future(manager.generate(req("t", [100, 101], {"max_tokens": 20})))
     await asyncio.sleep(0.06)
     assert await manager.pause(abort=True) == 1
-    held = asyncio.ensure_future(
-        manager.generate("u", prompt_ids=[7], sampling_params={"max_tokens": 2})
-    )
+    held = asyncio.ensure_future(manager.generate(req("u", [7], {"max_tokens": 2})))
     await asyncio.sleep(0.05)
     assert not task.done() and not held.done() and len(server.requests) == 1  # both held
     manager.resume(1)
@@ -224,9 +232,7 @@ async def test_pause_with_abort_continues_the_turn_from_its_tokens_under_the_new
 async def test_pause_without_abort_lets_running_turns_finish_on_their_version():
     server = StreamingFakeServer()
     manager = AsyncLLMServerManager([server])
-    task = asyncio.ensure_future(
-        manager.generate("t", prompt_ids=[1], sampling_params={"max_tokens": 10})
-    )
+    task = asyncio.ensure_future(manager.generate(req("t", [1], {"max_tokens": 10})))
     await asyncio.sleep(0.03)
     assert await manager.pause(abort=False) == 0
     assert task.done()  # pause returned only once nothing ran
@@ -244,9 +250,7 @@ async def test_a_server_dead_while_pausing_does_not_stop_the_pause():
         raise EngineDeadError("a died")
 
     a.abort = dead_abort  # type: ignore[method-assign]
-    task = asyncio.ensure_future(
-        manager.generate("t", prompt_ids=[1], sampling_params={"delay": 0.05})
-    )
+    task = asyncio.ensure_future(manager.generate(req("t", [1], {"delay": 0.05})))
     await asyncio.sleep(0.01)
     assert await manager.pause(abort=True) == 1
     manager.resume(1)
@@ -259,10 +263,10 @@ async def test_a_restarted_server_stamps_the_version_it_was_given_until_the_next
     manager = AsyncLLMServerManager([FakeServer("a"), FakeServer("b")])
     manager.resume(2)
     manager.replace_server(1, FakeServer("b2"), version=3)
-    first = await manager.generate("x", prompt_ids=[1], sampling_params={})
-    second = await manager.generate("y", prompt_ids=[1], sampling_params={})
+    first = await manager.generate(req("x", [1], {}))
+    second = await manager.generate(req("y", [1], {}))
     picked = {manager.server_for("x"): first.versions, manager.server_for("y"): second.versions}
     assert picked == {0: [2, 2, 2], 1: [3, 3, 3]}
     manager.resume(4)
-    out = await manager.generate("y", prompt_ids=[1], sampling_params={})
+    out = await manager.generate(req("y", [1], {}))
     assert out.versions == [4, 4, 4]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servers import ServerConfig, ServerCore
+from servers import GenerateRequest, SamplingParams, ServerConfig, ServerCore
 from servers.sglang import SGLangEngine, engine_args, from_sglang_output, to_sglang_sampling
 
 
@@ -57,6 +57,14 @@ class StandInEngine:
         pass
 
 
+def request(prompt_ids: list[int], params: dict, request_id: str) -> GenerateRequest:
+    return GenerateRequest(
+        prompt_ids=prompt_ids,
+        sampling_params=SamplingParams.from_dict(params),
+        request_id=request_id,
+    )
+
+
 @pytest.fixture
 async def core():
     config = ServerConfig(model="/models/x", backend="sglang")
@@ -92,7 +100,7 @@ def test_sampling_keys_are_translated_to_sglang_names():
 
 
 async def test_generate_returns_tokens_logprobs_and_finish_reason(core, adapter):
-    out = await core.generate([1, 2, 3], {"max_tokens": 4, "temperature": 1.0}, "r1")
+    out = await core.generate(request([1, 2, 3], {"max_tokens": 4, "temperature": 1.0}, "r1"))
     assert out.token_ids == [0, 7, 14, 21]
     assert out.log_probs == [-0.5, -1.5, -2.5, -3.5]
     assert out.finish_reason == "length"
@@ -101,14 +109,14 @@ async def test_generate_returns_tokens_logprobs_and_finish_reason(core, adapter)
 
 
 async def test_max_tokens_clamped_to_context_length(core, adapter):
-    out = await core.generate([1] * 60, {"max_tokens": 100}, "r2")
+    out = await core.generate(request([1] * 60, {"max_tokens": 100}, "r2"))
     assert len(out.token_ids) == 4
     assert adapter.engine.calls[-1]["sampling_params"]["max_new_tokens"] == 4
 
 
 async def test_bad_input_is_rejected_before_reaching_sglang(core, adapter):
     with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 1000\)"):
-        await core.generate([5000], {}, "r3")
+        await core.generate(request([5000], {}, "r3"))
     assert adapter.engine.calls == []
 
 

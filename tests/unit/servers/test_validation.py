@@ -103,10 +103,10 @@ def test_bad_input_names_the_field(prompt_ids, params, message, param):
 
 
 def test_max_tokens_defaults_to_and_is_clamped_to_the_room_left():
-    assert check([1, 2, 3], {})["max_tokens"] == 13
-    assert check([1, 2, 3], {"max_tokens": 100})["max_tokens"] == 13
-    assert check([1, 2, 3], {"max_tokens": 4, "temperature": 0})["max_tokens"] == 4
+    assert check([1, 2, 3], {}).max_tokens == 13
+    assert check([1, 2, 3], {"max_tokens": 100}).max_tokens == 13
+    assert check([1, 2, 3], {"max_tokens": 4, "temperature": 0}).max_tokens == 4
 
 
 def test_logit_bias_keys_become_token_ids():
-    assert check([1], {"logit_bias": {"7": 2, 9: -1.5}})["logit_bias"] == {7: 2.0, 9: -1.5}
+    assert check([1], {"logit_bias": {"7": 2, 9: -1.5}}).logit_bias == {7: 2.0, 9: -1.5}

@@ -542,9 +542,9 @@ class HarmonyServer(ScriptedServer):
         super().__init__(tokenizer, [text for text, _ in turns], end_token=CALL)
         self.turn_ends = [tokenizer.convert_tokens_to_ids(end) for _, end in turns]
 
-    async def generate(self, request_id, **kwargs):
+    async def generate(self, request):
         self.eot = self.turn_ends.pop(0)
-        return await super().generate(request_id, **kwargs)
+        return await super().generate(request)
 
 
 PROMPT = [{"role": "user", "content": "What is 2 + 3 + 1?"}]

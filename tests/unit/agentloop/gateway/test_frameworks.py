@@ -125,9 +125,9 @@ class FamilyServer(ScriptedServer):
         super().__init__(tokenizer, [text for text, _ in turns])
         self.ends = [tokenizer.convert_tokens_to_ids(end) for _, end in turns]
 
-    async def generate(self, request_id, **kwargs):
+    async def generate(self, request):
         self.eot = self.ends.pop(0)
-        return await super().generate(request_id, **kwargs)
+        return await super().generate(request)
 
 
 async def run_agent(tok, family: Family, agent: str, turns: list[Turn], **agent_kwargs):

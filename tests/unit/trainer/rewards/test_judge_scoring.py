@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from servers.manager import NoHealthyServerError
-from servers.types import TokenOutput
+from servers.types import GenerateRequest, TokenOutput
 from tests.unit.trainer.rewards.batch import make_batch
 from trainer.config.reward import JudgeConfig, RewardFunctionConfig, RewardModelConfig
 from trainer.rewards import JudgeReward, JudgeUnavailableError, RewardManager, parse_judge_score
@@ -51,7 +51,7 @@ class ScriptedJudge:
         self.servers = [object(), object()]
         self.revived: list[int] = []
 
-    async def generate(self, request_id, *, prompt_ids, sampling_params) -> TokenOutput:
+    async def generate(self, request: GenerateRequest) -> TokenOutput:
         self.calls += 1
         if self.calls <= self.dead_for:
             raise NoHealthyServerError("no healthy server left for request x (2 of 2 dead)")
@@ -59,7 +59,7 @@ class ScriptedJudge:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             await asyncio.sleep(0.02)
-            self.prompts.append(self.tokenizer.decode(prompt_ids))
+            self.prompts.append(self.tokenizer.decode(request.prompt_ids))
             reply = self.replies[(len(self.prompts) - 1) % len(self.replies)]
             return TokenOutput(self.tokenizer.encode(reply), None, "stop")
         finally:
