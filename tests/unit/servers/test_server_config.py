@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import fields
 
 import pytest
 import torch
 
-from servers import ServerConfig
+from servers import EngineConfig, ServerConfig
 
 
 @pytest.mark.parametrize(
@@ -89,3 +90,25 @@ def test_an_unknown_vllm_engine_argument_fails_the_start_naming_it_before_the_en
         "max_num_batched_tokens? set max_num_batched_tokens for it): fix the name or remove it"
     )
     assert engine.engine is None
+
+
+def test_a_server_of_an_engine_node_takes_every_engine_field_as_it_is():
+    """``ServerConfig.of_engine``: the rollout config's ``engine`` node reaches the server with
+    no field copied by hand; a launcher's own value (the derived ``max_model_len``) wins."""
+    engine = EngineConfig(
+        backend="sglang",
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.7,
+        enforce_eager=True,
+        scheduling_policy="fcfs",
+        max_num_seqs=8,
+        max_num_batched_tokens=4096,
+        enable_chunked_prefill=False,
+        engine_kwargs={"attention_backend": "triton"},
+    )
+    server = ServerConfig.of_engine(engine, model="m", max_model_len=1536, http=False)
+    for f in fields(EngineConfig):
+        if f.name != "max_model_len":
+            assert getattr(server, f.name) == getattr(engine, f.name), f.name
+    assert (server.model, server.max_model_len, server.http) == ("m", 1536, False)
+    assert isinstance(server, EngineConfig)  # the servers read the engine fields as they are

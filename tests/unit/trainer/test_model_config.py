@@ -273,6 +273,30 @@ def test_servers_run_with_lora_only_for_a_lora_actor_on_vllm_with_adapter_sync(m
         RolloutConfig(lora_sync="both")
 
 
+def test_start_rollout_hands_the_engine_node_to_the_servers_as_it_is(monkeypatch):
+    """Every ``rollout.engine`` field reaches the ServerConfig unchanged; ``max_model_len``
+    unset is derived once, from the rollout's lengths (``context_length``)."""
+    seen: list[Any] = []
+
+    class Group:
+        def __init__(self, config, num_servers, **kwargs) -> None:
+            seen.append((config, kwargs))
+            self.handles = ["server-0"]
+
+    monkeypatch.setattr(servers, "ServerGroup", Group)
+    monkeypatch.setattr(
+        agentloop, "AgentLoopManager", lambda rollout, group, tokenizer, **users: None
+    )
+    monkeypatch.setattr(trainer.launch.rollout, "init_ray", lambda: None)
+    engine = EngineConfig(tensor_parallel_size=2, max_num_seqs=4, enforce_eager=True)
+    rollout = RolloutConfig(prompt_length=100, response_length=28, engine=engine)
+    start_rollout(rollout, ModelConfig(path="/snap/model"), 0.5, num_servers=1)
+    config, kwargs = seen[0]
+    assert (config.tensor_parallel_size, config.max_num_seqs, config.enforce_eager) == (2, 4, True)
+    assert config.max_model_len == rollout.context_length == 128
+    assert kwargs["num_gpus"] == 1.0  # 0.5 of a GPU per tensor-parallel rank, 2 ranks
+
+
 def test_export_carries_the_run_s_tokenizer_and_template(tiny_qwen3_path, tmp_path):
     tok = copy_model(tiny_qwen3_path, tmp_path / "tok")
     edit_json(tok / "tokenizer_config.json", model_max_length=4321)
