@@ -100,13 +100,15 @@ class ServerGroup:
         name_prefix: str | None = None,
         max_restarts: int = 3,
         node_resource: str | None = None,
+        wait: bool = True,
     ) -> None:
         """Start ``num_servers`` servers and wait until each is ready. ``num_gpus`` defaults
         to ``tensor_parallel_size`` when CUDA is visible, else 0. ``max_restarts``: servers
         this group may replace over its life; past it a death is a ``ServerRestartError``.
         ``node_resource``: only nodes declaring this Ray resource run them (a restarted
-        server too: on one of them that remains; ``servers.placement``)."""
-        import ray
+        server too: on one of them that remains; ``servers.placement``). ``wait=False``:
+        return while the engines load (the caller starts other parts meanwhile) and call
+        ``wait_ready`` before the first request."""
         import torch
 
         if num_gpus is None:
@@ -122,10 +124,23 @@ class ServerGroup:
         }
         self._name_prefix = name_prefix
         self.handles: list[Any] = [self._create(i) for i in range(num_servers)]
-        ray.get([h.start.remote() for h in self.handles])
+        self._starting: list[Any] = [h.start.remote() for h in self.handles]
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until every server this group started is ready; raises what a failed start
+        raised. Idempotent: later calls return at once."""
+        import ray
+
+        if not self._starting:
+            return
+        starting, self._starting = self._starting, []
+        ray.get(starting)
         for handle in self.handles:
             _record_shm(handle)
-        logger.info("%d %s server(s) ready for %s", num_servers, config.backend, config.model)
+        config = self.config
+        logger.info("%d %s server(s) ready for %s", len(self.handles), config.backend, config.model)
 
     def _create(self, index: int) -> Any:
         import ray

@@ -33,6 +33,7 @@ __all__ = [
     "start_model_group",
     "start_user_model",
     "start_rollout",
+    "wait_for_servers",
     "stop_rollout",
 ]
 
@@ -217,6 +218,7 @@ def start_rollout(
     lora: bool = True,
     user_servers: list[Any] | None = None,
     user_tokenizer: str | None = None,
+    wait: bool = True,
 ) -> tuple[list[Any], AgentLoopManager]:
     """Ray (local unless already connected), the AsyncServers and the AgentLoopManager (which
     restarts a server that dies; the handles list is updated in place), from
@@ -225,7 +227,8 @@ def start_rollout(
     ``gpu_share``: GPUs per tensor-parallel rank a server asks Ray for (None: whole GPUs;
     a fraction lets colocated trainer ranks share them). ``num_servers``: how many
     (``Config.servers_for``). ``lora``: vLLM servers run with LoRA at ``model.lora_rank`` (and
-    serve ``model.lora_adapter_path``); False: without (a LoRA actor then sends merged weights)."""
+    serve ``model.lora_adapter_path``); False: without (a LoRA actor then sends merged weights).
+    ``wait=False``: return while the engines load; ``wait_for_servers`` before the first use."""
 
     from agentloop import AgentLoopManager
     from servers import ServerConfig, ServerGroup
@@ -251,6 +254,7 @@ def start_rollout(
         num_gpus=num_gpus,
         max_restarts=rollout.recovery.max_server_restarts,
         node_resource=rollout.node_resource,
+        wait=wait,
     )
     manager = AgentLoopManager(
         rollout,
@@ -261,6 +265,12 @@ def start_rollout(
         worker_options=on_nodes_with(rollout.agent.node_resource),
     )
     return group.handles, manager
+
+
+def wait_for_servers(manager: AgentLoopManager) -> None:
+    """Block until the servers ``start_rollout(..., wait=False)`` started are ready."""
+    if manager.group is not None:
+        manager.group.wait_ready()
 
 
 def start_judge(judge: JudgeConfig, device: str) -> tuple[list[Any], Any, Any]:

@@ -6,7 +6,9 @@ server or trainer rank starts:
    with a message that says what to set.
 2. ``build_run(config, plan) -> RunParts``: starts the parts, each once, in a fixed order:
    rollout traces -> rollout servers + AgentLoopManager -> rewards (+ judge servers) ->
-   trainer ranks -> weight sync. If one fails, those already started are stopped again.
+   trainer ranks -> weight sync. The servers' engines load while the rewards and the ranks
+   start (except beside colocated GPU ranks), and are waited for before the weight sync. If
+   one fails, those already started are stopped again.
 
 ``RayPPOTrainer`` receives the ``RunParts`` and drives them; it builds nothing itself.
 """
@@ -42,6 +44,7 @@ from trainer.launch.rollout import (
     start_rollout,
     start_user_model,
     stop_rollout,
+    wait_for_servers,
 )
 from trainer.loop.checkpoint import CheckpointManager, checkpoint_bytes
 from trainer.loop.weight_sync import WeightSync
@@ -257,6 +260,8 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         lora = ref.rollout.lora_sync == "adapter"  # merged: servers without LoRA
         user_servers, user_path = start_user_model(ref.rollout.multi_turn.user_model, plan.device)
         undo.callback(stop_servers, user_servers)
+        # The engines load while the rewards and the trainer ranks start (not beside ranks
+        # on the same GPUs: vLLM sizes its memory from what is free when it starts).
         servers, manager = start_rollout(
             ref.rollout,
             model,
@@ -265,6 +270,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             lora=lora,
             user_servers=user_servers,
             user_tokenizer=user_path,
+            wait=colocated,
         )
         undo.callback(stop_rollout, servers, manager)
         rewards, judge_servers = build_rewards(config, plan.setup.tokenizer, plan.device)
@@ -296,6 +302,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             node_resource=config.trainer.node_resource,
         )
         undo.callback(workers.shutdown)
+        wait_for_servers(manager)  # the weight sync asks each server for its routes
         sync = WeightSync(
             workers,
             servers,

@@ -1,6 +1,7 @@
 """``trainer.loop.assembly.build_run`` without Ray: the parts are started in order and wired to each
 other (weight sync over the rollout servers, restarted servers get the weights, the ranks'
-spec from the config), and a part that fails to start stops those already started."""
+spec from the config), the engines load while the rewards and the ranks start and are waited
+for before the weight sync, and a part that fails to start stops those already started."""
 
 from __future__ import annotations
 
@@ -19,8 +20,19 @@ from trainer.loop.checkpoint import CheckpointManager
 from trainer.metrics.tracking import Tracking
 
 
+class FakeGroup:
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def wait_ready(self) -> None:
+        self.events.append("servers ready")
+
+
 class FakeManager:
     on_server_restart: Any = None
+
+    def __init__(self, events: list[str]) -> None:
+        self.group = FakeGroup(events)
 
 
 class FakeRewards:
@@ -33,6 +45,7 @@ class FakeRewards:
 
 class FakeWorkers:
     specs: list[Any] = []
+    events: list[str] = []
 
     def __init__(
         self,
@@ -43,6 +56,7 @@ class FakeWorkers:
         node_resource: str | None = None,
     ) -> None:
         self.specs.append((spec, world_size))
+        self.events.append("start ranks")
         self.balance = balance
         self.placement = (nnodes, node_resource)
 
@@ -74,10 +88,11 @@ def started(monkeypatch) -> list[str]:
         lora: bool,
         user_servers: list[Any],
         user_tokenizer: str | None,
+        wait: bool,
     ):
         assert (user_servers, user_tokenizer) == ([], None)  # no simulated-user model
-        events.append(f"start rollout {model.path} share={share} servers={num_servers}")
-        return ["server-0"], FakeManager()
+        events.append(f"start rollout {model.path} share={share} servers={num_servers} {wait=}")
+        return ["server-0"], FakeManager(events)
 
     def stop_rollout(servers: list[Any], manager: Any) -> None:
         assert isinstance(manager, FakeManager)
@@ -99,6 +114,7 @@ def started(monkeypatch) -> list[str]:
     monkeypatch.setattr(trainer.loop.assembly, "build_rewards", build_rewards)
     monkeypatch.setattr(trainer.loop.assembly, "WorkerGroup", FakeWorkers)
     FakeWorkers.specs = []
+    FakeWorkers.events = events
     return events
 
 
@@ -130,8 +146,11 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
 
     assert started == [
         "ray logs at WARNING, env ['AGENTLOOP_RUN_DIR'], ray_init {'num_cpus': None}",
-        "start rollout /models/m share=None servers=1",  # num_servers null on CPU: one
+        # num_servers null on CPU: one; its engine loads while the rewards and ranks start
+        "start rollout /models/m share=None servers=1 wait=False",
         "start rewards on cpu",
+        "start ranks",
+        "servers ready",  # before the weight sync asks the servers for their routes
     ]
     ((spec, world),) = FakeWorkers.specs
     assert (spec.model_path, spec.device, spec.need_ref, spec.gpu_share, world) == (
@@ -152,7 +171,7 @@ def test_build_run_starts_each_part_once_and_wires_them(tmp_path, started):
 
     parts.close()
     parts.close()  # a second close does nothing
-    assert started[3:] == ["finish tracking", "close rewards", "stop rollout ['server-0']"]
+    assert started[5:] == ["finish tracking", "close rewards", "stop rollout ['server-0']"]
 
 
 def test_a_part_that_fails_to_start_stops_those_before_it(tmp_path, started, monkeypatch):
@@ -163,3 +182,17 @@ def test_a_part_that_fails_to_start_stops_those_before_it(tmp_path, started, mon
     with pytest.raises(RuntimeError, match="no room for the trainer ranks"):
         build_run(config_with(), plan_of(tmp_path, started))
     assert started[3:] == ["close rewards", "stop rollout ['server-0']", "finish tracking"]
+
+
+def test_servers_beside_colocated_gpu_ranks_are_ready_before_the_ranks_start(tmp_path, started):
+    """vLLM sizes its GPU memory from what is free when it starts: beside colocated ranks
+    (``hybrid_engine`` on CUDA) the engines load first, alone."""
+    plan = plan_of(tmp_path, started)
+    plan.device = "cuda"
+    build_run(config_with(), plan).close()
+    assert started[1:5] == [
+        "start rollout /models/m share=0.5 servers=1 wait=True",
+        "start rewards on cuda",
+        "start ranks",
+        "servers ready",  # returns at once: the group waited when it started
+    ]
