@@ -1,17 +1,16 @@
 """``AsyncServer``: the Ray actor that owns one engine and its HTTP front.
 
-Contract (DESIGN.md): ``generate(GenerateRequest) -> TokenOutput``,
-``abort``, ``sleep``/``wake_up``, the weight-update methods, ``health``, ``address``.
+Contract (DESIGN.md): ``generate(GenerateRequest) -> TokenOutput``, ``abort``,
+``sleep``/``wake_up``, one ``apply_weights(update)`` for every kind of weight update
+(``servers/updates.py``; the kinds the engine takes are in ``weight_sync_info().updates``),
+``health``, ``address``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
 from typing import Any
-
-import torch
 
 from servers.config import ServerConfig
 from servers.core import ServerCore
@@ -19,8 +18,16 @@ from servers.engines import make_engine
 from servers.http import HttpFront, build_app
 from servers.shm import SHM, engine_shm
 from servers.types import GenerateRequest, TokenOutput
+from servers.updates import (
+    UPDATE_KINDS,
+    AdapterUpdate,
+    BucketUpdate,
+    StagedUpdate,
+    TransferUpdate,
+    WeightUpdate,
+)
 from servers.user_code import import_external_lib
-from servers.weights import WeightSyncInfo, bucketize
+from servers.weights import WeightSyncInfo
 
 __all__ = ["AsyncServer"]
 
@@ -43,8 +50,8 @@ class AsyncServer:
         await self.core.start()
         if self.config.http:
             chat = completions = None  # the OpenAI routes answer 501 without a serving layer
-            if hasattr(self.core.engine, "openai"):  # vLLM's
-                api = self.core.engine.openai()
+            api = self.core.engine.openai()  # vLLM's; None for SGLang
+            if api is not None:
                 chat, completions = api.chat, api.completions
             app = build_app(self.core, chat, completions)
             self._http = HttpFront(app, self.config.host, self.config.port)
@@ -59,85 +66,88 @@ class AsyncServer:
     async def abort(self, request_id: str) -> None:
         await self.core.engine.abort(request_id)
 
-    async def begin_weight_update(self) -> None:
-        await self.core.engine.begin_weight_update()
-
-    async def update_weights_bucket(self, named: list[tuple[str, torch.Tensor]]) -> int:
-        return await self.core.engine.update_weights_bucket(named)
-
-    async def finish_weight_update(self) -> int:
-        loaded = await self.core.engine.finish_weight_update()
-        self._loads["buckets"] += 1
+    async def apply_weights(self, update: WeightUpdate) -> int:
+        """Load a weight update of a kind this server accepts (``weight_sync_info().updates``):
+        ``BucketUpdate`` -> the bucket's bytes (the tensors loaded at ``finish``),
+        ``StagedUpdate`` -> tensors loaded, ``AdapterUpdate`` -> the adapter version now
+        served, ``TransferUpdate`` -> 0. A kind the engine does not take raises
+        ``NotImplementedError`` naming the kinds it does."""
+        engine = self.core.engine
+        if update.kind not in engine.weight_updates:
+            raise NotImplementedError(
+                f"{self.config.backend} servers take no {update.kind} weight updates (they "
+                f"take {', '.join(sorted(engine.weight_updates))}): send the weights as "
+                "BucketUpdate buckets"
+            )
+        match update:
+            case BucketUpdate():
+                return await self._apply_bucket(update)
+            case TransferUpdate():
+                await self._apply_transfer(update)
+                return 0
+            case StagedUpdate():
+                self._check_writer(update.writer_node)
+                loaded = await engine.load_staged(update.buckets)
+            case AdapterUpdate():
+                loaded = await engine.load_adapter(update.tensors, update.config)
+        self._loads[update.kind] += 1
         return loaded
 
-    async def update_weights(
-        self, named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 256 << 20
-    ) -> int:
-        """All three steps for a full set of named tensors; returns tensors loaded."""
-        await self.begin_weight_update()
-        for bucket in bucketize(named, bucket_bytes):
-            await self.update_weights_bucket(bucket)
-        return await self.finish_weight_update()
+    async def _apply_bucket(self, update: BucketUpdate) -> int:
+        engine = self.core.engine
+        if update.begin:
+            await engine.begin_weight_update()
+        loaded = await engine.update_weights_bucket(update.named) if update.named else 0
+        if update.finish:
+            loaded = await engine.finish_weight_update()
+            self._loads["buckets"] += 1
+        return loaded
 
-    def weight_sync_info(self) -> WeightSyncInfo:
-        """The serving dtype, how weights can reach the engine, and this server's node."""
-        return dataclasses.replace(self.core.engine.weight_sync_info(), node_id=_node_id())
+    async def _apply_transfer(self, update: TransferUpdate) -> None:
+        """vLLM's weight-transfer API: a trainer drives these through vLLM's trainer-side
+        engine, which sends the tensors itself (NCCL broadcast / CUDA IPC)."""
+        engine = self.core.engine
+        if update.step == "init":
+            await engine.init_weight_transfer(update.info or {})
+        elif update.step == "start":
+            await engine.start_weight_transfer()
+        elif update.step == "update":
+            await engine.transfer_weights(update.info or {})
+        elif update.step == "finish":
+            await engine.finish_weight_transfer()
+            self._loads["transfer"] += 1
+        elif update.step == "shutdown":
+            await engine.shutdown_weight_transfer()
+        else:
+            raise ValueError(
+                f"TransferUpdate.step must be init, start, update, finish or shutdown, got "
+                f"{update.step!r}"
+            )
 
-    async def load_staged_weights(self, buckets: list[dict], writer_node: str | None = None) -> int:
-        """Load shared-memory buckets a sender on this node wrote itself
-        (``StagedBucket.to_wire``); returns tensors loaded. ``writer_node``: the Ray node the
-        files were written on; a file from another node is refused (its ``/dev/shm`` is not
-        this one's, even where a test cluster's nodes share a machine)."""
+    @staticmethod
+    def _check_writer(writer_node: str | None) -> None:
+        """Staged files written on another Ray node cannot be read here."""
         here = _node_id()
         if writer_node is not None and here is not None and writer_node != here:
             raise ValueError(
                 f"staged weights written on node {writer_node} cannot be read on node {here}: "
                 "a server on another node gets its weights in buckets"
             )
-        loaded = await self._engine_with("load_staged").load_staged(buckets)
-        self._loads["staged"] += 1
-        return loaded
 
-    async def load_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
-        """Serve a new version of the LoRA adapter (a server started with ``lora_rank``):
-        PEFT-named ``tensors`` and PEFT's ``adapter_config.json`` dict; returns its version.
-        A restarted server begins again from ``lora_adapter_path`` (or the base model)."""
-        version = await self._engine_with("load_adapter").load_adapter(tensors, config)
-        self._loads["adapter"] += 1
-        return version
-
-    # vLLM's weight-transfer API (``weight_transfer=nccl|ipc``): a trainer drives these through
-    # vLLM's trainer-side engine, which sends the tensors itself (NCCL broadcast / CUDA IPC).
-    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
-        await self._engine_with("init_weight_transfer").init_weight_transfer(init_info)
-
-    async def shutdown_weight_transfer(self) -> None:
-        await self._engine_with("shutdown_weight_transfer").shutdown_weight_transfer()
-
-    async def start_weight_transfer(self) -> None:
-        await self._engine_with("start_weight_transfer").start_weight_transfer()
-
-    async def transfer_weights(self, update_info: dict[str, Any]) -> None:
-        await self._engine_with("transfer_weights").transfer_weights(update_info)
-
-    async def finish_weight_transfer(self) -> None:
-        await self._engine_with("finish_weight_transfer").finish_weight_transfer()
-        self._loads["transfer"] += 1
+    def weight_sync_info(self) -> WeightSyncInfo:
+        """The serving dtype, the weight updates the engine takes, and this server's node."""
+        engine = self.core.engine
+        return dataclasses.replace(
+            engine.weight_sync_info(),
+            updates=tuple(k for k in UPDATE_KINDS if k in engine.weight_updates),
+            node_id=_node_id(),
+        )
 
     def weight_loads(self) -> dict[str, int]:
-        """Weight updates loaded so far by route: ``staged`` (a shared-memory file written on
+        """Weight updates loaded so far by kind: ``staged`` (a shared-memory file written on
         this node), ``buckets`` (Ray objects), ``adapter`` (LoRA), ``transfer`` (vLLM's
         NCCL/IPC)."""
         return dict(self._loads)
-
-    def _engine_with(self, method: str) -> Any:
-        engine = self.core.engine
-        if not hasattr(engine, method):
-            raise NotImplementedError(
-                f"{self.config.backend} servers have no {method}: send weights with "
-                "begin_weight_update / update_weights_bucket / finish_weight_update"
-            )
-        return engine
 
     async def sleep(self) -> None:
         await self.core.engine.sleep()
@@ -161,7 +171,7 @@ class AsyncServer:
         kill would leave behind (``ServerGroup`` removes them after one)."""
         node_id = _node_id()
         names = engine_shm()
-        adapters = getattr(self.core.engine, "adapter_root", None)  # vLLM with lora_rank
+        adapters = self.core.engine.adapter_root  # vLLM with lora_rank; else None
         if adapters is not None and adapters.parent == SHM:
             names.append(adapters.name)
         return {"node_id": node_id, "names": names}

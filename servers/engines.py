@@ -5,6 +5,7 @@ imported only when chosen)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -17,8 +18,18 @@ __all__ = ["EngineAdapter", "make_engine"]
 
 
 class EngineAdapter(Protocol):
+    """Everything ``ServerCore`` and ``AsyncServer`` call on an engine. The weight methods of
+    a kind of update (``servers.updates``) are called only when the kind is in
+    ``weight_updates``; a backend without the kind has them refuse (SGLang's)."""
+
     vocab_size: int
     max_model_len: int
+    weight_updates: frozenset[str]
+    """The kinds of weight update the backend takes: ``buckets`` always; vLLM also
+    ``staged``, ``adapter``, ``transfer`` (refused by its own checks where the server's
+    config does not allow them: LoRA off, ``weight_transfer=host``)."""
+    adapter_root: Path | None
+    """The folder the engine writes LoRA adapter versions into (None: none)."""
 
     async def start(self) -> None: ...
     async def generate(self, request: GenerateRequest) -> TokenOutput:
@@ -29,12 +40,29 @@ class EngineAdapter(Protocol):
         ...
 
     async def abort(self, request_id: str) -> None: ...
+    def openai(self) -> Any | None:
+        """The OpenAI chat/completions handlers of the HTTP front (None: they answer 501)."""
+        ...
+
+    # buckets
     async def begin_weight_update(self) -> None: ...
     async def update_weights_bucket(self, named: Iterable[tuple[str, torch.Tensor]]) -> int: ...
     async def finish_weight_update(self) -> int: ...
+    # staged
+    async def load_staged(self, buckets: list[dict[str, Any]]) -> int: ...
+    # adapter
+    async def load_adapter(
+        self, tensors: dict[str, torch.Tensor], config: dict[str, Any]
+    ) -> int: ...
+    # transfer (vLLM's weight-transfer API)
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None: ...
+    async def start_weight_transfer(self) -> None: ...
+    async def transfer_weights(self, update_info: dict[str, Any]) -> None: ...
+    async def finish_weight_transfer(self) -> None: ...
+    async def shutdown_weight_transfer(self) -> None: ...
+
     def weight_sync_info(self) -> WeightSyncInfo:
-        """Serving dtype and the ways weights can reach the engine (vLLM also has
-        ``load_staged``, ``load_adapter`` and the ``*_weight_transfer`` methods behind them)."""
+        """Serving dtype, whether staged files load, the transfer backend, LoRA rank."""
         ...
 
     async def sleep(self) -> None: ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,7 +83,42 @@ def engine_args(cfg: ServerConfig) -> dict[str, Any]:
     return {**args, **cfg.engine_kwargs}  # ServerConfig refused any overlap
 
 
-class SGLangEngine:
+class _BucketsOnly:
+    """The weight side of an engine that takes named-tensor buckets only (SGLang here): it
+    declares so, and the methods of the other kinds refuse (``AsyncServer`` never calls them,
+    as they are not in ``weight_updates``)."""
+
+    weight_updates: frozenset[str] = frozenset({"buckets"})
+    adapter_root: Path | None = None
+
+    def _refuse(self, kind: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{type(self).__name__} takes no {kind} weight updates: send BucketUpdate buckets"
+        )
+
+    async def load_staged(self, buckets: list[dict[str, Any]]) -> int:
+        raise self._refuse("staged")
+
+    async def load_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> int:
+        raise self._refuse("adapter")
+
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        raise self._refuse("transfer")
+
+    async def start_weight_transfer(self) -> None:
+        raise self._refuse("transfer")
+
+    async def transfer_weights(self, update_info: dict[str, Any]) -> None:
+        raise self._refuse("transfer")
+
+    async def finish_weight_transfer(self) -> None:
+        raise self._refuse("transfer")
+
+    async def shutdown_weight_transfer(self) -> None:
+        raise self._refuse("transfer")
+
+
+class SGLangEngine(_BucketsOnly):
     """Adapter with the same methods as ``VLLMEngine``. ``engine`` may be passed in (an
     already-built ``sglang.Engine``); otherwise ``start`` builds one from the config."""
 
@@ -126,6 +162,10 @@ class SGLangEngine:
     async def abort(self, request_id: str) -> None:
         self.engine.tokenizer_manager.abort_request(rid=request_id)
 
+    def openai(self) -> None:
+        """No OpenAI serving layer here: the HTTP front's completion routes answer 501."""
+        return None
+
     # ---- weights: tensors go straight to the scheduler (CUDA IPC handles on GPU) -------------
     async def begin_weight_update(self) -> None:
         begin = getattr(self.engine.tokenizer_manager, "begin_weight_update", None)
@@ -149,7 +189,8 @@ class SGLangEngine:
         return sum(t.numel() * t.element_size() for _, t in named)
 
     def weight_sync_info(self) -> WeightSyncInfo:
-        """Named-tensor buckets only (no staged files, no LoRA adapters); the serving dtype
+        """Named-tensor buckets only (``weight_updates``: no staged files, no LoRA adapters,
+        no transfer API); the serving dtype
         where SGLang's model config shows it."""
         dtype = getattr(getattr(self.engine.tokenizer_manager, "model_config", None), "dtype", None)
         return WeightSyncInfo(

@@ -85,6 +85,10 @@ def _lora_args(cfg: ServerConfig) -> dict[str, Any]:
 class VLLMEngine:
     """``generate``/``abort``/weights/sleep over one ``vllm.v1.engine.async_llm.AsyncLLM``."""
 
+    weight_updates: frozenset[str] = frozenset({"buckets", "staged", "adapter", "transfer"})
+    """Every kind (``servers.updates``); ``load_adapter`` refuses when ``lora_rank`` is 0,
+    and the transfer steps need ``weight_transfer=nccl|ipc``."""
+
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.engine = None

@@ -107,17 +107,21 @@ class WeightSyncInfo:
     """The dtype the engine serves in (``bfloat16``, ``float32``, ...); senders cast to it on
     their own device before any copy. None: unknown (send float32; the engine casts)."""
     loads_staged: bool
-    """The engine loads staging files a sender on its node wrote (``load_staged_weights``)."""
+    """The engine loads staging files a sender on its node wrote (``StagedUpdate``)."""
     transfer: str = "host"
     """``host`` (staging files or Ray buckets), or vLLM's weight-transfer API (``nccl`` /
-    ``ipc``; ``init_weight_transfer`` ... ``finish_weight_transfer``)."""
+    ``ipc``; ``TransferUpdate`` steps)."""
     workers: int = 1
     """Engine worker processes (tensor-parallel ranks): an NCCL group gives each a rank."""
     node_id: str | None = None
     """The server's Ray node (None outside Ray)."""
     lora_rank: int = 0
-    """The largest LoRA adapter rank the server loads (``load_adapter``); 0: it takes no
+    """The largest LoRA adapter rank the server loads (``AdapterUpdate``); 0: it takes no
     adapters, so a LoRA trainer sends the merged full weights instead."""
+    updates: tuple[str, ...] = ("buckets",)
+    """The kinds of weight update the server's engine takes (``servers.updates``:
+    ``buckets``, ``staged``, ``adapter``, ``transfer``); ``AsyncServer.weight_sync_info``
+    fills it from the engine's ``weight_updates``."""
 
 
 def shm_dir() -> Path:

@@ -25,6 +25,7 @@ import ray
 from safetensors.torch import load_file
 
 from servers import ServerConfig, launch_servers
+from servers.updates import StagedUpdate
 from servers.weights import new_staging_file, stage_bucket
 from tests.integration.cluster.helpers import cpu_spec
 from trainer.models import prepare
@@ -47,14 +48,14 @@ def test_bench_weight_sync_smollm2_trainer_to_server(ray_local):
     try:
         info = ray.get(server.weight_sync_info.remote())
         sent = {r: group.push_weights([server], 256 << 20, r) for r in ("buckets", "staged")}
-        ray.get(server.load_staged_weights.remote([staged_by_driver.to_wire()]))  # warm-ups
+        ray.get(server.apply_weights.remote(StagedUpdate([staged_by_driver.to_wire()])))  # warm-ups
         for _ in range(ROUNDS):
             for route in ("buckets", "staged"):
                 t = time.perf_counter()
                 group.push_weights([server], 256 << 20, route)
                 runs[route].append(time.perf_counter() - t)
             t = time.perf_counter()
-            ray.get(server.load_staged_weights.remote([staged_by_driver.to_wire()]))
+            ray.get(server.apply_weights.remote(StagedUpdate([staged_by_driver.to_wire()])))
             runs["engine_load"].append(time.perf_counter() - t)
     finally:
         Path(staged_by_driver.path).unlink(missing_ok=True)

@@ -18,6 +18,9 @@ readable: a test cluster's nodes share one machine's ``/dev/shm``):
   trainer-side weight-transfer engine sends the full tensors from the GPUs (an NCCL broadcast
   from rank 0, or CUDA IPC handles to engines on the ranks' own GPUs), never through the host.
 
+Every route reaches a server through its one ``apply_weights(update)`` (``servers.updates``),
+with the update kind the server declares it takes (``WeightSyncInfo.updates``).
+
 Floating-point weights always travel in the dtype the servers serve in, cast on the trainer's
 device first: bf16 on GPU is half the bytes of the float32 master weights.
 
@@ -25,7 +28,7 @@ A LoRA actor (``actor_rollout_ref.model.lora_rank > 0``) sends only its adapter:
 
 - ``adapter``: the ranks all-gather the adapter weights (megabytes, not gigabytes); rank 0
   sends them with the adapter config as one Ray object, and each server loads them as its
-  next adapter version through vLLM's LoRA API (``AsyncServer.load_adapter``).
+  next adapter version through vLLM's LoRA API (an ``AdapterUpdate``).
 - ``merged``: a server that cannot load adapters (SGLang, a server started without LoRA)
   gets the full weights with the adapter merged in, by the ``buckets`` route; said once.
 """
@@ -39,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from servers.updates import AdapterUpdate, BucketUpdate, StagedUpdate, TransferUpdate
 from servers.weights import (
     StagedBucket,
     WeightSyncInfo,
@@ -188,7 +192,8 @@ class WeightSender:
         plan, self._file = stage_shards(self.model, dtype, self._file)
         if self.rank == 0:
             node = ray.get_runtime_context().get_node_id()
-            ray.get([s.load_staged_weights.remote([plan.to_wire()], node) for s in servers])
+            update = StagedUpdate([plan.to_wire()], writer_node=node)
+            ray.get([s.apply_weights.remote(update) for s in servers])
         return {"tensors": float(len(plan.tensors)), "bytes": float(plan.nbytes)}
 
     # ---- buckets: gathered on rank 0, sent as Ray objects ---------------------------------
@@ -198,17 +203,19 @@ class WeightSender:
         """``merged``: a LoRA actor's weights with the adapter merged in."""
         import ray
 
-        if self.rank == 0:
-            ray.get([s.begin_weight_update.remote() for s in servers])
         bucket: list[tuple[str, torch.Tensor]] = []
         size = sent = tensors = 0
+        first = True
 
-        def flush() -> None:
-            nonlocal bucket, size, sent
-            if self.rank == 0 and bucket:
-                ref = ray.put(bucket)
-                ray.get([s.update_weights_bucket.remote(ref) for s in servers])
+        def flush(last: bool = False) -> None:
+            """Send the bucket so far (one Ray object for every server); the first begins
+            the update, the last (maybe empty) finishes it."""
+            nonlocal bucket, size, sent, first
+            if self.rank == 0 and (bucket or last):
+                ref = ray.put(BucketUpdate(bucket, begin=first, finish=last))
+                ray.get([s.apply_weights.remote(ref) for s in servers])
                 sent += size
+                first = False
             bucket, size = [], 0
 
         # Tied embeddings: the server copies the embedding into its head.
@@ -225,9 +232,7 @@ class WeightSender:
                 size += tensor.numel() * tensor.element_size()
                 if size >= bucket_bytes:
                     flush()
-        flush()
-        if self.rank == 0:
-            ray.get([s.finish_weight_update.remote() for s in servers])
+        flush(last=True)
         return {"tensors": float(tensors), "bytes": float(sent)}
 
     # ---- adapter: a LoRA actor's adapter, loaded as the servers' next version -------------
@@ -238,8 +243,8 @@ class WeightSender:
 
         tensors = dict(adapter_tensors(self.model, dtype=dtype))  # collective: every rank
         if self.rank == 0:
-            ref = ray.put(tensors)
-            ray.get([s.load_adapter.remote(ref, adapter_config(self.model)) for s in servers])
+            ref = ray.put(AdapterUpdate(tensors, adapter_config(self.model)))
+            ray.get([s.apply_weights.remote(ref) for s in servers])
         sent = sum(t.numel() * t.element_size() for t in tensors.values())
         return {"tensors": float(len(tensors)), "bytes": float(sent)}
 
@@ -266,7 +271,7 @@ class WeightSender:
 
         client = ServerTransferClient(servers, [i.workers for i in infos])
         if self.rank == 0:  # drop what an earlier group left on the servers (no-op otherwise)
-            ray.get([s.shutdown_weight_transfer.remote() for s in servers])
+            ray.get([s.apply_weights.remote(TransferUpdate("shutdown")) for s in servers])
         address = ray.util.get_node_ip_address()  # only rank 0's (the sender's) is used
         info = transfer_init_info(backend, self.rank, infos, address, free_port())
         source = FullTensorSource(self.model, dtype)
@@ -386,24 +391,25 @@ class ServerTransferClient:
             info = dict(init_info)
             if "rank_offset" in info:
                 info["rank_offset"] += before
-            calls.append(server.init_weight_transfer.remote(info))
+            calls.append(server.apply_weights.remote(TransferUpdate("init", info)))
             before += workers
         ray.get(calls)
 
     def start_weight_update(self) -> None:
         import ray
 
-        ray.get([s.start_weight_transfer.remote() for s in self.servers])
+        ray.get([s.apply_weights.remote(TransferUpdate("start")) for s in self.servers])
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         import ray
 
-        ray.get([s.transfer_weights.remote(update_info) for s in self.servers])
+        update = TransferUpdate("update", update_info)
+        ray.get([s.apply_weights.remote(update) for s in self.servers])
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         import ray
 
-        ray.get([s.finish_weight_transfer.remote() for s in self.servers])
+        ray.get([s.apply_weights.remote(TransferUpdate("finish")) for s in self.servers])
 
 
 class FullTensorSource:

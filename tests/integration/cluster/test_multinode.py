@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from servers.updates import StagedUpdate
 from tests.generate_requests import req
 from tests.integration.cluster.helpers import cpu_spec, write_node_tools
 from tests.integration.trainer import test_weight_push
@@ -115,7 +116,7 @@ def test_a_staged_file_written_on_another_node_is_refused(cluster):
     infos = ray.get([s.weight_sync_info.remote() for s in group.handles])
     far = next(s for s, i in zip(group.handles, infos, strict=True) if i.node_id == nodes["c"])
     with pytest.raises(ray.exceptions.RayTaskError) as err:
-        ray.get(far.load_staged_weights.remote([], nodes["a"]))
+        ray.get(far.apply_weights.remote(StagedUpdate([], writer_node=nodes["a"])))
     assert (
         f"staged weights written on node {nodes['a']} cannot be read on node {nodes['c']}: "
         "a server on another node gets its weights in buckets"

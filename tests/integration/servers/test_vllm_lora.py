@@ -19,6 +19,7 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from servers import AsyncServer, ServerConfig
+from servers.updates import AdapterUpdate
 from tests.generate_requests import req
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -137,7 +138,7 @@ async def test_before_any_adapter_the_server_serves_the_base_model(server, peft_
 
 
 async def test_a_loaded_adapter_is_what_the_server_samples_from(server, peft_model):
-    version = await server.load_adapter(*_new_adapter(peft_model, seed=1))
+    version = await server.apply_weights(AdapterUpdate(*_new_adapter(peft_model, seed=1)))
     assert version == (await server.health())["lora_version"] >= 1
     assert {"adapter_config.json", "adapter_model.safetensors"} == {
         p.name for p in (server.core.engine.adapter_root / f"v{version}").iterdir()
@@ -147,7 +148,7 @@ async def test_a_loaded_adapter_is_what_the_server_samples_from(server, peft_mod
 
 
 async def test_the_openai_completions_endpoint_samples_from_the_current_adapter(server, peft_model):
-    await server.load_adapter(*_new_adapter(peft_model, seed=2))
+    await server.apply_weights(AdapterUpdate(*_new_adapter(peft_model, seed=2)))
     body = {"model": "tiny-qwen3", "prompt": PROMPT, "logprobs": 1, "return_token_ids": True}
     async with httpx.AsyncClient(base_url=server.address(), timeout=60) as client:
         reply = await client.post("/v1/completions", json={**body, **SAMPLED})
@@ -161,15 +162,15 @@ async def test_the_openai_completions_endpoint_samples_from_the_current_adapter(
 
 async def test_a_request_finishes_on_its_version_while_newer_ones_load(server, peft_model):
     first = _new_adapter(peft_model, seed=11)
-    v1 = await server.load_adapter(*first)
+    v1 = await server.apply_weights(AdapterUpdate(*first))
     engine = server.core.engine.engine
     long = asyncio.ensure_future(
         server.generate(req(PROMPT, {**SAMPLED, "max_tokens": 200, "seed": 4}))
     )
     while engine.get_num_unfinished_requests() == 0:  # the request has reached the engine
         await asyncio.sleep(0.005)
-    v2 = await server.load_adapter(*_new_adapter(peft_model, seed=12))
-    v3 = await server.load_adapter(*_new_adapter(peft_model, seed=13))
+    v2 = await server.apply_weights(AdapterUpdate(*_new_adapter(peft_model, seed=12)))
+    v3 = await server.apply_weights(AdapterUpdate(*_new_adapter(peft_model, seed=13)))
     assert not long.done(), "the long request ended before the new versions loaded"
     assert (v2, v3) == (v1 + 1, v1 + 2)
     assert _folders(server) == [f"v{v1}", f"v{v2}", f"v{v3}"]  # v1 kept: a request runs on it
@@ -180,7 +181,7 @@ async def test_a_request_finishes_on_its_version_while_newer_ones_load(server, p
     set_peft_model_state_dict(peft_model, first[0])
     _assert_follows_adapter(peft_model, PROMPT, finished.token_ids, finished.log_probs)
 
-    v4 = await server.load_adapter(*_new_adapter(peft_model, seed=14))
+    v4 = await server.apply_weights(AdapterUpdate(*_new_adapter(peft_model, seed=14)))
     assert _folders(server) == [f"v{v3}", f"v{v4}"]  # the current one and the one before
     assert (await server.health())["lora_version"] == v4
 
@@ -189,7 +190,7 @@ async def test_an_adapter_above_the_servers_rank_is_refused(server, peft_model):
     tensors, config = _new_adapter(peft_model, seed=21)
     before = (await server.health())["lora_version"]
     with pytest.raises(ValueError) as info:
-        await server.load_adapter(tensors, {**config, "r": 16})
+        await server.apply_weights(AdapterUpdate(tensors, {**config, "r": 16}))
     assert str(info.value) == (
         "adapter rank 16 is above the largest this server loads (8, from lora_rank=8): start "
         "it with lora_rank=16 or more"
@@ -205,7 +206,7 @@ async def test_an_adapter_for_modules_the_model_lacks_is_refused_and_serving_goe
     folders = _folders(server)
     wrong = {name.replace("q_proj", "qkv_typo"): t for name, t in tensors.items()}
     with pytest.raises(ValueError) as info:
-        await server.load_adapter(wrong, config)
+        await server.apply_weights(AdapterUpdate(wrong, config))
     message = str(info.value)
     assert message.startswith("vLLM could not load the adapter: "), message
     assert "model.layers.0.self_attn.qkv_typo" in message

@@ -24,6 +24,7 @@ from servers.lora import (
     write_adapter,
 )
 from servers.shm import SHM, remove_shm
+from servers.updates import AdapterUpdate
 from servers.weights import new_adapter_root, sweep_orphans
 
 
@@ -137,7 +138,7 @@ def test_sglang_servers_refuse_a_starting_adapter(adapter):
 def test_load_adapter_on_a_server_without_lora_names_lora_rank():
     server = AsyncServer(ServerConfig(model="/models/x", http=False))  # not started: no engine
     with pytest.raises(ValueError) as info:
-        asyncio.run(server.load_adapter({}, {"r": 8}))
+        asyncio.run(server.apply_weights(AdapterUpdate({}, {"r": 8})))
     assert str(info.value) == (
         "this server was started with lora_rank=0 and loads no LoRA adapters: start it with "
         "lora_rank set to the adapter's rank, or send the merged weights"

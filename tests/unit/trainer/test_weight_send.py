@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers
 
+from servers.updates import StagedUpdate, TransferUpdate
 from servers.weights import ALIGN, WeightSyncInfo, read_bucket
 from trainer.workers.fsdp import full_tensors, shard_pieces
 from trainer.workers.weight_send import (
@@ -140,17 +141,18 @@ def test_transfer_client_gives_each_servers_workers_their_own_nccl_ranks(monkeyp
     client.start_weight_update()
     client.update_weights({"names": ["w"]})
     client.finish_weight_update()
+    nccl = {"rank_offset": 1, "world_size": 4, "packed": True}
     assert log == [
-        ("a", "init_weight_transfer", {"rank_offset": 1, "world_size": 4, "packed": True}),
-        ("b", "init_weight_transfer", {"rank_offset": 3, "world_size": 4, "packed": True}),
-        ("a", "init_weight_transfer", {"packed": True}),
-        ("b", "init_weight_transfer", {"packed": True}),
-        ("a", "start_weight_transfer"),
-        ("b", "start_weight_transfer"),
-        ("a", "transfer_weights", {"names": ["w"]}),
-        ("b", "transfer_weights", {"names": ["w"]}),
-        ("a", "finish_weight_transfer"),
-        ("b", "finish_weight_transfer"),
+        ("a", "apply_weights", TransferUpdate("init", nccl)),
+        ("b", "apply_weights", TransferUpdate("init", {**nccl, "rank_offset": 3})),
+        ("a", "apply_weights", TransferUpdate("init", {"packed": True})),
+        ("b", "apply_weights", TransferUpdate("init", {"packed": True})),
+        ("a", "apply_weights", TransferUpdate("start")),
+        ("b", "apply_weights", TransferUpdate("start")),
+        ("a", "apply_weights", TransferUpdate("update", {"names": ["w"]})),
+        ("b", "apply_weights", TransferUpdate("update", {"names": ["w"]})),
+        ("a", "apply_weights", TransferUpdate("finish")),
+        ("b", "apply_weights", TransferUpdate("finish")),
     ]
 
 
@@ -177,14 +179,14 @@ def test_a_server_whose_engine_cannot_load_staged_files_says_how_to_send():
 
     from servers.actor import AsyncServer
 
-    server = AsyncServer.__new__(AsyncServer)  # an SGLang adapter has no load_staged
+    server = AsyncServer.__new__(AsyncServer)  # an SGLang adapter takes buckets only
     server.config = SimpleNamespace(backend="sglang")
-    server.core = SimpleNamespace(engine=object())
+    server.core = SimpleNamespace(engine=SimpleNamespace(weight_updates=frozenset({"buckets"})))
     with pytest.raises(NotImplementedError) as error:
-        asyncio.run(server.load_staged_weights([]))
+        asyncio.run(server.apply_weights(StagedUpdate([])))
     assert str(error.value) == (
-        "sglang servers have no load_staged: send weights with begin_weight_update / "
-        "update_weights_bucket / finish_weight_update"
+        "sglang servers take no staged weight updates (they take buckets): send the weights "
+        "as BucketUpdate buckets"
     )
 
 
