@@ -21,7 +21,9 @@ from safetensors.torch import load_file
 
 from servers import AsyncLLMServerManager, ServerConfig, launch_servers
 from servers.types import GenerateRequest
+from servers.updates import bucket_updates
 from servers.vllm import VLLMEngine, to_vllm_sampling
+from tests.weight_updates import load_named_sync
 from trainer.models import prepare
 
 N_REQUESTS, N_TOKENS = 64, 128
@@ -143,12 +145,13 @@ def test_bench_weight_update_smollm2(ray_local):
     (handle,) = launch_servers(ServerConfig(model=str(path), max_model_len=1024, http=False))
     try:
         named = list(state.items())
-        ray.get(handle.update_weights.remote(named))  # warm-up
-        ref = ray.put(named)  # the trainer's side of the transfer, done once
+        load_named_sync(handle, named)  # warm-up
+        refs = [ray.put(u) for u in bucket_updates(named)]  # the trainer's side, done once
         end_to_end = []
         for _ in range(3):
             t = time.perf_counter()
-            ray.get(handle.update_weights.remote(ref))
+            for ref in refs:  # in order: begin, buckets, finish
+                ray.get(handle.apply_weights.remote(ref))
             end_to_end.append(time.perf_counter() - t)
         best = min(end_to_end)
     finally:

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentloop import AgentLoopContext, RolloutConfig, collate
 from agentloop.gateway import GatewayAgentLoop
 from servers import AsyncLLMServerManager
+from tests.weight_updates import load_named
 from trainer.workers import TrainBatch, log_probs_in_micro_batches
 
 pytestmark = pytest.mark.integration
@@ -93,7 +94,7 @@ async def test_a_push_inside_a_tool_session_stamps_each_token_and_the_trainer_ag
     async def trainer_side() -> None:
         await asked.wait()
         await manager.pause(abort=True)
-        await tiny_server.update_weights.remote(list(new.state_dict().items()), 1 << 20)
+        await load_named(tiny_server, list(new.state_dict().items()), 1 << 20)
         manager.resume(1)
         pushed.set()
 
@@ -105,7 +106,7 @@ async def test_a_push_inside_a_tool_session_stamps_each_token_and_the_trainer_ag
         out, _ = await asyncio.gather(loop.run(config.sampling_params(), **ROW), trainer_side())
     finally:
         await context.gateway.stop()
-        await tiny_server.update_weights.remote(list(original.items()))
+        await load_named(tiny_server, list(original.items()))
 
     assert "agent_error" not in out.extra, out.extra.get("agent_error")
     batch = collate(

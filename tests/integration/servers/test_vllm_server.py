@@ -28,6 +28,7 @@ from tests.ray_local import (
     MAX_PROMPT,
     MAX_TOKENS,
 )
+from tests.weight_updates import load_named
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -468,7 +469,7 @@ async def test_weight_update_changes_outputs_and_logprobs_match_transformers(
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     new_state = {k: v.clone() for k, v in model.state_dict().items()}
-    loaded = await server.update_weights.remote(list(new_state.items()), 1 << 20)
+    loaded = await load_named(server, list(new_state.items()), 1 << 20)
     try:
         assert loaded == len(new_state)
 
@@ -482,7 +483,7 @@ async def test_weight_update_changes_outputs_and_logprobs_match_transformers(
         diff = (torch.tensor(sampled.log_probs) - reference).abs().mean().item()
         assert diff < 1e-3, diff
     finally:  # the server is shared: its original weights go back whatever happened
-        await server.update_weights.remote(list(original.items()))
+        await load_named(server, list(original.items()))
     # Restoring the original weights restores the original greedy output exactly.
     restored = await server.generate.remote(req(prompt, greedy))
     assert restored.token_ids == before.token_ids
@@ -530,12 +531,12 @@ async def test_a_turn_aborted_for_a_weight_update_resumes_and_each_token_matches
         await asyncio.sleep(0.05)
     await asyncio.sleep(1.0)
     assert await manager.pause(abort=True) == 1
-    await server.update_weights.remote(list(new.state_dict().items()), 1 << 20)
+    await load_named(server, list(new.state_dict().items()), 1 << 20)
     manager.resume(1)
     try:
         out = await asyncio.wait_for(task, timeout=120)
     finally:
-        await server.update_weights.remote(list(original.items()))
+        await load_named(server, list(original.items()))
 
     assert out.finish_reason == "length" and len(out.token_ids) == budget
     assert out.versions is not None and out.log_probs is not None

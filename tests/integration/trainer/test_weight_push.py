@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from servers import ServerConfig, launch_servers
 from tests.generate_requests import req
+from tests.weight_updates import load_named_sync
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers import WorkerGroup, WorkerSpec
 
@@ -73,7 +74,7 @@ def test_after_a_push_the_server_serves_the_trainers_weights(
     info = ray.get(server.weight_sync_info.remote())
     assert (info.dtype, info.loads_staged, info.transfer) == ("float32", True, "host")
     original = load_file(str(tiny_qwen3_path / "model.safetensors"))
-    ray.get(server.update_weights.remote(list(original.items())))  # the server's own weights
+    load_named_sync(server, list(original.items()))  # the server's own weights
     before = ray.get(server.generate.remote(req(PROMPT, GREEDY)))
 
     sent = group.push_weights([server], 1 << 20, route)  # None: the ranks pick (staged here)
