@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentloop.base import (
@@ -99,8 +99,8 @@ class AgentLoopWorker:
         user_servers: Any = None,
         user_tokenizer: Any = None,
     ) -> None:
-        """``servers``: server handles (wrapped in an ``AsyncLLMServerManager``) or a ready
-        generate client. ``tokenizer``: a tokenizer, or a ``TokenizerSource`` or folder to
+        """``servers``: a list of server handles (wrapped in an ``AsyncLLMServerManager``) or
+        a ready generate client. ``tokenizer``: a tokenizer, or a ``TokenizerSource`` or folder to
         load it from. ``tools`` default to ``multi_turn.tool_config_path``.
         ``user_servers``/``user_tokenizer``: the simulated users' model (handles or a client,
         and its tokenizer or folder), given to each interaction that has ``setup``."""
@@ -113,7 +113,7 @@ class AgentLoopWorker:
         if tools is None:
             path = config.multi_turn.tool_config_path
             tools = load_tool_config(path) if path else {}
-        if not hasattr(servers, "generate"):
+        if isinstance(servers, Sequence):  # handles; else a ready GenerateClient
             from servers.manager import AsyncLLMServerManager
 
             servers = AsyncLLMServerManager(
@@ -125,7 +125,7 @@ class AgentLoopWorker:
         )
         user_model = None
         if user_servers is not None:
-            if not hasattr(user_servers, "generate"):
+            if isinstance(user_servers, Sequence):
                 from servers.manager import AsyncLLMServerManager
 
                 user_servers = AsyncLLMServerManager(list(user_servers))
