@@ -50,6 +50,15 @@ class ServerStats:
     generated_tokens: int = 0
 
 
+def _actor_handles() -> tuple[type, ...]:
+    """Ray's actor handle type (its methods are called with ``.remote``); none without Ray."""
+    try:
+        from ray.actor import ActorHandle
+    except ImportError:  # pragma: no cover - ray is a dependency
+        return ()
+    return (ActorHandle,)
+
+
 def _dead_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [EngineDeadError]
     try:
@@ -79,6 +88,7 @@ class AsyncLLMServerManager:
         self._sticky: OrderedDict[str, int] = OrderedDict()
         self._active: dict[str, tuple[int, str]] = {}
         self._dead = _dead_errors()
+        self._handles = _actor_handles()
         self.version = 0
         """Policy version the servers hold (set by ``resume``); stamped on sampled tokens."""
         self._versions: dict[int, int] = {}
@@ -109,12 +119,10 @@ class AsyncLLMServerManager:
             self._sticky.popitem(last=False)
         return best.index
 
-    @staticmethod
-    async def _call(server: Any, request: GenerateRequest) -> TokenOutput:
-        method = server.generate
-        if hasattr(method, "remote"):  # a Ray actor handle (a server is one or a plain object)
-            return await method.remote(request)
-        return await method(request)
+    async def _call(self, server: Any, request: GenerateRequest) -> TokenOutput:
+        if isinstance(server, self._handles):  # a Ray actor, else an in-process server
+            return await server.generate.remote(request)
+        return await server.generate(request)
 
     async def generate(self, request: GenerateRequest) -> TokenOutput:
         """Generate one turn of session ``request.session_id`` (a new one when None);
@@ -239,11 +247,11 @@ class AsyncLLMServerManager:
         await self._open.wait()
 
     async def _abort_engine(self, idx: int, engine_rid: str) -> None:
-        abort = self.servers[idx].abort
-        if hasattr(abort, "remote"):
-            await abort.remote(engine_rid)
+        server = self.servers[idx]
+        if isinstance(server, self._handles):
+            await server.abort.remote(engine_rid)
         else:
-            await abort(engine_rid)
+            await server.abort(engine_rid)
 
     async def _wait_for_replacement(self, session_id: str) -> bool:
         """Wait until ``replace_server`` runs (True) or ``restart_wait_s`` passes (False)."""
