@@ -10,6 +10,7 @@ import pytest
 from agentloop import AgentLoopContext, MultiTurnConfig, RolloutConfig, encode_delta
 from agentloop.tokens import mask_spans
 from agentloop.tool_agent import ToolAgentLoop
+from servers import EngineConfig
 from tests.unit.agentloop.scripted import BrokenTool, CalcTool, LongTool, ScriptedServer, SleepTool
 
 PROMPT = [{"role": "user", "content": "What is 2 + 3?"}]
@@ -28,7 +29,7 @@ def make_loop(
     config = RolloutConfig(
         prompt_length=1024,
         response_length=response_length,
-        max_model_len=max_model_len,
+        engine=EngineConfig(max_model_len=max_model_len),
         multi_turn=MultiTurnConfig(**multi_turn),
     )
     return ToolAgentLoop(AgentLoopContext(server, tokenizer, config, tools)), server
