@@ -203,7 +203,8 @@ def test_a_second_stop_or_cancel_sends_no_second_signal(monkeypatch):
         preview.cancel()
         assert len(signals) == 1 and preview.cancelled
     finally:
-        sleeper.kill()
+        monkeypatch.undo()  # os.kill and the sleeper's send_signal are stand-ins until here
+        sleeper.kill()  # (it waited out its 60 s sleep while kill() reached the stand-in)
         sleeper.wait()
 
 
