@@ -24,14 +24,14 @@ NAME = "calc_gsm8k_reward"
 
 
 async def sample(
-    tools: dict, runner: ToolRunner, request_id: str, truth: str, answers: list[str]
+    tools: dict, runner: ToolRunner, session_id: str, truth: str, answers: list[str]
 ) -> tuple[list, dict[str, float]]:
     """One sample's calls, one model turn each, then its end-of-sample rewards."""
     session = ToolSession(
         tools,
         runner,
         MultiTurnConfig(),
-        request_id=request_id,
+        session_id=session_id,
         tools_kwargs={NAME: {"create_kwargs": {"ground_truth": truth}}},
     )
     outcomes = []

@@ -73,7 +73,7 @@ def test_each_server_gets_the_route_of_its_node_and_serves_the_same_weights(
     infos = ray.get([s.weight_sync_info.remote() for s in servers])
     on = {info.node_id: server for info, server in zip(infos, servers, strict=True)}
     assert set(on) == {nodes["a"], nodes["c"]}  # one server per rollout node (1 CPU each)
-    before = ray.get(on[nodes["c"]].generate.remote(PROMPT, SAMPLE)).log_probs
+    before = ray.get(on[nodes["c"]].generate.remote(req(PROMPT, SAMPLE))).log_probs
 
     one = WorkerGroup(cpu_spec(trainer_model_path), 1, node_resource="solo")
     try:
