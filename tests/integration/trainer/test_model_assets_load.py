@@ -1,16 +1,13 @@
-"""Both model assets load in transformers and generate; tiny-qwen3 loads in vLLM (CPU)."""
+"""Both model assets load in transformers and generate; tiny-qwen3 loads in vLLM (CPU) and
+agrees with transformers greedily."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.generate_requests import req
 
 pytestmark = pytest.mark.integration
 
@@ -49,39 +46,17 @@ def test_tiny_qwen3_generates_in_transformers(tiny_qwen3_path):
     assert all(0 <= t < 151936 for t in new)
 
 
-VLLM_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    from vllm import LLM, SamplingParams
-
-    if __name__ == "__main__":
-        path, prompt, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-        llm = LLM(model=path, enforce_eager=True, max_model_len=1024, dtype="float32")
-        params = SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0, logprobs=0)
-        out = llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0]
-        lp = [next(iter(d.values())).logprob for d in out.logprobs]
-        print("RESULT " + json.dumps({"ids": list(out.token_ids), "logprobs": lp}))
-    """
-)
-
-
-def test_tiny_qwen3_loads_in_vllm_and_matches_transformers_greedy(tiny_qwen3_path, tmp_path):
+async def test_tiny_qwen3_loads_in_vllm_and_matches_transformers_greedy(
+    tiny_server, tiny_qwen3_path
+):
+    """On the session's shared tiny-qwen3 server (``tests/ray_local.py``: the asset loaded by
+    vLLM CPU through the project's AsyncServer, float32), where a vLLM ``LLM`` of its own in a
+    subprocess cost a second engine start (49 s of the serial tier)."""
     prompt = _prompt_ids(tiny_qwen3_path)
-    script = tmp_path / "vllm_generate.py"
-    script.write_text(VLLM_SCRIPT)
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    result = subprocess.run(
-        [sys.executable, str(script), str(tiny_qwen3_path), json.dumps(prompt), str(NEW_TOKENS)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert result.returncode == 0 and lines, result.stderr[-4000:]
-    got = json.loads(lines[-1][len("RESULT ") :])
-    assert len(got["ids"]) == NEW_TOKENS
-    assert len(got["logprobs"]) == NEW_TOKENS
-    assert all(lp <= 0.0 for lp in got["logprobs"])
+    greedy = {"max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS, "temperature": 0.0}
+    got = await tiny_server.generate.remote(req(prompt, greedy))
+    assert len(got.token_ids) == NEW_TOKENS
+    assert len(got.log_probs) == NEW_TOKENS
+    assert all(lp <= 0.0 for lp in got.log_probs)
     # Same weights, same tokenizer, greedy: vLLM and transformers agree token for token.
-    assert got["ids"] == _greedy_hf(tiny_qwen3_path, prompt, NEW_TOKENS)
+    assert got.token_ids == _greedy_hf(tiny_qwen3_path, prompt, NEW_TOKENS)
