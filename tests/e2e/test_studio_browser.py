@@ -29,7 +29,7 @@ from trainer.workers.fsdp import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 TOOLS = REPO / "recipes" / "calculator" / "tool_config.yaml"
