@@ -94,11 +94,18 @@ async def test_a_turn_aborted_and_continued_for_a_weight_update_is_one_completio
         replies.append(reply)
         return 1.0
 
-    manager = AsyncLLMServerManager([StreamingFakeServer()])
+    server = StreamingFakeServer()
+    manager = AsyncLLMServerManager([server])
     config = RolloutConfig(prompt_length=1024, response_length=64)
     loop = GatewayAgentLoop(AgentLoopContext(manager, tokenizer, config), agent=one_call)
     rollout = asyncio.ensure_future(loop.run({}, raw_prompt=PROMPT, data_source="t"))
-    await asyncio.sleep(0.1)
+    # The call crosses HTTP and the SDK first: wait until it reaches the engine (a fixed 0.1 s
+    # was too short on a loaded machine), then let it sample a few of its 20 tokens.
+    for _ in range(1000):
+        if server.requests:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
     assert await manager.pause(abort=True) == 1
     manager.resume(1)
     out = await rollout
