@@ -1,6 +1,7 @@
 """Typed generate requests for tests that call a server or the manager directly, written
 the way those calls read: ``req(prompt, params, request_id)`` for a server (the engine
-request's id), ``turn_of(session_id, prompt_ids=..., sampling_params=...)`` for the manager."""
+request's id), ``turn_of(session_id, prompt_ids=..., sampling_params=...)`` for the manager.
+A plain sampling dict becomes ``SamplingParams`` in ``GenerateRequest`` itself."""
 
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ def req(
     sampling_params: SamplingParams | Mapping[str, Any] | None = None,
     request_id: str | None = None,
     priority: int = 0,
+    *,
+    session_id: str | None = None,
 ) -> GenerateRequest:
     """A request for ``AsyncServer.generate`` (``request_id``: the engine request's)."""
     return GenerateRequest(
         prompt_ids=list(prompt_ids),
-        sampling_params=SamplingParams.from_dict(sampling_params),
+        sampling_params=sampling_params,  # type: ignore[arg-type]  # converted on construction
+        session_id=session_id,
         request_id=request_id,
         priority=priority,
     )
@@ -35,9 +39,4 @@ def turn_of(
     priority: int = 0,
 ) -> GenerateRequest:
     """A turn of session ``session_id`` for ``AsyncLLMServerManager.generate``."""
-    return GenerateRequest(
-        prompt_ids=list(prompt_ids),
-        sampling_params=SamplingParams.from_dict(sampling_params),
-        session_id=session_id,
-        priority=priority,
-    )
+    return req(prompt_ids, sampling_params, priority=priority, session_id=session_id)
