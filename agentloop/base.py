@@ -45,11 +45,25 @@ __all__ = [
     "AgentLoopOutput",
     "AgentLoopSpec",
     "GenerateClient",
+    "PromptTooLongError",
     "get_agent_loop",
     "load_agent_loop_config",
     "register",
     "registered_agent_loops",
 ]
+
+
+class PromptTooLongError(ValueError):
+    """A prompt over ``rollout.prompt_length``; ``tokens`` and ``limit`` are the counts (the
+    gateway answers it as its dialect's context-length error)."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        super().__init__(
+            f"prompt has {tokens} tokens > rollout.prompt_length={limit}: raise it or filter "
+            "long prompts with data.max_prompt_length"
+        )
+        self.tokens = tokens
+        self.limit = limit
 
 
 class GenerateClient(Protocol):
@@ -196,11 +210,7 @@ class AgentLoopBase(abc.ABC):
             chat_template_kwargs=self.config.chat_template_kwargs,
         )
         if len(ids) > self.config.prompt_length:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens > rollout.prompt_length="
-                f"{self.config.prompt_length}: raise it or filter long prompts with "
-                "data.max_prompt_length"
-            )
+            raise PromptTooLongError(len(ids), self.config.prompt_length)
         return ids
 
     @property

@@ -13,7 +13,10 @@ The session's reward is the agent's return value (a number, or a dict with ``rew
 ``POST /sessions/{sid}/reward``, or else the configured reward function over the sample.
 Each segment of the session is one training sample of the row's group, weighing 1/k of the
 session (``gateway.segment_weight``). An agent that raises, exits non-zero or runs past
-``gateway.agent_timeout_s`` fails its sample only (``gateway.on_agent_error``).
+``gateway.agent_timeout_s`` fails its sample only (``gateway.on_agent_error``), and so does a
+session that ends with no completed model call (every call refused, e.g. a first prompt over
+``rollout.prompt_length``): the reason, with the last call's error, is in the sample's
+``extra["agent_error"]`` and its trace; the batch goes on.
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ import time
 import traceback
 from typing import Any
 
-from agentloop.base import AgentLoopBase, AgentLoopContext, AgentLoopOutput
+from agentloop.base import AgentLoopBase, AgentLoopContext, AgentLoopOutput, PromptTooLongError
 from agentloop.gateway.command import run_command
 from agentloop.gateway.endpoint import AgentFailed, LLMEndpoint
 from agentloop.gateway.server import Gateway
 from agentloop.gateway.session import Segment, Session
 from agentloop.records import SampleRecord
-from agentloop.tokens import Trajectory
+from agentloop.tokens import Trajectory, encode_prompt
 from servers.user_code import load_object
 
 __all__ = ["AgentFailed", "GatewayAgentLoop", "LLMEndpoint"]
@@ -114,6 +117,8 @@ class GatewayAgentLoop(AgentLoopBase):
         finally:
             gateway.close(session)
         self.metrics["agent_s"] = time.perf_counter() - start
+        if error is None and not _completed(session):
+            error = _no_call_error(session)
         if error is None:
             reward = session.reward if reward is None else reward
             if reward is None and session.step_rewards:
@@ -166,6 +171,7 @@ class GatewayAgentLoop(AgentLoopBase):
             ),
         )
         out.reward_score = reward
+        out.extra["gateway_recorded"] = dict(session.recorded)
         out.metrics["gateway_calls"] = float(session.calls)
         out.metrics["gateway_max_tokens_cuts"] = float(session.max_tokens_cuts)
         return out
@@ -175,10 +181,9 @@ class GatewayAgentLoop(AgentLoopBase):
         return 1.0 / segments if self.config.gateway.segment_weight == "session" else 1.0
 
     def _outputs(self, session: Session, reward: float | None) -> AgentLoopOutput:
-        if not session.segments:
-            raise AgentFailed("the agent made no model call")
-        weight = self._weight(len(session.segments))
-        outs = [self._segment_output(session, s, reward, weight) for s in session.segments]
+        segments = _completed(session)
+        weight = self._weight(len(segments))
+        outs = [self._segment_output(session, s, reward, weight) for s in segments]
         first, first.segments = outs[0], outs[1:]
         return first
 
@@ -186,13 +191,15 @@ class GatewayAgentLoop(AgentLoopBase):
         """The failed session's samples: reward 0, or weight 0 (``on_agent_error=drop``). A
         session that made no call gets one sample of its prompt with nothing to train."""
         drop = self.config.gateway.on_agent_error == "drop"
-        if not session.segments:
-            prompt = await self.encode_prompt(row.get("raw_prompt") or [], None)
+        segments = _completed(session)
+        if not segments:
+            prompt = await self._row_prompt(row)
             out = self.output(Trajectory(prompt, self.config.response_length), 0)
             outs = [out]
         else:
-            outs = [self._segment_output(session, s, 0.0, 1.0) for s in session.segments]
+            outs = [self._segment_output(session, s, 0.0, 1.0) for s in segments]
         for out in outs:
+            out.extra["gateway_recorded"] = dict(session.recorded)
             out.reward_score = 0.0
             out.record.stop_reason = "agent_error"
             out.record.weight = 0.0 if drop else self._weight(len(outs))
@@ -201,3 +208,28 @@ class GatewayAgentLoop(AgentLoopBase):
             self.trace.agent_error(error)
         first, first.segments = outs[0], outs[1:]
         return first
+
+    async def _row_prompt(self, row: dict[str, Any]) -> list[int]:
+        """The row's prompt ids for a session with no completed call; a prompt over
+        ``rollout.prompt_length`` (the reason the calls failed, often) keeps its last
+        ``prompt_length`` tokens: the sample has nothing to train either way."""
+        messages = row.get("raw_prompt") or []
+        try:
+            return await self.encode_prompt(messages, None)
+        except PromptTooLongError:
+            kwargs = self.config.chat_template_kwargs
+            ids = await asyncio.to_thread(
+                encode_prompt, self.tokenizer, messages, chat_template_kwargs=kwargs
+            )
+            return ids[-self.config.prompt_length :]
+
+
+def _completed(session: Session) -> list[Segment]:
+    """The session's segments that hold a sampled turn (a call refused or failed after its
+    segment was opened leaves one with none)."""
+    return [s for s in session.segments if s.calls]
+
+
+def _no_call_error(session: Session) -> str:
+    last = f"; the last call was answered: {session.errors[-1]}" if session.errors else ""
+    return f"the agent made no completed model call ({len(session.errors)} refused or failed){last}"

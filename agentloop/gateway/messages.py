@@ -20,17 +20,45 @@ from typing import Any
 
 from agentloop.messages import text_of
 
-__all__ = ["GatewayInputError", "comparable", "render_messages", "tool_schemas"]
+__all__ = [
+    "ContextLengthError",
+    "GatewayInputError",
+    "comparable",
+    "render_messages",
+    "tool_schemas",
+]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class GatewayInputError(ValueError):
-    """A request the gateway cannot serve; ``param`` names the offending field (400)."""
+    """A request the gateway cannot serve; ``param`` names the offending field (400).
+    ``code``: the dialect-neutral error code a client branches on (None: none)."""
+
+    code: str | None = None
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class ContextLengthError(GatewayInputError):
+    """A call whose prompt is over the session's token budget (400 with the context-length
+    code of each dialect: OpenAI ``context_length_exceeded``, Anthropic an
+    ``invalid_request_error`` whose message holds the counts). ``tokens`` and ``limit`` are
+    the counts; ``key`` the config key that sets the limit."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, tokens: int, limit: int, key: str, what: str = "the prompt") -> None:
+        super().__init__(
+            f"{what} has {tokens} tokens, over the limit of {limit} tokens (set {key} higher, "
+            "or shorten it)",
+            "messages",
+        )
+        self.tokens = tokens
+        self.limit = limit
+        self.key = key
 
 
 def _arguments(raw: Any, where: str) -> Any:

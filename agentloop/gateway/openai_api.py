@@ -1,5 +1,6 @@
 """OpenAI request and response shapes of the gateway: chat completions (plain and streamed
-as server-sent events), the Responses API's input items and output, and the error body.
+as server-sent events), the error body, and what the Responses API (``responses_api``) shares
+with them: the sampling fields and the server-sent events.
 
 Only the fields SDKs read are produced; a request field the gateway cannot honour
 (``n`` > 1, a non-function tool) is a 400 naming it rather than ignored.
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,15 +21,20 @@ __all__ = [
     "chat_chunks",
     "chat_response",
     "error_body",
-    "responses_call",
-    "responses_events",
-    "responses_response",
+    "sampling_fields",
+    "sse",
 ]
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error"):
-    """The OpenAI error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def error_body(
+    message: str,
+    param: str | None = None,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+) -> dict[str, Any]:
+    """The OpenAI error object (``code``: e.g. ``context_length_exceeded``, which clients
+    such as Codex branch on)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _number(body: dict[str, Any], key: str, kind: type, low: float | None = None) -> Any:
@@ -45,7 +50,9 @@ def _number(body: dict[str, Any], key: str, kind: type, low: float | None = None
     return kind(value)
 
 
-def _common(body: dict[str, Any], max_keys: tuple[str, ...]) -> dict[str, Any]:
+def sampling_fields(body: dict[str, Any], max_keys: tuple[str, ...]) -> dict[str, Any]:
+    """The ``ChatCall`` sampling fields of a body (``max_keys``: its names for max tokens,
+    the first present wins)."""
     n = _number(body, "n", int, 1)
     if n not in (None, 1):
         raise GatewayInputError(
@@ -79,7 +86,7 @@ def chat_call(body: Any) -> ChatCall:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise GatewayInputError("messages must be a non-empty list of messages", "messages")
-    common = _common(body, ("max_completion_tokens", "max_tokens"))
+    common = sampling_fields(body, ("max_completion_tokens", "max_tokens"))
     return ChatCall(messages=messages, tools=tool_schemas(body.get("tools")), **common)
 
 
@@ -125,178 +132,6 @@ def chat_chunks(c: Completion, model: str, include_usage: bool) -> Iterator[dict
     yield chunk({}, c.finish_reason)
     if include_usage:
         yield {**base, "choices": [], "usage": _usage(c)}
-
-
-# ---- the Responses API ------------------------------------------------------------------------
-def _item_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") in (
-                "input_text",
-                "output_text",
-                "text",
-            ):
-                parts.append(str(part.get("text", "")))
-            elif isinstance(part, dict) and part.get("type") == "refusal":
-                parts.append(str(part.get("refusal", "")))
-            else:
-                raise GatewayInputError(f"{where}: only text content is supported", where)
-        return "".join(parts)
-    raise GatewayInputError(f"{where}.content must be text or a list of text parts", where)
-
-
-def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Responses ``instructions`` + ``input`` items as chat messages: consecutive
-    ``function_call`` items become one assistant message's ``tool_calls``."""
-    messages: list[dict[str, Any]] = []
-    if body.get("instructions"):
-        messages.append({"role": "system", "content": str(body["instructions"])})
-    items = body.get("input")
-    if isinstance(items, str):
-        return [*messages, {"role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise GatewayInputError("input must be a string or a list of input items", "input")
-    for i, item in enumerate(items):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise GatewayInputError(f"{where} must be an object", where)
-        kind = item.get("type", "message")
-        if kind == "message":
-            text = _item_text(item.get("content"), where)
-            messages.append({"role": item.get("role"), "content": text})
-        elif kind == "function_call":
-            call = {
-                "id": item.get("call_id"),
-                "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
-            }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":  # the same model turn
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else _item_text(output, where)
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
-        elif kind == "reasoning":
-            continue  # the sampled tokens hold the reasoning; nothing to render
-        else:
-            raise GatewayInputError(
-                f"{where}.type {kind!r} is not supported (message, function_call, "
-                "function_call_output)",
-                f"{where}.type",
-            )
-    return messages
-
-
-def responses_call(body: Any) -> ChatCall:
-    """A Responses-API body as a ``ChatCall``."""
-    if not isinstance(body, dict):
-        raise GatewayInputError("the request body must be a JSON object", None)
-    if body.get("previous_response_id"):
-        raise GatewayInputError(
-            "previous_response_id is not supported: the gateway stores no responses; send the "
-            "whole conversation as input (the Agents SDK does by default)",
-            "previous_response_id",
-        )
-    tools = []
-    for i, tool in enumerate(body.get("tools") or []):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise GatewayInputError(f"tools[{i}]: only function tools are supported", f"tools[{i}]")
-        function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-        tools.append({"type": "function", "function": function})
-    messages = _input_messages(body)
-    if not messages:
-        raise GatewayInputError("input has no message", "input")
-    common = _common(body, ("max_output_tokens",))
-    return ChatCall(messages=messages, tools=tool_schemas(tools), **common)
-
-
-def _output_items(c: Completion) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    if c.content:
-        text = {"type": "output_text", "text": c.content, "annotations": [], "logprobs": []}
-        items.append(
-            {
-                "type": "message",
-                "id": f"msg_{uuid.uuid4().hex[:24]}",
-                "status": "completed",
-                "role": "assistant",
-                "content": [text],
-            }
-        )
-    for call in c.tool_calls:
-        items.append(
-            {
-                "type": "function_call",
-                "id": f"fc_{call['id'][5:]}",
-                "call_id": call["id"],
-                "name": call["function"]["name"],
-                "arguments": call["function"]["arguments"],
-                "status": "completed",
-            }
-        )
-    return items
-
-
-def responses_response(c: Completion, model: str, status: str = "completed") -> dict[str, Any]:
-    # A turn cut by max_output_tokens reports "completed" with incomplete_details set: the
-    # Agents SDK raises on "incomplete", and the rollout's own budget makes such cuts routine.
-    incomplete = c.finish_reason == "length" and not c.tool_calls
-    return {
-        "id": f"resp_{c.call_id[9:]}",
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": status,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "model": model,
-        "output": _output_items(c) if status == "completed" else [],
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "error": None,
-        "usage": {
-            "input_tokens": c.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": c.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": c.prompt_tokens + c.completion_tokens,
-        },
-    }
-
-
-def responses_events(c: Completion, model: str) -> Iterator[dict[str, Any]]:
-    """The response as Responses streaming events (each item added and done whole)."""
-    start = responses_response(c, model, status="in_progress")
-    start["usage"] = None
-    yield {"type": "response.created", "response": start}
-    yield {"type": "response.in_progress", "response": start}
-    for index, item in enumerate(_output_items(c)):
-        pending = {**item, "status": "in_progress"}
-        if item["type"] == "message":
-            pending["content"] = []
-        event = {"output_index": index, "item": pending}
-        yield {"type": "response.output_item.added", **event}
-        if item["type"] == "message":
-            part = item["content"][0]
-            at = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            empty = {**part, "text": ""}
-            yield {"type": "response.content_part.added", **at, "part": empty}
-            yield {"type": "response.output_text.delta", **at, "delta": part["text"]}
-            yield {"type": "response.output_text.done", **at, "text": part["text"]}
-            yield {"type": "response.content_part.done", **at, "part": part}
-        else:
-            at = {"item_id": item["id"], "output_index": index}
-            delta = item["arguments"]
-            yield {"type": "response.function_call_arguments.delta", **at, "delta": delta}
-            yield {"type": "response.function_call_arguments.done", **at, **item}
-        yield {"type": "response.output_item.done", "output_index": index, "item": item}
-    done = responses_response(c, model)
-    yield {"type": "response.completed", "response": done}
 
 
 def sse(events: Iterator[dict[str, Any]], *, named: bool) -> Iterator[bytes]:

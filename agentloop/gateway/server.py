@@ -32,11 +32,9 @@ from agentloop.gateway.openai_api import (
     chat_chunks,
     chat_response,
     error_body,
-    responses_call,
-    responses_events,
-    responses_response,
     sse,
 )
+from agentloop.gateway.responses_api import responses_call, responses_events, responses_response
 from agentloop.gateway.session import ChatCall, Completion, Session
 
 if TYPE_CHECKING:
@@ -65,9 +63,15 @@ async def _body(request: web.Request) -> Any:
     return orjson.loads(await request.read())
 
 
-def _error(status: int, message: str, param: str | None = None, kind: str | None = None):
+def _error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    kind: str | None = None,
+    code: str | None = None,
+) -> web.Response:
     kind = kind or ("invalid_request_error" if status in (400, 409) else "not_found_error")
-    return _json(error_body(message, param, kind), status=status)
+    return _json(error_body(message, param, kind, code), status=status)
 
 
 class Gateway:
@@ -176,7 +180,7 @@ class Gateway:
         except SessionEnded as exc:
             return _error(409, f"session {exc.args[0]!r} has ended; start a new one", "sid")
         except GatewayInputError as exc:
-            return _error(400, str(exc), exc.param)
+            return _error(400, str(exc), exc.param, code=exc.code)
         except Exception as exc:  # a fault behind the gateway (the engine): the agent's 500
             logger.exception("gateway call on session %s failed", request.match_info["sid"])
             return _error(500, f"{type(exc).__name__}: {exc}", None, "server_error")

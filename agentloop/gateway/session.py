@@ -18,7 +18,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agentloop.gateway.messages import GatewayInputError, comparable, render_messages
+from agentloop.base import PromptTooLongError
+from agentloop.gateway.messages import (
+    ContextLengthError,
+    GatewayInputError,
+    comparable,
+    render_messages,
+)
 from agentloop.messages import takes_string_arguments
 from agentloop.parsers import ParsedTurn, ToolCall, ToolCallError, check_calls
 from agentloop.tokens import Trajectory
@@ -46,6 +52,12 @@ class ChatCall:
     stop: list[str] = field(default_factory=list)
     """Stop strings: the content is cut before the first one sampled (the engine works on
     token ids, so the trajectory keeps every sampled token)."""
+    recorded: dict[str, Any] = field(default_factory=dict)
+    """Fields that steer a hosted service (``reasoning``, ``include``, ``store``, tools
+    dropped, ...): accepted, kept on the session, never acted on."""
+    tool_origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    """Listed function name -> (the request's tool type, its namespace): how a call of it is
+    answered in the dialect (a Responses ``custom`` tool's call is a ``custom_tool_call``)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -63,6 +75,8 @@ class Completion:
     segment: int
     max_tokens_cut: int | None = None
     """The ``max_tokens`` the agent asked for when the rollout's budget cut it."""
+    tool_origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    """The call's ``ChatCall.tool_origins``, for the response shapes."""
 
 
 @dataclass(slots=True)
@@ -127,6 +141,10 @@ class Session:
         self.ended = False
         self.reward: float | None = None
         self.step_rewards: dict[str, float] = {}
+        self.recorded: dict[str, Any] = {}
+        """The latest value of each hosted-service field the agent sent (``ChatCall``)."""
+        self.errors: list[str] = []
+        """The error each failed call was answered with, in order."""
         self._string_arguments = takes_string_arguments(loop.tokenizer.chat_template)
         self._gateway = loop.config.gateway
 
@@ -187,7 +205,11 @@ class Session:
             seg.user_turns += 1
             return seg
         history = render_messages(call.messages, string_arguments=self._string_arguments)
-        prompt = await self.loop.encode_prompt(history, call.tools or None)
+        try:
+            prompt = await self.loop.encode_prompt(history, call.tools or None)
+        except PromptTooLongError as exc:
+            key = "actor_rollout_ref.rollout.prompt_length"
+            raise ContextLengthError(exc.tokens, exc.limit, key) from None
         seg = Segment(
             index=len(self.segments),
             traj=Trajectory(prompt, self.loop.config.response_length),
@@ -260,21 +282,23 @@ class Session:
         """Serve one chat call: extend or start a segment, sample, parse the tool calls (a
         span in the session's trace when it is traced)."""
         trace = self.loop.trace
-        if trace is None:
-            return await self._complete(call)
         start_ns = time.time_ns()
         try:
             completion = await self._complete(call)
         except Exception as exc:
-            trace.chat_call(start_ns, call.messages, None, f"{type(exc).__name__}: {exc}")
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            if trace is not None:
+                trace.chat_call(start_ns, call.messages, None, self.errors[-1])
             raise
-        trace.chat_call(start_ns, call.messages, completion)
+        if trace is not None:
+            trace.chat_call(start_ns, call.messages, completion)
         return completion
 
     async def _complete(self, call: ChatCall) -> Completion:
         if not call.messages:
             raise GatewayInputError("messages must be a non-empty list", "messages")
         self._check_limits()
+        self.recorded.update(call.recorded)
         self.calls += 1
         seg = await self._segment_for(call)
         loop = self.loop
@@ -328,6 +352,7 @@ class Session:
             completion_tokens=len(out.token_ids),
             segment=seg.index,
             max_tokens_cut=cut,
+            tool_origins=call.tool_origins,
         )
 
     def _parse(self, text: str, call: ChatCall) -> ParsedTurn:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import openai
+
 from tests.unit.agentloop.gateway.helpers import WEATHER
 
 
@@ -60,3 +62,18 @@ async def hung_agent(row: dict[str, Any], llm: Any) -> float:
 async def raising_agent(row: dict[str, Any], llm: Any) -> float:
     """Fails before any model call."""
     raise RuntimeError("the agent's own bug")
+
+
+LONG_SYSTEM = "Follow every house rule before you answer. " * 160
+"""A system prompt over the unit tests' ``prompt_length=1024``."""
+
+
+async def overlong_agent(row: dict[str, Any], llm: Any) -> None:
+    """Sends a first prompt over the session's budget, takes the 400 as final (as litellm
+    does after its retries) and returns normally: the session has no completed call."""
+    messages = [{"role": "system", "content": LONG_SYSTEM}, *row["raw_prompt"]]
+    try:
+        await llm.client.chat.completions.create(model=llm.model, messages=messages)
+    except openai.BadRequestError:
+        return None
+    raise AssertionError("an over-budget prompt was served")
