@@ -45,11 +45,13 @@ bubblewrap:
 		|| echo "bubblewrap is not installed, so python_exec falls back to a sandbox without filesystem isolation: install it (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo dnf install bubblewrap)"
 
 # Every test but gpu and the benchmarks: the unit folder on two xdist workers (147 s against
-# 247 s serially on 2 cores), then integration, reliability and e2e serially (their engines pin
-# cores, and they share one Ray session and one tiny server: tests/ray_local.py).
+# 247 s serially on 2 cores), then integration, reliability and e2e on two workers too, grouped
+# (tests/xdist_groups.py): the modules that share one Ray session and one tiny server
+# (tests/ray_local.py) together on one worker, every other module whole on either.
 test: install
 	$(PY) -m pytest tests/unit -m "not gpu" -n 2 --dist loadfile $(PYTEST_ARGS)
-	$(PY) -m pytest -m "not gpu" --ignore=tests/perf --ignore=tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" --ignore=tests/perf --ignore=tests/unit \
+		-n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Lint, then tests/unit less `slow` (subprocesses, 16k-token rows) on two xdist workers; whole
 # files go to one worker (--dist loadfile) so each module fixture is built once (docs/testing.md).

@@ -11,6 +11,10 @@ import pytest
 
 from tests.shm import leaked, shm_entries
 
+# The xdist groups of the tiers that start whole processes, and each worker's Ray temp folder
+# (tests/xdist_groups.py).
+pytest_plugins = ["tests.xdist_groups"]
+
 # A small fixed KV cache for vLLM CPU engines started by tests (see ENVIRONMENT.md).
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

@@ -26,9 +26,13 @@ def shm_segments() -> set[Path]:
 
 
 def remove_new_segments(before: set[Path]) -> None:
-    """Unlink the ``psm_*`` segments that appeared since ``before``, and every semaphore named
-    after a process that is gone (``sem.loky-<pid>-*``)."""
+    """Unlink the ``psm_*`` segments that appeared since ``before`` and no live process maps
+    (another test session's running engines keep theirs), and every semaphore named after a
+    process that is gone (``sem.loky-<pid>-*``)."""
     new = [segment.name for segment in shm_segments() - before]
+    if new:
+        mapped_now = in_use()
+        new = [name for name in new if name not in mapped_now]
     creators = {name: semaphore_pid(name) for name in shm_entries()}
     orphans = [name for name, pid in creators.items() if pid is not None and not _alive(pid)]
     remove_shm(sorted({*new, *orphans}))
