@@ -1,7 +1,8 @@
 """A gateway agent run as a command, one process per sample.
 
 The process gets its session in the environment the ``openai`` SDK reads
-(``OPENAI_BASE_URL``, ``OPENAI_API_KEY``), plus ``OPENAI_MODEL``, ``AGENTLOOP_SESSION_ID``,
+(``OPENAI_BASE_URL``, ``OPENAI_API_KEY``) and the ``anthropic`` SDK and Claude Code read
+(``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``), plus ``OPENAI_MODEL``, ``AGENTLOOP_SESSION_ID``,
 ``AGENTLOOP_ROW`` (the row as a JSON file) and ``AGENTLOOP_REWARD_URL`` (POST
 ``{"reward": x}`` there). Its stdout and stderr are kept beside the row in the session's log
 folder. A non-zero exit, or a run past ``gateway.agent_timeout_s`` (the process group is
@@ -59,6 +60,8 @@ async def run_command(
         "OPENAI_BASE_URL": llm.base_url,
         "OPENAI_API_KEY": llm.api_key,
         "OPENAI_MODEL": llm.model,
+        "ANTHROPIC_BASE_URL": llm.anthropic_base_url,
+        "ANTHROPIC_API_KEY": llm.api_key,
         "AGENTLOOP_SESSION_ID": llm.session_id,
         "AGENTLOOP_ROW": str(row_file),
         "AGENTLOOP_REWARD_URL": llm.base_url.rsplit("/v1", 1)[0] + "/reward",

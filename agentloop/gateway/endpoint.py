@@ -25,6 +25,12 @@ class LLMEndpoint:
     _client: Any = None
 
     @property
+    def anthropic_base_url(self) -> str:
+        """``http://host:port/sessions/{sid}``: the base URL of an Anthropic client (it
+        appends ``/v1/messages``; Claude Code's ``ANTHROPIC_BASE_URL``)."""
+        return self.base_url.removesuffix("/v1")
+
+    @property
     def client(self) -> Any:
         """A ready ``openai.AsyncOpenAI`` for this session (made on first use)."""
         if self._client is None:

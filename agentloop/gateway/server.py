@@ -1,17 +1,21 @@
-"""The gateway's HTTP server: OpenAI-compatible routes per session on the agent-loop
-worker's own event loop (aiohttp, started on first use), so a call goes from the agent's
-HTTP request to the server manager's ``generate`` without leaving the process.
+"""The gateway's HTTP server: OpenAI- and Anthropic-compatible routes per session on the
+agent-loop worker's own event loop (aiohttp, started on first use), so a call goes from the
+agent's HTTP request to the server manager's ``generate`` without leaving the process.
 
 Routes (``{base} = /sessions/{sid}/v1``):
 - ``POST {base}/chat/completions`` (``stream`` as server-sent events), ``POST {base}/responses``,
   ``GET {base}/models``;
+- ``POST {base}/messages`` and ``POST {base}/messages/count_tokens`` (Anthropic Messages; an
+  Anthropic SDK given ``/sessions/{sid}`` as its base URL appends ``/v1/messages``; one given
+  ``{base}`` itself reaches the same routes under ``{base}/v1/``);
 - ``POST /sessions``: an agent running elsewhere takes the next waiting rollout (its row,
   session id and base URL; 204 when none waits); ``POST /sessions/{sid}/reward``
   (``{"reward": x}``, or ``{"reward": x, "call_id": id}`` for one call's step reward);
   ``POST /sessions/{sid}/end``.
-Errors use the OpenAI error shape: 404 unknown session, 409 a call after the session ended,
-400 a malformed body or a call over a session limit (naming the field or config key), 401 a
-wrong key, 500 a fault behind the gateway (the engine's error, also logged).
+Errors use each dialect's error shape (OpenAI's; Anthropic's on the Messages routes): 404
+unknown session, 409 a call after the session ended, 400 a malformed body or a call over a
+session limit (naming the field or config key), 401 a wrong key (``Authorization: Bearer`` or
+Anthropic's ``x-api-key``), 500 a fault behind the gateway (the engine's error, also logged).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from agentloop.gateway import anthropic_api
 from agentloop.gateway.messages import GatewayInputError
 from agentloop.gateway.openai_api import (
     chat_call,
@@ -74,6 +79,23 @@ def _error(
     return _json(error_body(message, param, kind, code), status=status)
 
 
+def _anthropic_error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    kind: str | None = None,
+    code: str | None = None,
+) -> web.Response:
+    """The Anthropic error shape (its ``type`` from the status; no ``param`` or ``code``: the
+    message names the field, and a context-length error's message holds the counts)."""
+    body = anthropic_api.error_body(message, anthropic_api.ERROR_TYPES[status])
+    return _json(body, status=status)
+
+
+Fail = Callable[..., web.Response]
+_ANTHROPIC_HEADERS = ("anthropic-version", "anthropic-beta")
+
+
 class Gateway:
     """One per agent-loop worker: its sessions and the server they are reached through."""
 
@@ -96,6 +118,9 @@ class Gateway:
         app.router.add_post(f"{v1}/chat/completions", self._chat)
         app.router.add_post(f"{v1}/responses", self._responses)
         app.router.add_get(f"{v1}/models", self._models)
+        for base in (v1, f"{v1}/v1"):  # base URL /sessions/{sid} (the SDKs' way) or {v1}
+            app.router.add_post(f"{base}/messages", self._messages)
+            app.router.add_post(f"{base}/messages/count_tokens", self._count_tokens)
         app.router.add_post("/sessions", self._claim)
         app.router.add_post("/sessions/{sid}/reward", self._reward)
         app.router.add_post("/sessions/{sid}/end", self._end)
@@ -146,10 +171,16 @@ class Gateway:
     # ---- handlers ------------------------------------------------------------------------
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """Every route wants the bearer key when ``gateway.api_key`` is set (401 otherwise)."""
+        """Every route wants the key when ``gateway.api_key`` is set, as a bearer token or
+        Anthropic's ``x-api-key`` (401 otherwise)."""
         key = self.config.api_key
-        if key is not None and request.headers.get("Authorization", "") != f"Bearer {key}":
-            return _error(401, "wrong API key (rollout.gateway.api_key)", None, "auth_error")
+        if (
+            key is not None
+            and request.headers.get("Authorization", "") != f"Bearer {key}"
+            and request.headers.get("x-api-key") != key
+        ):
+            fail = _anthropic_error if "/messages" in request.path else _error
+            return fail(401, "wrong API key (rollout.gateway.api_key)", None, "auth_error")
         return await handler(request)
 
     def _session(self, request: web.Request) -> Session:
@@ -161,29 +192,46 @@ class Gateway:
             raise SessionEnded(sid)
         return session
 
+    async def _call(
+        self, request: web.Request, parse: Callable[[Any], ChatCall]
+    ) -> tuple[Session, ChatCall, Any]:
+        """The session, the parsed call (hosted-service fields new to the session logged
+        once) and the body; raises what ``_failure`` answers."""
+        session = self._session(request)
+        try:
+            body = await _body(request)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise GatewayInputError("the request body is not valid JSON", None) from None
+        call = parse(body)
+        new = sorted(k for k in call.recorded if k not in session.recorded)
+        if new:
+            logger.info("session %s: accepted, not acted on: %s", session.id, ", ".join(new))
+        return session, call, body
+
+    @staticmethod
+    def _failure(request: web.Request, exc: Exception, fail: Fail) -> web.Response:
+        if isinstance(exc, UnknownSession):
+            return fail(404, f"no session {exc.args[0]!r} on this gateway", "sid")
+        if isinstance(exc, SessionEnded):
+            return fail(409, f"session {exc.args[0]!r} has ended; start a new one", "sid")
+        if isinstance(exc, GatewayInputError):
+            return fail(400, str(exc), exc.param, code=exc.code)
+        # a fault behind the gateway (the engine): the agent's 500
+        logger.error("gateway call on session %s failed", request.match_info["sid"], exc_info=exc)
+        return fail(500, f"{type(exc).__name__}: {exc}", None, "server_error")
+
     async def _serve(
         self,
         request: web.Request,
         parse: Callable[[Any], ChatCall],
         respond: Callable[[Completion, dict[str, Any]], Awaitable[web.StreamResponse]],
+        fail: Fail = _error,
     ) -> web.StreamResponse:
         try:
-            session = self._session(request)
-            try:
-                body = await _body(request)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise GatewayInputError("the request body is not valid JSON", None) from None
-            call = parse(body)
+            session, call, body = await self._call(request, parse)
             completion = await session.complete(call)
-        except UnknownSession as exc:
-            return _error(404, f"no session {exc.args[0]!r} on this gateway", "sid")
-        except SessionEnded as exc:
-            return _error(409, f"session {exc.args[0]!r} has ended; start a new one", "sid")
-        except GatewayInputError as exc:
-            return _error(400, str(exc), exc.param, code=exc.code)
-        except Exception as exc:  # a fault behind the gateway (the engine): the agent's 500
-            logger.exception("gateway call on session %s failed", request.match_info["sid"])
-            return _error(500, f"{type(exc).__name__}: {exc}", None, "server_error")
+        except Exception as exc:
+            return self._failure(request, exc, fail)
         return await respond(completion, body)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -204,6 +252,34 @@ class Gateway:
 
         return await self._serve(request, responses_call, respond)
 
+    def _anthropic_parse(self, request: web.Request, count_only: bool = False) -> Any:
+        def parse(body: Any) -> ChatCall:
+            call = anthropic_api.messages_call(body, count_only=count_only).call
+            for header in _ANTHROPIC_HEADERS:  # they steer the hosted API: recorded
+                if header in request.headers:
+                    call.recorded[header] = request.headers[header]
+            return call
+
+        return parse
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        async def respond(c: Completion, body: dict[str, Any]) -> web.StreamResponse:
+            if body.get("stream") is not True:
+                return _json(anthropic_api.messages_response(c, self.model))
+            events = anthropic_api.messages_events(c, self.model)
+            return await _stream(request, anthropic_api.sse(events))
+
+        parse = self._anthropic_parse(request)
+        return await self._serve(request, parse, respond, _anthropic_error)
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        try:
+            session, call, _ = await self._call(request, self._anthropic_parse(request, True))
+            tokens = await session.prompt_tokens(call)
+        except Exception as exc:
+            return self._failure(request, exc, _anthropic_error)
+        return _json({"input_tokens": tokens})
+
     async def _models(self, request: web.Request) -> web.Response:
         try:
             self._session(request)
@@ -221,6 +297,7 @@ class Gateway:
             {
                 "session_id": session.id,
                 "base_url": self.base_url(session),
+                "anthropic_base_url": f"{self.url}/sessions/{session.id}",
                 "api_key": self.api_key,
                 "model": self.model,
                 "row": row,

@@ -48,6 +48,7 @@ class ChatCall:
     tool_choice: Any = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     """Stop strings: the content is cut before the first one sampled (the engine works on
@@ -75,6 +76,8 @@ class Completion:
     segment: int
     max_tokens_cut: int | None = None
     """The ``max_tokens`` the agent asked for when the rollout's budget cut it."""
+    stop_sequence: str | None = None
+    """The agent's stop string the content was cut at."""
     tool_origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     """The call's ``ChatCall.tool_origins``, for the response shapes."""
 
@@ -122,10 +125,13 @@ def _common_prefix(a: list[Any], b: list[Any]) -> int:
     return n
 
 
-def _cut_at_stop(text: str, stops: list[str]) -> str | None:
-    """``text`` up to the first stop string in it; None when none occurs."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return text[: min(found)] if found else None
+def _cut_at_stop(text: str, stops: list[str]) -> tuple[str, str] | None:
+    """``text`` up to the first stop string in it and that string; None when none occurs."""
+    found = [(i, s) for i, s in ((text.find(s), s) for s in stops if s) if i >= 0]
+    if not found:
+        return None
+    at, stop = min(found)
+    return text[:at], stop
 
 
 class Session:
@@ -225,6 +231,25 @@ class Session:
         self.segments.append(seg)
         return seg
 
+    async def prompt_tokens(self, call: ChatCall) -> int:
+        """The prompt length ``call`` would be sampled after if it were made now: its
+        segment's trajectory plus the new messages' delta, or a new segment's full render.
+        Changes nothing (an Anthropic ``count_tokens``)."""
+        compared = [comparable(m, i) for i, m in enumerate(call.messages)]
+        seg, _, _ = self._match(compared, json.dumps(call.tools, sort_keys=True))
+        if seg is None:
+            history = render_messages(call.messages, string_arguments=self._string_arguments)
+            try:
+                return len(await self.loop.encode_prompt(history, call.tools or None))
+            except PromptTooLongError as exc:  # counted all the same: the agent decides
+                return exc.tokens
+        n = len(seg.compared)
+        new = self._render_new(seg, call.messages[n:], n)
+        delta = await self.loop.encode_delta(
+            seg.history, new, call.tools or None, head=seg.head, sampled_end=seg.end_id
+        )
+        return len(seg.traj.prompt_ids) + len(seg.traj) + len(delta)
+
     def _render_new(
         self, seg: Segment, messages: list[dict[str, Any]], start: int
     ) -> list[dict[str, Any]]:
@@ -261,7 +286,7 @@ class Session:
         lets it choose) and the ``max_tokens`` it asked for when the budget cuts it."""
         params = self.loop.config.sampling_params()
         if self._gateway.agent_sets_temperature:
-            for key in ("temperature", "top_p"):
+            for key in ("temperature", "top_p", "top_k"):
                 if getattr(call, key) is not None:
                     params[key] = getattr(call, key)
         budget = params.get("max_tokens")
@@ -317,7 +342,7 @@ class Session:
         text = loop.tokenizer.decode(sampled, skip_special_tokens=False)
         stopped = _cut_at_stop(text, call.stop)
         if stopped is not None:  # the turn ends at a stop string: nothing can follow it
-            text, closed, seg.open, seg.end_id = stopped, False, False, None
+            text, closed, seg.open, seg.end_id = stopped[0], False, False, None
         parsed = self._parse(text, call) if closed else ParsedTurn(content=text)
         if closed and out.token_ids[-1] not in loop.ends.call_ids:
             parsed = ParsedTurn(content=parsed.content)  # a final turn: no call runs
@@ -353,6 +378,7 @@ class Session:
             segment=seg.index,
             max_tokens_cut=cut,
             tool_origins=call.tool_origins,
+            stop_sequence=stopped[1] if stopped is not None else None,
         )
 
     def _parse(self, text: str, call: ChatCall) -> ParsedTurn:
