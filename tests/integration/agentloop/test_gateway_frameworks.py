@@ -3,12 +3,16 @@ session's shared server): each framework's agent runs a scored rollout through t
 gateway, in this process over the server manager, with the unit tests' exactness checks on
 the engine's own outputs (every request its segment's trajectory so far, the sampled ids and
 engine log-probs kept in order, prompts the full render of each segment's first messages);
-then all five through Ray AgentLoopWorkers from ``examples/gateway/agents.yaml``."""
+then all five through Ray AgentLoopWorkers from ``examples/gateway/agents.yaml``; and a
+Claude-Code-like agent on the ``anthropic`` SDK through the Anthropic Messages routes."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from typing import Any
 
+import anthropic
 import pytest
 import yaml
 from transformers import AutoTokenizer
@@ -127,6 +131,149 @@ def test_the_agents_yaml_runs_every_framework_in_ray_workers(
     assert len(sessions) == len(rows) and all(w == pytest.approx(1.0) for w in sessions.values())
     assert all(score in (0.0, 1.0) for score in batch.reward_score)
     assert max_logprob_gap(batch, tiny_qwen3_path, PROMPT_LEN) < 1e-3
+
+
+# ---- the Anthropic Messages dialect with the real ``anthropic`` SDK ----------------------------
+WEATHER_TOOL = {
+    "name": "weather",
+    "description": "Weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+FORCED_CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+class SteeringClient(RecordingClient):
+    """Steers the random tiny model on the real engine: the first call writes ``FORCED_CALL``
+    (each token a real engine sample of one token, its logit biased to the forced id), every
+    later call samples 3 tokens and then its end-of-turn token (biased), so turns close."""
+
+    def __init__(self, manager: AsyncLLMServerManager, forced: list[int], end_id: int) -> None:
+        super().__init__(manager)
+        self.forced, self.end_id = forced, end_id
+
+    async def generate(self, request):
+        if self.calls:
+            bias = {"logit_bias": {self.end_id: 100.0}, "min_tokens": 3}
+            params = request.sampling_params.merged(bias)
+            out = await self.manager.generate(dataclasses.replace(request, sampling_params=params))
+        else:
+            out = await self._forced(request)
+        self.calls.append((list(request.prompt_ids), list(out.token_ids), list(out.log_probs)))
+        return out
+
+    async def _forced(self, request):
+        ids: list[int] = []
+        log_probs: list[float] = []
+        for i, token in enumerate(self.forced):
+            last = i == len(self.forced) - 1  # the end token: room for the engine to stop
+            bias = {"logit_bias": {token: 100.0}, "max_tokens": 2 if last else 1}
+            step = dataclasses.replace(
+                request,
+                prompt_ids=[*request.prompt_ids, *ids],
+                sampling_params=request.sampling_params.merged(bias),
+            )
+            out = await self.manager.generate(step)
+            ids += out.token_ids
+            log_probs += out.log_probs
+        return dataclasses.replace(out, token_ids=ids, log_probs=log_probs, versions=None)
+
+
+class ClaudeLikeAgent:
+    """A tool loop on the ``anthropic`` SDK, pointed at the session the way Claude Code is
+    (``ANTHROPIC_BASE_URL`` = the session without ``/v1``): async create (a tool_use), a
+    count_tokens of the next call, ``messages.stream`` (the answer to the tool result), a
+    ``stream=True`` call and a sync-client call, each extending the history."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    async def __call__(self, row: dict[str, Any], llm: Any) -> float:
+        base, key = llm.anthropic_base_url, llm.api_key
+        client = anthropic.AsyncAnthropic(base_url=base, api_key=key, max_retries=0)
+        kwargs = {"model": llm.model, "max_tokens": 32, "tools": [WEATHER_TOOL]}
+        messages = list(row["raw_prompt"])
+        first = await client.messages.create(messages=messages, **kwargs)
+        (use,) = [b for b in first.content if b.type == "tool_use"]
+        result = {
+            "type": "tool_result",
+            "tool_use_id": use.id,
+            "content": f"{use.input['city']}: sunny",
+        }
+        messages += [
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": [result]},
+        ]
+        count = await client.messages.count_tokens(
+            model=llm.model, messages=messages, tools=[WEATHER_TOOL]
+        )
+        async with client.messages.stream(messages=messages, **kwargs) as stream:
+            answer = await stream.get_final_message()
+        messages += [
+            {"role": "assistant", "content": answer.content},
+            {"role": "user", "content": "Thanks. And tomorrow?"},
+        ]
+        raw = [
+            e async for e in await client.messages.create(messages=messages, stream=True, **kwargs)
+        ]
+        start, stop = raw[0].message, raw[-2]
+        text = "".join(
+            e.delta.text
+            for e in raw
+            if e.type == "content_block_delta" and e.delta.type == "text_delta"
+        )
+        messages += [
+            {"role": "assistant", "content": [{"type": "text", "text": text}] if text else []},
+            {"role": "user", "content": "Bye."},
+        ]
+        sync = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
+        last = await asyncio.to_thread(sync.messages.create, messages=messages, **kwargs)
+        self.seen.update(
+            first=first, count=count, answer=answer, raw=raw, start=start, stop=stop, last=last
+        )
+        return float(first.stop_reason == "tool_use")
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_anthropic_sdk_runs_an_exact_tool_round_trip_on_the_engine(
+    tiny_server, tokenizer
+):
+    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    forced = [*tokenizer.encode(FORCED_CALL, add_special_tokens=False), end_id]
+    client = SteeringClient(AsyncLLMServerManager([tiny_server]), forced, end_id)
+    cfg = RolloutConfig(prompt_length=PROMPT_LEN, response_length=160)
+    cfg.temperature = 0.0
+    context = AgentLoopContext(client, tokenizer, cfg)
+    agent = ClaudeLikeAgent()
+    loop = GatewayAgentLoop(context, agent=agent)
+    row = {"raw_prompt": [{"role": "user", "content": "Weather in Paris?"}]}
+    try:
+        out = await loop.run(cfg.sampling_params(), **row)
+    finally:
+        await context.gateway.stop()
+
+    assert "agent_error" not in out.extra, out.extra.get("agent_error")
+    seen, session = agent.seen, loop.session
+    first = seen["first"]
+    assert first.stop_reason == "tool_use" and out.reward_score == 1.0
+    assert [(b.name, b.input) for b in first.content] == [("weather", {"city": "Paris"})]
+    assert first.usage.output_tokens == len(forced)
+    # every call extended the one segment: the engine's ids exact, the tool result a delta
+    assert len(session.segments) == 1 and session.calls == len(client.calls) == 4
+    (deltas,) = check_exact(out, client.calls, session, tokenizer, {})
+    assert out.response_ids[: len(forced)] == forced
+    assert "Paris: sunny" in tokenizer.decode(deltas[0])
+    # count_tokens is the prompt the next call was sampled after
+    assert (
+        seen["count"].input_tokens == seen["answer"].usage.input_tokens == len(client.calls[1][0])
+    )
+    assert seen["answer"].stop_reason == "end_turn" and seen["answer"].usage.output_tokens == 4
+    assert seen["start"].usage.input_tokens == len(client.calls[2][0])
+    assert (seen["stop"].type, seen["stop"].delta.stop_reason) == ("message_delta", "end_turn")
+    assert seen["last"].usage.input_tokens == len(client.calls[3][0])
 
 
 # ---- the Responses API as Codex sends it, and the gateway's two faults -------------------------
