@@ -10,7 +10,9 @@ session as agents make them, costs its part against any OpenAI server). The dire
 replays, in the same round, exactly the request the gateway sent the engine for each call
 (the same ids and sampling params), so both sides see the same prefix cache. Reported: p50/p95
 of each and what each adds at p50 (target, printed and not asserted: <= 2 ms p50 added by
-the gateway). Writes bench_results/gateway.json.
+the gateway). The same round also makes both calls on the Anthropic Messages route (aiohttp,
+the same messages as Anthropic blocks: the same prompt ids, checked), reported beside the
+chat route with the ratio of their p50s. Writes bench_results/gateway.json.
 """
 
 from __future__ import annotations
@@ -84,6 +86,22 @@ async def _http_session(http: aiohttp.ClientSession, url: str) -> tuple[float, f
     return first, extending
 
 
+async def _anthropic_session(http: aiohttp.ClientSession, url: str) -> tuple[float, float]:
+    tool = {"name": TOOL["function"]["name"], "input_schema": TOOL["function"]["parameters"]}
+    tool["description"] = TOOL["function"]["description"]
+    body: dict[str, Any] = {"messages": PROMPT, "tools": [tool], "max_tokens": 1}
+
+    async def post() -> dict[str, Any]:
+        async with http.post(url, json=body) as response:
+            return await response.json()
+
+    first, reply = await _timed(post())
+    assistant = {"role": "assistant", "content": reply["content"]}
+    body["messages"] = [*PROMPT, assistant, FOLLOW_UP]
+    extending, _ = await _timed(post())
+    return first, extending
+
+
 async def _sdk_session(base_url: str) -> tuple[float, float]:
     client = openai.AsyncOpenAI(base_url=base_url, api_key="k")
     create = client.chat.completions.create
@@ -106,6 +124,7 @@ async def _measure(manager: AsyncLLMServerManager, model: str) -> dict[str, list
     gateway = await gateway_of(context)
     names = ("direct_first_call", "direct_extending_call", "http_first_call")
     names += ("http_extending_call", "sdk_first_call", "sdk_extending_call")
+    names += ("anthropic_first_call", "anthropic_extending_call")
     times: dict[str, list[float]] = {k: [] for k in names}
     http = aiohttp.ClientSession()
     for i in range(WARMUP + ROUNDS):
@@ -127,8 +146,19 @@ async def _measure(manager: AsyncLLMServerManager, model: str) -> dict[str, list
         sdk_times = await _sdk_session(gateway.base_url(session))
         gateway.close(session)
         assert len(session.segments) == 1, "the extending call must extend the first call"
+
+        chat_prompts = [r.prompt_ids for r in (first_request, extending_request)]
+        recorder.requests.clear()
+        session = Session(loop)
+        gateway.open(session)
+        url = f"{gateway.url}/sessions/{session.id}/v1/messages"
+        anthropic_times = await _anthropic_session(http, url)
+        gateway.close(session)
+        assert len(session.segments) == 1, "the extending call must extend the first call"
+        assert [r.prompt_ids for r in recorder.requests] == chat_prompts, "not the same prompts"
         if i >= WARMUP:
-            for name, value in zip(names, (*direct, *http_times, *sdk_times), strict=True):
+            values = (*direct, *http_times, *sdk_times, *anthropic_times)
+            for name, value in zip(names, values, strict=True):
                 times[name].append(value)
     await http.close()
     await gateway.stop()
@@ -152,7 +182,7 @@ def test_bench_gateway_overhead_per_call():
     for name, values in times.items():
         p50, p95 = _pct(values, 0.5), _pct(values, 0.95)
         result[f"{name}_p50_ms"], result[f"{name}_p95_ms"] = p50, p95
-        line = f"  {name:22s} p50 {p50:7.2f} ms  p95 {p95:7.2f} ms"
+        line = f"  {name:24s} p50 {p50:7.2f} ms  p95 {p95:7.2f} ms"
         if not name.startswith("direct"):
             same = "direct_" + name.split("_", 1)[1]
             added = p50 - result[f"{same}_p50_ms"]
@@ -161,6 +191,11 @@ def test_bench_gateway_overhead_per_call():
         print(line)
     added = result["http_extending_call_added_p50_ms"]
     print(f"  target: <= 2 ms p50 added by the gateway (extending call, HTTP): {added:.2f} ms")
+    for call in ("first_call", "extending_call"):
+        ratio = result[f"anthropic_{call}_p50_ms"] / result[f"http_{call}_p50_ms"]
+        result[f"anthropic_vs_chat_{call}_p50_ratio"] = ratio
+        added = result[f"anthropic_{call}_added_p50_ms"] - result[f"http_{call}_added_p50_ms"]
+        print(f"  anthropic/chat route, {call:14s}: p50 x{ratio:.3f} ({added:+.2f} ms added)")
     out = Path("bench_results")
     out.mkdir(exist_ok=True)
     (out / "gateway.json").write_text(json.dumps(result, indent=2))
