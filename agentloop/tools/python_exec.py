@@ -52,6 +52,7 @@ from agentloop.tools.sandbox import (
     Limits,
     bwrap_command,
     bwrap_problem,
+    collect_output,
     kill_group,
     network_isolation,
     sandbox_uid,
@@ -238,7 +239,7 @@ class PythonExecTool(BaseTool):
 async def _run(child: Child, opts: PythonExecConfig) -> tuple[bytes, bool]:
     """Wait for the child under the wall clock; returns (output, whether it was cut)."""
     try:
-        return await asyncio.wait_for(_collect(child, opts.max_output_bytes), opts.timeout_s)
+        return await asyncio.wait_for(collect_output(child, opts.max_output_bytes), opts.timeout_s)
     except TimeoutError:
         child.stop()
         await child.proc.wait()
@@ -253,22 +254,3 @@ async def _run(child: Child, opts: PythonExecConfig) -> tuple[bytes, bool]:
         # Background processes the code started (same group) do not outlive the call.
         if child.proc.returncode is not None:
             kill_group(child.proc.pid)
-
-
-async def _collect(child: Child, max_bytes: int) -> tuple[bytes, bool]:
-    """Read the child's output as it comes, at most ``max_bytes``; past that, stop it."""
-    stdout = child.proc.stdout
-    assert stdout is not None
-    out = bytearray()
-    overflow = False
-    while chunk := await stdout.read(1 << 16):
-        if len(out) + len(chunk) > max_bytes:
-            out += chunk[: max_bytes - len(out)]
-            overflow = True
-            child.stop()
-            while await stdout.read(1 << 16):  # to EOF, or asyncio never reports the exit
-                pass
-            break
-        out += chunk
-    await child.proc.wait()
-    return bytes(out), overflow

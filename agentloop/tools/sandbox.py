@@ -1,10 +1,12 @@
-"""The sandboxes ``python_exec`` runs code in (see its docstring and docs/security.md).
+"""The sandboxes ``python_exec`` and the repository-task workspaces (``agentloop.workspace``) run
+commands in (see python_exec's docstring, docs/security.md and docs/repo-tasks.md).
 
-``bwrap_command``: a bubblewrap sandbox (read-only system, the standard library only, a private
-work dir and /tmp, new network/PID/IPC/UTS namespaces, a process-count limit);
+``bwrap_command``: a bubblewrap sandbox (read-only system, the standard library only or a
+Python environment shown read-only, a private writable work dir and /tmp, new
+network/PID/IPC/UTS namespaces, a process-count limit);
 ``Limits.launcher``: the in-child launcher that sets resource limits (and drops to a fresh uid)
 after exec, so no ``preexec_fn`` runs in a parent with threads; ``Child``: how to kill all of a
-call's processes.
+call's processes; ``collect_output``: read a child's output up to a byte limit.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +32,7 @@ __all__ = [
     "Limits",
     "bwrap_command",
     "bwrap_problem",
+    "collect_output",
     "kill_group",
     "network_isolation",
     "sandbox_uid",
@@ -50,7 +54,8 @@ runpy.run_path("main.py", run_name="__main__")
 """
 
 # argv: cpu_s memory_bytes file_bytes nproc(-1: none) uid(-1: keep) command...; $HOME: work dir.
-# Runs in the child after exec, so no preexec_fn is needed; execv keeps the limits.
+# Runs in the child after exec, so no preexec_fn is needed; execvp keeps the limits (and finds a
+# bare command name, e.g. ``sh``, on the sandbox's PATH).
 LAUNCHER = """
 import os, resource as r, sys
 cpu, mem, fsize, nproc, uid = map(int, sys.argv[1:6])
@@ -66,7 +71,7 @@ if uid >= 0:
     os.setresuid(uid, uid, uid)
 os.chdir(os.environ["HOME"])  # the work dir: only the new uid may enter it
 os.environ.pop("PWD", None)  # bwrap sets it to /
-os.execv(sys.argv[6], sys.argv[6:])
+os.execvp(sys.argv[6], sys.argv[6:])
 """
 
 _SANDBOX_PYTHON = "/opt/python"
@@ -128,11 +133,36 @@ def _base_interpreter() -> tuple[str, str]:
     return prefix, rel
 
 
-def bwrap_command(workdir: str, limits: Limits, uid: int | None) -> list[str]:
+def _mkdirs(path: str, top: tuple[str, ...]) -> list[str]:
+    """``--dir`` (mode 0755) for each ancestor of ``path`` below ``/`` that no earlier mount
+    made: bwrap would create them mode 0700, which a dropped uid cannot enter."""
+    cmd: list[str] = []
+    parent = os.path.dirname(path)
+    chain: list[str] = []
+    while parent not in ("/", "") and parent not in top:
+        chain.append(parent)
+        parent = os.path.dirname(parent)
+    for folder in reversed(chain):
+        cmd += ["--perms", "0755", "--dir", folder]
+    return cmd
+
+
+def bwrap_command(
+    workdir: str,
+    limits: Limits,
+    uid: int | None,
+    *,
+    argv: Sequence[str] | None = None,
+    python_env: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
     """The bwrap sandbox for one call; ``uid``: the uid to drop to (parent is root) or None
-    (a user namespace maps the caller's own uid)."""
+    (a user namespace maps the caller's own uid). ``argv``: the command, run in ``workdir``
+    (default ``python -I -B main.py``, python_exec's); ``python_env``: a Python environment
+    (a venv or an installation prefix) shown read-only at its own path with its ``bin`` first
+    on PATH, so a check such as ``python -m pytest`` finds its packages (default: the base
+    installation at /opt/python with the standard library only); ``env``: more variables."""
     prefix, exe = _base_interpreter()
-    python = f"{_SANDBOX_PYTHON}/{exe}"
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid"]
     cmd += ["--unshare-net", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
     if uid is None:
@@ -148,23 +178,37 @@ def bwrap_command(workdir: str, limits: Limits, uid: int | None) -> list[str]:
     for path in _ETC_FILES:
         cmd += ["--ro-bind-try", path, path]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
-    cmd += ["--perms", "0755", "--dir", os.path.dirname(_SANDBOX_PYTHON)]
-    cmd += ["--ro-bind", prefix, _SANDBOX_PYTHON]
-    site = os.path.relpath(sysconfig.get_path("purelib", vars={"base": prefix}), prefix)
-    if not site.startswith("..") and os.path.isdir(os.path.join(prefix, site)):
-        cmd += ["--tmpfs", f"{_SANDBOX_PYTHON}/{site}"]  # the standard library only
-    cmd += ["--bind", workdir, workdir, "--clearenv"]
-    env = {
-        "PATH": f"{_SANDBOX_PYTHON}/bin:/usr/local/bin:/usr/bin:/bin",
+    mounted: tuple[str, ...] = ("/usr", "/tmp", "/proc", "/dev")
+    if python_env is None:
+        python = f"{_SANDBOX_PYTHON}/{exe}"
+        path_head = f"{_SANDBOX_PYTHON}/bin"
+        cmd += ["--perms", "0755", "--dir", os.path.dirname(_SANDBOX_PYTHON)]
+        cmd += ["--ro-bind", prefix, _SANDBOX_PYTHON]
+        site = os.path.relpath(sysconfig.get_path("purelib", vars={"base": prefix}), prefix)
+        if not site.startswith("..") and os.path.isdir(os.path.join(prefix, site)):
+            cmd += ["--tmpfs", f"{_SANDBOX_PYTHON}/{site}"]  # the standard library only
+        library = f"{_SANDBOX_PYTHON}/lib"
+    else:  # both at their host paths: a venv's interpreter is a link into the base prefix
+        python = os.path.join(prefix, exe)
+        env_dir = os.path.realpath(python_env)
+        path_head = os.path.join(env_dir, "bin")
+        for folder in dict.fromkeys((prefix, env_dir)):
+            cmd += [*_mkdirs(folder, mounted), "--ro-bind", folder, folder]
+            mounted += (folder,)
+        library = os.path.join(prefix, "lib")
+    cmd += [*_mkdirs(workdir, mounted), "--bind", workdir, workdir, "--clearenv"]
+    variables = {
+        "PATH": f"{path_head}:/usr/local/bin:/usr/bin:/bin",
         "HOME": workdir,
         "PYTHONIOENCODING": "utf-8",
         # The base interpreter may find libpython through an absolute RUNPATH under $HOME.
-        "LD_LIBRARY_PATH": f"{_SANDBOX_PYTHON}/lib",
+        "LD_LIBRARY_PATH": library,
+        **(env or {}),
     }
-    for key, value in env.items():
+    for key, value in variables.items():
         cmd += ["--setenv", key, value]
     launch = limits.launcher(python, nproc=limits.max_processes, uid=uid)
-    return [*cmd, "--", *launch, python, "-I", "-B", "main.py"]
+    return [*cmd, "--", *launch, *(argv or (python, "-I", "-B", "main.py"))]
 
 
 _PROBE_LIMITS = Limits(cpu_time_s=5, memory_mb=512, max_file_mb=1, max_processes=16)
@@ -238,3 +282,23 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+async def collect_output(child: Child, max_bytes: int) -> tuple[bytes, bool]:
+    """Read the child's output as it comes, at most ``max_bytes``; past that, stop it.
+    Returns (output, whether it was cut)."""
+    stdout = child.proc.stdout
+    assert stdout is not None
+    out = bytearray()
+    overflow = False
+    while chunk := await stdout.read(1 << 16):
+        if len(out) + len(chunk) > max_bytes:
+            out += chunk[: max_bytes - len(out)]
+            overflow = True
+            child.stop()
+            while await stdout.read(1 << 16):  # to EOF, or asyncio never reports the exit
+                pass
+            break
+        out += chunk
+    await child.proc.wait()
+    return bytes(out), overflow
