@@ -32,11 +32,35 @@ from agentloop.tokens import Trajectory
 if TYPE_CHECKING:
     from agentloop.base import AgentLoopBase
 
-__all__ = ["ChatCall", "Completion", "Segment", "Session", "SessionLimitError"]
+__all__ = [
+    "ChatCall",
+    "Completion",
+    "Segment",
+    "SegmentFullError",
+    "Session",
+    "SessionLimitError",
+]
 
 
 class SessionLimitError(GatewayInputError):
     """A call over one of the session's limits (400, naming the config key)."""
+
+
+class SegmentFullError(SessionLimitError):
+    """New messages that leave no room to sample in the segment they extend: the
+    conversation no longer fits, answered with the context-length code (a client such as Codex
+    compacts its history on it). ``tokens``: the new messages' tokens; ``room``: what was left."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, tokens: int, room: int, segment: int, budget: int) -> None:
+        super().__init__(
+            f"the {tokens} tokens of the new messages leave no room to sample in segment "
+            f"{segment} ({room} of actor_rollout_ref.rollout.response_length={budget} left)",
+            "messages",
+        )
+        self.tokens = tokens
+        self.room = room
 
 
 @dataclass(slots=True, kw_only=True)
@@ -200,12 +224,7 @@ class Session:
                 seg.history, new, call.tools or None, head=seg.head, sampled_end=seg.end_id
             )
             if not seg.traj.add_template(delta):
-                raise SessionLimitError(
-                    f"the {len(delta)} tokens of the new messages leave no room to sample in "
-                    f"segment {seg.index} ({seg.traj.room} of "
-                    f"actor_rollout_ref.rollout.response_length={seg.traj.budget} left)",
-                    "messages",
-                )
+                raise SegmentFullError(len(delta), seg.traj.room, seg.index, seg.traj.budget)
             seg.compared = compared
             seg.history = [*seg.history, *new]
             seg.user_turns += 1

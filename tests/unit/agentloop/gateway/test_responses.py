@@ -7,6 +7,7 @@ session that ends with no completed call fails its sample while its batch goes o
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import openai
@@ -375,3 +376,30 @@ async def test_a_session_with_no_completed_call_fails_its_sample_and_the_batch_g
     assert failed.record.weight == (0.0 if on_error == "drop" else 1.0)
     assert failed.prompt_ids == encode_prompt(tokenizer, PROMPT) and failed.response_ids == []
     assert len(server.requests) == 2  # the refused call never reached the engine
+
+
+async def test_new_messages_that_leave_no_room_are_a_context_length_error(tokenizer):
+    gw, session, server = await open_session(
+        tokenizer, [hermes_call("weather", city="Paris")], response_length=64
+    )
+    url = f"{gw.base_url(session)}/chat/completions"
+    status, first = await post(url, {"messages": PROMPT, "tools": [WEATHER]})
+    assert status == 200
+    message = first["choices"][0]["message"]
+    answer = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"]}
+    messages = [*PROMPT, message, {**answer, "content": "sunny " * 100}]
+    status, error = await post(url, {"messages": messages, "tools": [WEATHER]})
+    assert status == 400
+    assert {k: v for k, v in error["error"].items() if k != "message"} == {
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+    found = re.fullmatch(
+        r"the (\d+) tokens of the new messages leave no room to sample in segment 0 \((\d+) of "
+        r"actor_rollout_ref\.rollout\.response_length=64 left\)",
+        error["error"]["message"],
+    )
+    assert found is not None, error["error"]["message"]
+    room = 64 - len(server.sampled[0])
+    assert int(found.group(2)) == room and int(found.group(1)) > room
