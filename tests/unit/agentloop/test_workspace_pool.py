@@ -121,3 +121,19 @@ def test_config_errors(kwargs, message):
     with pytest.raises(ValueError) as err:
         WorkspaceConfig(**kwargs)
     assert str(err.value) == message
+
+
+def test_where_bwrap_cannot_run_bwrap_is_refused_and_auto_falls_back(monkeypatch, caplog):
+    from agentloop.workspace import runner
+
+    monkeypatch.setattr(runner, "bwrap_problem", lambda: "bwrap is not installed")
+    with pytest.raises(ValueError) as err:
+        runner.resolve_backend("bwrap")
+    assert str(err.value) == (
+        "workspace sandbox: bwrap cannot run here (bwrap is not installed); install bubblewrap "
+        "(apt-get install bubblewrap) or set sandbox: auto or process"
+    )
+    runner._warn_fallback.cache_clear()
+    with caplog.at_level("WARNING", logger="agentloop.workspace.runner"):
+        assert runner.resolve_backend("auto") == "process"
+    assert "commands run as plain processes, which do not isolate the filesystem" in caplog.text
