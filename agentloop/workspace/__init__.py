@@ -11,6 +11,7 @@ from agentloop.workspace.config import WorkspaceConfig
 from agentloop.workspace.metrics import WorkspaceMetrics
 from agentloop.workspace.pool import SandboxError, Workspace, WorkspacePool, current_workspace
 from agentloop.workspace.runner import CommandResult, resolve_backend, run_command
+from agentloop.workspace.sample import SampleOutcome, run_workspace_sample
 from agentloop.workspace.task import (
     WorkspaceTask,
     WorkspaceTaskError,
@@ -21,6 +22,7 @@ from agentloop.workspace.task import (
 __all__ = [
     "CheckResult",
     "CommandResult",
+    "SampleOutcome",
     "SandboxError",
     "Workspace",
     "WorkspaceConfig",
@@ -32,6 +34,7 @@ __all__ = [
     "pytest_counts",
     "resolve_backend",
     "run_command",
+    "run_workspace_sample",
     "score_check",
     "task_of_row",
     "tasks_of_rows",

@@ -137,3 +137,31 @@ def test_where_bwrap_cannot_run_bwrap_is_refused_and_auto_falls_back(monkeypatch
     with caplog.at_level("WARNING", logger="agentloop.workspace.runner"):
         assert runner.resolve_backend("auto") == "process"
     assert "commands run as plain processes, which do not isolate the filesystem" in caplog.text
+
+
+async def test_a_sample_runs_the_agent_then_the_check_even_after_the_agent_fails(tmp_path, task):
+    from agentloop.workspace import run_workspace_sample
+
+    pool = WorkspacePool(config(tmp_path, warm_per_task=0))
+
+    async def fixer(ws):
+        assert current_workspace() is ws
+        return (await ws.run(["sh", "-c", "echo fixed"])).output
+
+    async def crasher(ws):
+        (ws.path / "value.txt").unlink()
+        raise RuntimeError("boom")
+
+    async def sleeper(ws):
+        await ws.run(["sleep", "1000"], timeout_s=900)
+
+    value, ok = await run_workspace_sample(pool, task, fixer, agent_timeout_s=60)
+    assert value == b"fixed\n" and ok.score == 1.0 and ok.agent_error is None
+    value, crashed = await run_workspace_sample(pool, task, crasher, agent_timeout_s=60)
+    assert value is None and crashed.score == 0.0
+    assert crashed.reward()["agent_error"] == "the agent failed: RuntimeError: boom"
+    _, slow = await run_workspace_sample(pool, task, sleeper, agent_timeout_s=0.5)
+    assert slow.agent_error == "the agent passed its 0.5 s limit and was stopped"
+    assert slow.score == 1.0  # the check scores what the agent left
+    await pool.close()
+    assert os.listdir(tmp_path / "runs") == []
