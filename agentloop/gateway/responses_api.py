@@ -20,9 +20,10 @@ turn it preceded (see below). Tools:
   ``computer_use_preview``, ...): 400 naming the tool type, since nothing here runs it.
 
 Fields that steer the hosted service (``RECORDED_FIELDS``: ``reasoning``, ``include``,
-``store``, ``parallel_tool_calls``, ``prompt_cache_key``, ...) are accepted and recorded on
-the session (``Session.recorded``), never acted on. ``previous_response_id`` is refused: the
-gateway keeps no responses (Codex sends ``store: false`` and the whole input).
+``store``, ``parallel_tool_calls``, ``prompt_cache_key``, Codex's ``client_metadata``, ...) are
+accepted and recorded on the session (``Session.recorded``), never acted on.
+``previous_response_id`` is refused: the gateway keeps no responses (Codex sends
+``store: false`` and the whole input).
 
 Response: the model's reasoning (its text up to the first ``</think>``) is a ``reasoning``
 item whose ``encrypted_content`` holds that text exactly as sampled; a client that sends the
@@ -70,6 +71,7 @@ RECORDED_FIELDS = (
     "truncation",
     "user",
     "safety_identifier",
+    "client_metadata",
 )
 """Request fields for the hosted service: accepted and recorded on the session."""
 _REASONING_MARK = "agentloop.sampled:"

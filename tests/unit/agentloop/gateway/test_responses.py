@@ -124,6 +124,7 @@ def test_a_codex_request_becomes_chat_messages_and_function_tools():
         "parallel_tool_calls": True,
         "prompt_cache_key": CODEX["prompt_cache_key"],
         "text": {"verbosity": "medium"},
+        "client_metadata": CODEX["client_metadata"],
         "dropped_tools": ["web_search"],
     }
     assert call.tool_choice == "auto"
