@@ -147,3 +147,11 @@ def test_bad_rows_are_refused_naming_row_and_key(data_dir, row, message):
     with pytest.raises(WorkspaceTaskError) as err:
         tasks_of_rows([good, good, row], data_dir)
     assert str(err.value) == message.format(d=data_dir)
+
+
+def test_verl_tools_kwargs_still_reach_the_loop_beside_the_task(data_dir):
+    from agentloop.worker import prepare_row
+
+    row = nested(workspace="repo", problem="p", check="true")
+    assert prepare_row(row, "tool_agent")["tools_kwargs"] == {"calc": {}}
+    assert task_of_row(row, 0, data_dir).workspace == data_dir / "repo"
