@@ -6,7 +6,8 @@ loop and its tools; ``await ws.run(cmd)`` runs an agent command in the sandbox u
 limit, ``await ws.check()`` the task's check under its own limit (its ``CheckResult`` is the
 reward). On leaving, the copy's processes are killed and its folder removed. After each take,
 copies are prepared in the background (bounded), so the copy is off the critical path.
-``close()`` removes the run folder; a crashed worker's folder goes at the next start.
+``close()`` removes the run folder (and the shared folder above it when no other run is
+left there); a crashed worker's folder goes at the next start.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from agentloop.workspace.source import (
     chown_tree,
     copy_tree,
     make_run_root,
+    remove_run_root,
     remove_tree,
     unpack,
 )
@@ -241,4 +243,4 @@ class WorkspacePool:
         await asyncio.gather(*self._fillers.values(), return_exceptions=True)
         await asyncio.gather(*self._sources.values(), return_exceptions=True)
         self._warm.clear()
-        await asyncio.to_thread(remove_tree, self.run_root)
+        await asyncio.to_thread(remove_run_root, self.run_root)

@@ -23,6 +23,7 @@ __all__ = [
     "chown_tree",
     "copy_tree",
     "make_run_root",
+    "remove_run_root",
     "remove_tree",
     "sweep_stale",
     "unpack",
@@ -86,8 +87,23 @@ def make_run_root(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     sweep_stale(root)
     run = root / f"{os.getpid()}-{secrets.token_hex(4)}"
+    for _ in range(3):  # another pool's close may remove an empty ``root`` just now
+        try:
+            run.mkdir()
+            return run
+        except FileNotFoundError:
+            root.mkdir(parents=True, exist_ok=True)
     run.mkdir()
     return run
+
+
+def remove_run_root(run: Path) -> None:
+    """Remove a run folder, and the shared folder above it if no other run is left there."""
+    remove_tree(run)
+    try:
+        run.parent.rmdir()
+    except OSError:  # another run's folder is still there
+        pass
 
 
 def _unpack_sync(archive: Path, dest: Path) -> None:

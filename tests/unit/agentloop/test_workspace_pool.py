@@ -51,7 +51,7 @@ async def test_warm_copies_are_taken_first_and_refilled(tmp_path, task):
     assert snapshot["workspace/warm_hits"] == 2 and snapshot["workspace/sandbox_errors"] == 0
     assert snapshot["workspace/prepare_s"] > 0 and "workspace/check_s" in snapshot
     await pool.close()
-    assert os.listdir(tmp_path / "runs") == []
+    assert not (tmp_path / "runs").exists()
 
 
 async def test_without_a_warm_pool_each_sample_copies_on_demand(tmp_path, task):
@@ -164,4 +164,13 @@ async def test_a_sample_runs_the_agent_then_the_check_even_after_the_agent_fails
     assert slow.agent_error == "the agent passed its 0.5 s limit and was stopped"
     assert slow.score == 1.0  # the check scores what the agent left
     await pool.close()
-    assert os.listdir(tmp_path / "runs") == []
+    assert not (tmp_path / "runs").exists()
+
+
+async def test_two_pools_share_the_root_and_the_last_to_close_removes_it(tmp_path, task):
+    first = WorkspacePool(config(tmp_path, warm_per_task=0))
+    second = WorkspacePool(config(tmp_path, warm_per_task=0))
+    await first.close()
+    assert os.listdir(tmp_path / "runs") == [second.run_root.name]
+    await second.close()
+    assert not (tmp_path / "runs").exists()
