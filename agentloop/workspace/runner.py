@@ -107,8 +107,9 @@ async def run_command(
 ) -> CommandResult:
     """Run ``argv`` in ``workdir`` under ``backend`` until it exits, passes ``timeout_s`` (the
     sandbox is killed) or prints more than ``max_output_bytes`` (stopped there)."""
-    if backend == "bwrap":
+    if backend == "bwrap":  # bwrap clears the environment; the sandbox's comes from --setenv
         command = bwrap_command(workdir, limits, uid, argv=argv, python_env=python_env, env=env)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     else:
         bin_dir = os.path.join(python_env or sys.prefix, "bin")
         launch = [*limits.launcher(sys.executable), *argv]
