@@ -55,7 +55,6 @@ NOT_IMPORTED = {
     "accelerate": "transformers needs it to load the SmolLM2 GGUF file (trainer/models/smollm2.py)",
     "pytest-asyncio": "pytest plugin (asyncio_mode in [tool.pytest.ini_options])",
     "pytest-timeout": "pytest plugin (timeout in [tool.pytest.ini_options])",
-    "pytest-xdist": "pytest plugin (-n 2 in the Makefile's test-fast target)",
     "ruff": "the linter, run as a command (make lint)",
 }
 
