@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0+cpu
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: install bubblewrap test test-fast lint format config demo bench traces clean-venv
+.PHONY: install bubblewrap harnesses test test-fast lint format config demo bench traces clean-venv
 
 install: $(STAMP)
 
@@ -43,6 +43,13 @@ bubblewrap:
 	fi; \
 	command -v bwrap >/dev/null 2>&1 && echo "bubblewrap installed: python_exec uses the bwrap sandbox" \
 		|| echo "bubblewrap is not installed, so python_exec falls back to a sandbox without filesystem isolation: install it (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo dnf install bubblewrap)"
+
+# The coding-agent CLIs that `harness:` gateway agents run (docs/harnesses.md): Claude Code and
+# Codex at the versions harnesses/package-lock.json pins, into harnesses/node_modules (no global
+# install, no install scripts: the runner starts each CLI's native binary itself). Needs npm.
+harnesses:
+	@command -v npm >/dev/null 2>&1 || { echo "make harnesses needs npm (Debian/Ubuntu: apt-get install npm)"; exit 1; }
+	npm ci --prefix harnesses --ignore-scripts --no-audit --no-fund
 
 # Every test but gpu and the benchmarks: the unit folder on two xdist workers (147 s against
 # 247 s serially on 2 cores), then integration, reliability and e2e on two workers too, grouped

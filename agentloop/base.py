@@ -417,6 +417,12 @@ def load_agent_loop_config(path: str | Path) -> list[str]:
                 f"{path}: agent loop {entry['name']!r}: {entry['_target_']} is not an "
                 "AgentLoopBase subclass"
             )
+        check = getattr(cls, "check_config", None)  # e.g. a harness CLI that is not installed
+        if check is not None:
+            try:
+                check(**kwargs)
+            except ValueError as e:
+                raise ValueError(f"{path}: agent loop {entry['name']!r}: {e}") from e
         _REGISTRY[entry["name"]] = AgentLoopSpec(entry["name"], cls, kwargs)
         names.append(entry["name"])
     return names

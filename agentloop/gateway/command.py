@@ -26,10 +26,11 @@ from agentloop.tools.mcp_errors import RUN_DIR_ENV
 if TYPE_CHECKING:
     from agentloop.config import GatewayConfig
 
-__all__ = ["run_command"]
+__all__ = ["run_command", "session_log_dir"]
 
 
-def _log_dir(config: GatewayConfig, session_id: str) -> Path:
+def session_log_dir(config: GatewayConfig, session_id: str) -> Path:
+    """The session's log folder (``gateway.log_dir`` or the run folder's ``gateway/``)."""
     run_dir = os.environ.get(RUN_DIR_ENV)  # set by agentloop-train: the run folder
     default = Path(run_dir) / "gateway" if run_dir else Path(tempfile.gettempdir()) / "gateway"
     root = Path(config.log_dir) if config.log_dir else default
@@ -50,7 +51,7 @@ async def run_command(
     """Run ``command`` for one session; returns its log folder. Raises ``AgentFailed`` on a
     non-zero exit (with the tail of stderr); the caller's timeout cancels it, which kills
     the whole process group."""
-    folder = _log_dir(config, llm.session_id)
+    folder = session_log_dir(config, llm.session_id)
     row_file = folder / "row.json"
     row_file.write_text(json.dumps(row, default=str))
     argv = shlex.split(command) if isinstance(command, str) else list(command)

@@ -8,6 +8,11 @@ per loop entry of the agent-loop YAML (``agent.agent_loop_config_path``)::
     - {name: calc_cli, _target_: agentloop.gateway.GatewayAgentLoop,
        command: "python my_agent.py"}                         # one process per sample
     - {name: calc_remote, _target_: agentloop.gateway.GatewayAgentLoop, external: true}
+    - {name: fix_cc, _target_: agentloop.gateway.GatewayAgentLoop,
+       harness: {name: claude-code, timeout_s: 600}}        # a coding CLI per workspace task
+
+A ``harness:`` loop (``claude-code`` or ``codex``, docs/harnesses.md) runs the CLI on the row's
+workspace task in the sandbox; the task's check is the reward.
 
 The session's reward is the agent's return value (a number, or a dict with ``reward``), a
 ``POST /sessions/{sid}/reward``, or else the configured reward function over the sample.
@@ -30,6 +35,7 @@ from typing import Any
 from agentloop.base import AgentLoopBase, AgentLoopContext, AgentLoopOutput, PromptTooLongError
 from agentloop.gateway.command import run_command
 from agentloop.gateway.endpoint import AgentFailed, LLMEndpoint
+from agentloop.gateway.harness import HarnessSpec, resolve_binary, run_harness
 from agentloop.gateway.server import Gateway
 from agentloop.gateway.session import Segment, Session
 from agentloop.records import SampleRecord
@@ -72,16 +78,12 @@ class GatewayAgentLoop(AgentLoopBase):
         agent: str | Any = None,
         command: str | list[str] | None = None,
         external: bool = False,
+        harness: str | dict[str, Any] | None = None,
         **agent_kwargs: Any,
     ) -> None:
         super().__init__(context)
-        given = {"agent": agent, "command": command, "external": external}
-        chosen = [k for k, v in given.items() if v]
-        if len(chosen) != 1:
-            raise ValueError(
-                "a gateway agent loop takes exactly one of agent: module:function, command: "
-                f"'...', external: true; got {', '.join(chosen) or 'none'}"
-            )
+        self.check_config(agent=agent, command=command, external=external, harness=harness)
+        self.harness = None if harness is None else HarnessSpec.of(harness)
         if isinstance(agent, str):  # "pkg.module:function" or "pkg.module.function"
             agent = load_object(agent, key="agent", need_callable=True)
         self.agent = agent
@@ -90,6 +92,21 @@ class GatewayAgentLoop(AgentLoopBase):
         self.command = command
         self.external = external
         self.agent_kwargs = agent_kwargs
+
+    @classmethod
+    def check_config(cls, **kwargs: Any) -> None:
+        """Refuse a bad entry at start-up: not exactly one way to run the agent, or a harness
+        whose CLI is not installed (the message gives the install command)."""
+        ways = ("agent", "command", "external", "harness")
+        chosen = [k for k in ways if kwargs.get(k)]
+        if len(chosen) != 1:
+            raise ValueError(
+                "a gateway agent loop takes exactly one of agent: module:function, command: "
+                f"'...', external: true, harness: claude-code|codex; got "
+                f"{', '.join(chosen) or 'none'}"
+            )
+        if kwargs.get("harness"):
+            resolve_binary(HarnessSpec.of(kwargs["harness"]))
 
     async def run(self, sampling_params: dict[str, Any], **row: Any) -> AgentLoopOutput:
         gateway = await gateway_of(self.context)
@@ -139,6 +156,8 @@ class GatewayAgentLoop(AgentLoopBase):
     ) -> Any:
         if self.agent is not None:
             return await self.agent(row, llm, **self.agent_kwargs)
+        if self.harness is not None:
+            return await run_harness(self.harness, llm, row, self.config.gateway)
         if self.command is not None:
             await run_command(self.command, llm, row, self.config.gateway, **self.agent_kwargs)
             return None

@@ -155,16 +155,22 @@ def bwrap_command(
     argv: Sequence[str] | None = None,
     python_env: str | None = None,
     env: Mapping[str, str] | None = None,
+    share_net: bool = False,
+    binds: Sequence[str] = (),
+    ro_binds: Sequence[str] = (),
 ) -> list[str]:
     """The bwrap sandbox for one call; ``uid``: the uid to drop to (parent is root) or None
     (a user namespace maps the caller's own uid). ``argv``: the command, run in ``workdir``
     (default ``python -I -B main.py``, python_exec's); ``python_env``: a Python environment
     (a venv or an installation prefix) shown read-only at its own path with its ``bin`` first
     on PATH, so a check such as ``python -m pytest`` finds its packages (default: the base
-    installation at /opt/python with the standard library only); ``env``: more variables."""
+    installation at /opt/python with the standard library only); ``env``: more variables;
+    ``share_net``: keep the host's network namespace (a harness reaching a loopback gateway);
+    ``binds`` / ``ro_binds``: more folders shown writable / read-only at their host paths."""
     prefix, exe = _base_interpreter()
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid"]
-    cmd += ["--unshare-net", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+    cmd += [] if share_net else ["--unshare-net"]
+    cmd += ["--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
     if uid is None:
         cmd += ["--unshare-user"]
     else:  # privileged bwrap keeps only what the launcher needs to drop to ``uid``
@@ -196,6 +202,12 @@ def bwrap_command(
             cmd += [*_mkdirs(folder, mounted), "--ro-bind", folder, folder]
             mounted += (folder,)
         library = os.path.join(prefix, "lib")
+    for folder in ro_binds:
+        cmd += [*_mkdirs(folder, mounted), "--ro-bind", folder, folder]
+        mounted += (folder,)
+    for folder in binds:
+        cmd += [*_mkdirs(folder, mounted), "--bind", folder, folder]
+        mounted += (folder,)
     cmd += [*_mkdirs(workdir, mounted), "--bind", workdir, workdir, "--clearenv"]
     variables = {
         "PATH": f"{path_head}:/usr/local/bin:/usr/bin:/bin",

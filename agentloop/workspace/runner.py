@@ -104,16 +104,24 @@ async def run_command(
     max_output_bytes: int,
     python_env: str | None,
     env: Mapping[str, str] | None = None,
+    share_net: bool = False,
+    binds: Sequence[str] = (),
+    ro_binds: Sequence[str] = (),
 ) -> CommandResult:
     """Run ``argv`` in ``workdir`` under ``backend`` until it exits, passes ``timeout_s`` (the
-    sandbox is killed) or prints more than ``max_output_bytes`` (stopped there)."""
+    sandbox is killed) or prints more than ``max_output_bytes`` (stopped there). ``share_net``,
+    ``binds``, ``ro_binds``: as ``bwrap_command``'s (a harness agent's network and folders)."""
     if backend == "bwrap":  # bwrap clears the environment; the sandbox's comes from --setenv
-        command = bwrap_command(workdir, limits, uid, argv=argv, python_env=python_env, env=env)
+        command = bwrap_command(
+            workdir, limits, uid, argv=argv, python_env=python_env, env=env,
+            share_net=share_net, binds=binds, ro_binds=ro_binds,
+        )  # fmt: skip
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     else:
         bin_dir = os.path.join(python_env or sys.prefix, "bin")
         launch = [*limits.launcher(sys.executable), *argv]
-        command = ["unshare", "-rn", *launch] if network_isolation() == "namespace" else launch
+        isolate = not share_net and network_isolation() == "namespace"
+        command = ["unshare", "-rn", *launch] if isolate else launch
         env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin", **(env or {})}
     info_r, info_w = os.pipe() if backend == "bwrap" else (-1, -1)
     if info_w >= 0:  # bwrap writes its sandbox's pid here, so a kill takes the whole tree
@@ -126,7 +134,7 @@ async def run_command(
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env={"PYTHONIOENCODING": "utf-8", **(env or {}), "HOME": workdir},
+            env={"PYTHONIOENCODING": "utf-8", "HOME": workdir, **(env or {})},
             start_new_session=True,
             pass_fds=(info_w,) if info_w >= 0 else (),
         )
