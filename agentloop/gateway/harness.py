@@ -292,6 +292,8 @@ async def run_harness(
     """One sample: the CLI on the row's task, then the check. Returns the reward dict
     (``reward`` is the check's score); raises ``AgentFailed`` when the CLI failed, passed its
     limit or the check could not give a verdict, with the check's outcome in the message."""
+    if "prompt" not in row and "raw_prompt" in row:  # the loop's row has the chat as raw_prompt
+        row = {**row, "prompt": row["raw_prompt"]}
     task = task_of_row(row, 0, spec.workspace_dir)
     if task is None:
         raise AgentFailed(

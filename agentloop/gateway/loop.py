@@ -214,6 +214,7 @@ class GatewayAgentLoop(AgentLoopBase):
         if not segments:
             prompt = await self._row_prompt(row)
             out = self.output(Trajectory(prompt, self.config.response_length), 0)
+            out.record.session_id = session.id  # its logs (a harness's transcript) are there
             outs = [out]
         else:
             outs = [self._segment_output(session, s, 0.0, 1.0) for s in segments]

@@ -181,6 +181,7 @@ def bwrap_command(
             cmd += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             cmd += ["--ro-bind", top, top]
+    cmd += ["--perms", "0755", "--dir", "/etc"]  # else 0700: a dropped uid reads none of it
     for path in _ETC_FILES:
         cmd += ["--ro-bind-try", path, path]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]

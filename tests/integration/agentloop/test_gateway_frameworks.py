@@ -4,12 +4,16 @@ gateway, in this process over the server manager, with the unit tests' exactness
 the engine's own outputs (every request its segment's trajectory so far, the sampled ids and
 engine log-probs kept in order, prompts the full render of each segment's first messages);
 then all five through Ray AgentLoopWorkers from ``examples/gateway/agents.yaml``; and a
-Claude-Code-like agent on the ``anthropic`` SDK through the Anthropic Messages routes."""
+Claude-Code-like agent on the ``anthropic`` SDK through the Anthropic Messages routes; and the
+real Claude Code and Codex CLIs as ``harness:`` agents in their sandboxes."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
+import re
 from typing import Any
 
 import anthropic
@@ -19,6 +23,7 @@ from transformers import AutoTokenizer
 
 from agentloop import AgentConfig, AgentLoopContext, AgentLoopManager, RolloutConfig
 from agentloop.gateway import GatewayAgentLoop
+from agentloop.gateway.harness import HarnessNotInstalled, HarnessSpec, close_pools, resolve_binary
 from agentloop.tokens import encode_prompt
 from agentloop.worker import AgentLoopWorker
 from examples.gateway.calc_tools import TOOLS
@@ -426,3 +431,82 @@ async def test_an_over_budget_first_prompt_fails_its_sample_and_the_batch_goes_o
     )
     assert failed.reward_score == 0.0 and failed.record.stop_reason == "agent_error"
     assert failed.response_ids == [] and failed.prompt_ids == encode_prompt(tokenizer, prompt)
+
+
+def _harness_processes(binaries: list[str]) -> list[int]:
+    """Live processes running one of ``binaries`` (a sandboxed CLI keeps its host path)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.path.realpath(f"/proc/{pid}/exe") in binaries:
+                found.append(int(pid))
+    return found
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_real_claude_code_and_codex_clis_fail_their_samples_at_the_window(
+    tiny_server, tokenizer, tmp_path
+):
+    """Claude Code and Codex as installed by ``make harnesses``, sandboxed per sample, beside a
+    framework agent in one batch: their first prompts (~19k and ~8k tokens rendered) are over
+    the budget, so the gateway answers the context-length 400 before the engine; each CLI
+    exits non-zero, its sample fails with the 400 in its reason, the batch goes on."""
+    binaries = {}
+    for name in ("claude-code", "codex"):
+        try:
+            binaries[name] = str(resolve_binary(HarnessSpec.of(name)).resolve())
+        except HarnessNotInstalled as e:
+            pytest.skip(f"the harness CLIs are not installed (make harnesses needs npm): {e}")
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "app.py").write_text("def add(a, b):\n    return a - b\n")
+    task = {"workspace": "repo", "check": "python -c 'import app; assert app.add(1, 2) == 3'"}
+    harness = {"workspace_dir": str(tmp_path), "timeout_s": 300}
+    loops = [
+        {"name": "gw_ok", "_target_": "agentloop.gateway.GatewayAgentLoop",
+         "agent": "examples.gateway.openai_sdk_agent:agent"},
+        *({"name": f"gw_{name}", "_target_": "agentloop.gateway.GatewayAgentLoop",
+           "harness": {"name": name, **harness}} for name in binaries),
+    ]  # fmt: skip
+    (tmp_path / "loops.yaml").write_text(yaml.safe_dump(loops))
+    cfg = config(agent_loop_config_path=str(tmp_path / "loops.yaml"))
+    cfg = dataclasses.replace(cfg, gateway=dataclasses.replace(cfg.gateway, log_dir=str(tmp_path)))
+    client = RecordingClient(AsyncLLMServerManager([tiny_server]))
+    worker = AgentLoopWorker(cfg, client, tokenizer, tools={})
+    (ok_row,) = gateway_rows(1, seed=6, split="val", agent="gw_ok")
+    ok_row["raw_prompt"] = ok_row.pop("prompt")
+    prompt = [{"role": "user", "content": "Fix add in app.py."}]
+    rows = [ok_row] + [
+        {"raw_prompt": prompt, "agent_name": f"gw_{name}", "extra_info": {"workspace_task": task}}
+        for name in binaries
+    ]
+    try:
+        ok, *failed = await worker.generate_sequences(rows, cfg.sampling_params())
+    finally:
+        await close_pools()
+        if worker.context.gateway is not None:
+            await worker.context.gateway.stop()
+
+    assert "agent_error" not in ok.extra, ok.extra.get("agent_error")
+    assert ok.response_ids and ok.reward_score in (0.0, 1.0)
+    engine_prompts = {tuple(ids) for ids, _, _ in client.calls}
+    for name, out in zip(binaries, failed, strict=True):
+        error = out.extra["agent_error"]
+        assert out.reward_score == 0.0 and out.record.stop_reason == "agent_error"
+        assert out.response_ids == [] and tuple(out.prompt_ids) not in engine_prompts
+        assert f"agentloop.gateway.endpoint.AgentFailed: the harness '{name}' exited with 1: " in (
+            error
+        )
+        assert error.endswith("; the check then scored 0"), error  # add was not fixed
+        said = (
+            rf"API Error: 400 the prompt has \d+ tokens, over the limit of {PROMPT_LEN} tokens"
+            if name == "claude-code"
+            else r"Codex ran out of room in the model's context window"
+        )
+        assert re.search(said, error), error
+        logs = tmp_path / out.record.session_id
+        transcript = (logs / "transcript.txt").read_text()
+        assert re.search(said, transcript)
+        session_log = "home/.claude/projects/*/*.jsonl" if name == "claude-code" else (
+            "home/codex/sessions/*/*/*/rollout-*.jsonl")  # fmt: skip
+        assert list(logs.glob(session_log)), sorted(logs.rglob("*"))
+    assert _harness_processes(list(binaries.values())) == []
