@@ -27,6 +27,7 @@ from agentloop.gateway.harness import (
     harness_env,
     resolve_binary,
 )
+from agentloop.tools.sandbox import bwrap_problem
 from tests.unit.agentloop.gateway.helpers import make_loop, stop_gateways
 
 FAKE = Path(__file__).with_name("fake_harness.py")
@@ -45,7 +46,9 @@ async def cleanup():
 def fake_binary(tmp_path: Path) -> Path:
     path = tmp_path / "bin" / "fake-cli"
     path.parent.mkdir()
-    path.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
+    script = path.parent / FAKE.name  # beside it: the sandbox shows the binary's folder only
+    script.write_text(FAKE.read_text())
+    path.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     path.chmod(0o755)
     return path
 
@@ -64,7 +67,7 @@ def row(folder: Path, check: str = "test -f solved.txt", timeout: float = 60) ->
 
 
 def harness_loop(tokenizer, tmp_path, binary, name="claude-code", turns=("Done.",), **options):
-    spec = {"name": name, "binary": str(binary), "sandbox": "process", **options}
+    spec = {"name": name, "binary": str(binary), "sandbox": "process"} | options
     loop, _ = make_loop(tokenizer, list(turns), log_dir=str(tmp_path / "logs"))
     return GatewayAgentLoop(loop.context, harness=spec)
 
@@ -200,12 +203,15 @@ def _processes_with(arg: str) -> list[int]:
     return found
 
 
+@pytest.mark.parametrize("sandbox", ["process", "bwrap"])
 async def test_a_harness_past_its_limit_is_killed_with_its_tree_and_the_batch_goes_on(
-    tokenizer, tmp_path, fake_binary, cleanup
+    tokenizer, tmp_path, fake_binary, cleanup, sandbox
 ):
+    if sandbox == "bwrap" and (problem := bwrap_problem()) is not None:
+        pytest.skip(f"bwrap cannot run here: {problem}")
     token = f"{4000 + secrets.randbelow(1000)}.{secrets.randbelow(10**6)}"
-    hung = harness_loop(tokenizer, tmp_path, fake_binary, timeout_s=3)
-    fine = harness_loop(tokenizer, tmp_path, fake_binary)
+    hung = harness_loop(tokenizer, tmp_path, fake_binary, timeout_s=3, sandbox=sandbox)
+    fine = harness_loop(tokenizer, tmp_path, fake_binary, sandbox=sandbox)
     hang_row = row(workspace(tmp_path, "hang", token))
     outs = await asyncio.gather(
         hung.run({}, **hang_row), fine.run({}, **row(workspace(tmp_path, "solve")))
