@@ -47,8 +47,12 @@ __all__ = ["VLLMEngine", "to_vllm_sampling"]
 
 logger = logging.getLogger(__name__)
 
-ENGINE_EXIT_S = 15.0
+ENGINE_EXIT_S = 30.0
 """Seconds the engine's processes get to exit at shutdown before vLLM kills them."""
+WORKER_EXIT_S = 15
+"""Seconds the engine core gives its worker process to exit before it signals it
+(``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``, 5 by default: a loaded 2-core machine took longer,
+and vLLM then printed SIGTERM and force-kill warnings at the end of a clean run)."""
 
 
 def _on_cpu() -> bool:
@@ -117,6 +121,8 @@ class VLLMEngine:
                 f"weight_transfer={cfg.weight_transfer!r} needs CUDA GPUs (vLLM's "
                 "weight-transfer API); use weight_transfer='host' on CPU"
             )
+        # the engine core process inherits it (a user's own setting stands)
+        os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(WORKER_EXIT_S))
         if cpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
             if cfg.cpu_cores is not None:  # the engine process inherits both

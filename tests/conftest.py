@@ -55,20 +55,50 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def _shm_leak_message(left: list[str]) -> str:
+    return (
+        f"the test session left {len(left)} shared-memory entries in /dev/shm that no process "
+        f"uses: {', '.join(left)}; a test killed a process that owned them without removing "
+        "them (ServerGroup.restart and stop_servers remove a killed engine's; see tests/shm.py)"
+    )
+
+
+_SHM_BEFORE = pytest.StashKey[set[str]]()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _dev_shm_left_as_found():
     """No ``psm_*`` segment or ``sem.*`` semaphore the session created may outlive it: they
     are RAM, and a killed engine's are 160-250 MB each. Only entries new since the session
     started count, and only those no live process maps (another session's running engines
-    are not this one's leaks)."""
+    are not this one's leaks). Under xdist the controller checks once, after every worker has
+    ended (``pytest_sessionfinish``): a worker that ends first would otherwise count what the
+    other's running test just killed and has not cleaned up yet."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        yield
+        return
     before = shm_entries()
     yield
     left = leaked(before)
-    assert not left, (
-        f"the test session left {len(left)} shared-memory entries in /dev/shm that no process "
-        f"uses: {', '.join(left)}; a test killed a process that owned them without removing "
-        "them (ServerGroup.restart and stop_servers remove a killed engine's; see tests/shm.py)"
-    )
+    assert not left, _shm_leak_message(left)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if session.config.getoption("dist", "no") != "no" and "PYTEST_XDIST_WORKER" not in os.environ:
+        session.config.stash[_SHM_BEFORE] = shm_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_SHM_BEFORE, None)
+    if before is None:  # not an xdist controller: the session fixture checked
+        return
+    left = leaked(before)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"FAILED /dev/shm check: {_shm_leak_message(left)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
