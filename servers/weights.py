@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from servers.pids import pid_alive
+
 __all__ = [
     "TensorMeta",
     "StagedBucket",
@@ -163,7 +165,7 @@ def sweep_orphans(folder: Path) -> int:
     for prefix, pattern in ((_PREFIX, f"{_PREFIX}*.bin"), (_ADAPTER_PREFIX, f"{_ADAPTER_PREFIX}*")):
         for path in folder.glob(pattern):
             owner = path.name.removeprefix(prefix).split("-", 1)[0]
-            if not owner.isdigit() or _alive(int(owner)):
+            if not owner.isdigit() or pid_alive(int(owner)):
                 continue
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
@@ -171,16 +173,6 @@ def sweep_orphans(folder: Path) -> int:
                 path.unlink(missing_ok=True)
             removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def plan_bucket(

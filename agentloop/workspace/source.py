@@ -18,6 +18,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+from servers.pids import pid_alive
+
 __all__ = [
     "RUN_ROOT_NAME",
     "chown_tree",
@@ -33,16 +35,6 @@ logger = logging.getLogger(__name__)
 
 RUN_ROOT_NAME = "agentloop-workspaces"
 """The folder (under the temp dir by default) that holds every run's folder."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_tree(path: str | Path) -> None:
@@ -74,7 +66,7 @@ def sweep_stale(root: Path) -> list[Path]:
         return removed
     for entry in root.iterdir():
         pid, _, _ = entry.name.partition("-")
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             remove_tree(entry)
             removed.append(entry)
     if removed:
