@@ -97,9 +97,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     shared = {
         _module_path(item) for item in items if "local_ray" in getattr(item, "fixturenames", ())
     }
+
     # Stable sort: the shared-Ray modules keep their order among themselves, and every module
     # its own tests' order.
-    items.sort(key=lambda item: (_module_path(item) not in shared, _tier_rank(_module_path(item))))
+    def key(item: pytest.Item) -> tuple[int, int]:
+        module = _module_path(item)
+        return (0, 0) if module in shared else (1, _tier_rank(module))
+
+    items.sort(key=key)
     groups = {module: SHARED_RAY_GROUP for module in sorted(shared)}
     # Both workers collect the same tests and write the same groups: a whole-file rename keeps
     # the controller from reading half of one.

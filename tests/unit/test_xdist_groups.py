@@ -1,0 +1,79 @@
+"""How ``make test`` cuts the process tiers into xdist work units (``tests/xdist_groups.py``),
+on stand-in items: the shared-Ray modules first and together as one unit, the command-run
+tiers next, every module whole; nothing changes outside an xdist worker."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from tests import xdist_groups
+from tests.xdist_groups import GROUPS_ENV, SHARED_RAY_GROUP
+
+
+@dataclass(eq=False)
+class Item:
+    nodeid: str
+    fixturenames: tuple[str, ...] = ()
+
+
+def session() -> list[Item]:
+    return [
+        Item("tests/integration/a/test_small.py::t1"),
+        Item("tests/integration/b/test_ray1.py::t1", ("local_ray",)),
+        Item("tests/integration/b/test_ray1.py::t2"),  # same module: goes with it
+        Item("tests/e2e/test_cli.py::t1"),
+        Item("tests/reliability/test_faults.py::t1"),
+        Item("tests/reliability/test_ray2.py::t1", ("tiny_server", "local_ray")),
+        Item("tests/integration/a/test_small.py::t2"),
+    ]
+
+
+@pytest.fixture()
+def groups_file(tmp_path, monkeypatch):
+    path = tmp_path / "groups.json"
+    monkeypatch.setenv(GROUPS_ENV, str(path))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    return path
+
+
+def test_shared_ray_modules_first_then_command_tiers_then_integration(groups_file):
+    items = session()
+    xdist_groups.pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
+    assert [item.nodeid for item in items] == [
+        "tests/integration/b/test_ray1.py::t1",
+        "tests/integration/b/test_ray1.py::t2",
+        "tests/reliability/test_ray2.py::t1",
+        "tests/reliability/test_faults.py::t1",
+        "tests/e2e/test_cli.py::t1",
+        "tests/integration/a/test_small.py::t1",
+        "tests/integration/a/test_small.py::t2",
+    ]
+    assert json.loads(groups_file.read_text()) == {
+        "tests/integration/b/test_ray1.py": SHARED_RAY_GROUP,
+        "tests/reliability/test_ray2.py": SHARED_RAY_GROUP,
+    }
+
+
+def test_the_scheduler_makes_one_unit_of_a_group_and_one_per_other_module(groups_file):
+    groups_file.write_text(json.dumps({"tests/x/test_ray.py": SHARED_RAY_GROUP}))
+    cls = xdist_groups._scheduler_class()
+    scheduler = cls.__new__(cls)  # the scope split reads no scheduler state but the groups
+    assert scheduler._split_scope("tests/x/test_ray.py::t[1]") == SHARED_RAY_GROUP
+    assert scheduler._split_scope("tests/x/test_cli.py::t") == "tests/x/test_cli.py"
+
+
+def test_outside_an_xdist_worker_the_order_stays(monkeypatch, tmp_path):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setenv(GROUPS_ENV, str(tmp_path / "groups.json"))
+    items = session()
+    xdist_groups.pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
+    assert [item.nodeid for item in items] == [item.nodeid for item in session()]
+    assert not (tmp_path / "groups.json").exists()
+
+
+def test_each_worker_gets_its_own_short_ray_temp_folder():
+    assert xdist_groups.ray_tmpdir("gw0") != xdist_groups.ray_tmpdir("gw1")
+    assert len(xdist_groups.ray_tmpdir("gw15")) < 20  # Ray's socket paths live under it
