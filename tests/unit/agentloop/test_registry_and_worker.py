@@ -155,6 +155,7 @@ async def test_worker_names_the_sample_whose_loop_failed(tokenizer):
     with pytest.raises(RuntimeError) as info:
         await worker.generate_sequences([{"raw_prompt": USER, "uid": "u1"}])
     assert str(info.value).startswith(
-        "agent loop 'single_turn_agent' failed on sample 0 (uid u1): PromptTooLongError: prompt has "
+        "agent loop 'single_turn_agent' failed on sample 0 (uid u1): "
+        "PromptTooLongError: prompt has "
     )
     assert "tokens > rollout.prompt_length=4" in str(info.value)
