@@ -14,7 +14,8 @@ with the same keys at the top level of the row. A row with both is refused. Keys
   fraction of ``tests`` (pytest node ids) reported passed, or without ``tests`` the fraction of
   pytest's summary line (passed / (passed + failed + errors)).
 
-``tasks_of_rows`` validates every row at start-up; a bad one is refused naming its index and key.
+``tasks_of_rows`` validates every row (meant for start-up; no CLI calls it yet); a bad one is
+refused naming its index and key.
 """
 
 from __future__ import annotations
