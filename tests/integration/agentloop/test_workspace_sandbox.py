@@ -158,12 +158,14 @@ async def test_a_hanging_check_is_killed_at_its_limit_with_reward_zero(repo, roo
 async def test_writes_outside_the_workspace_and_the_network_are_refused(repo, root, tmp_path):
     outside = tmp_path / "outside.txt"
     venv_file = Path(sys.prefix) / "escape.txt"
+    # the folder the venv's mount point sits in (the checkout): made by bwrap, not writable
+    beside_venv = Path(sys.prefix).parent / "escape.txt"
     task = WorkspaceTask(workspace=repo, problem="p", check=("true",))
     pool = pool_of(root, warm_per_task=0)
     async with pool.sample(task) as ws:
         result = await ws.run(
             shell(
-                f"echo x > {outside}; echo x > {venv_file}; echo x > /work/escape.txt; "
+                f"echo x > {outside}; echo x > {venv_file}; echo x > {beside_venv}; "
                 'echo x > inside.txt; python -c "import socket; '
                 "socket.create_connection(('1.1.1.1', 80), timeout=5)\" 2>&1 | tail -1"
             )
@@ -171,12 +173,12 @@ async def test_writes_outside_the_workspace_and_the_network_are_refused(repo, ro
         assert result.output.decode().splitlines() == [
             f"sh: 1: cannot create {outside}: Permission denied",
             f"sh: 1: cannot create {venv_file}: Read-only file system",
-            "sh: 1: cannot create /work/escape.txt: Permission denied",
+            f"sh: 1: cannot create {beside_venv}: Permission denied",
             "OSError: [Errno 101] Network is unreachable",
         ]
         assert (ws.path / "inside.txt").read_text() == "x\n"
     assert not outside.exists() and not venv_file.exists()
-    assert not Path("/work/escape.txt").exists()
+    assert not beside_venv.exists()
     await pool.close()
 
 
