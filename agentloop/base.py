@@ -155,6 +155,11 @@ class AgentLoopBase(abc.ABC):
     """Whether the row's ``tools_kwargs`` create configured tools (False for gateway agents,
     which bring their own: start-up then does not check the names against the config)."""
 
+    runs_in_workspace: bool = True
+    """Whether a row with a workspace task runs this loop inside a fresh copy of its
+    workspace, the task's check as its reward (``agentloop.workspace.loop_hook``); False for
+    a loop that prepares its own (a harness agent)."""
+
     def __init__(self, context: AgentLoopContext, **kwargs: Any) -> None:
         self.context = context
         self.server = context.server

@@ -22,6 +22,7 @@ import torch
 
 from agentloop.base import AgentLoopOutput
 from agentloop.records import SampleRecord, ToolCallRecord
+from agentloop.workspace.loop_hook import workspace_metrics
 
 __all__ = ["RolloutBatch", "collate", "rollout_metrics", "session_samples", "tool_metrics"]
 
@@ -241,6 +242,7 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
     metrics["agent_loop/repaired_calls/frac"] = repaired / len(ran) if ran else 0.0
     metrics |= tool_metrics(ran)
     metrics |= interaction_metrics(records)
+    metrics |= workspace_metrics([o.metrics for o in outputs])
     slowest = max(range(len(outputs)), key=lambda i: outputs[i].metrics.get("total_s", 0.0))
     out = outputs[slowest]
     metrics |= {

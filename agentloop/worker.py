@@ -25,6 +25,11 @@ from agentloop.tokenizer import load_tokenizer
 from agentloop.tools import BaseTool, load_tool_config
 from agentloop.tools.job_limit import JobLimiter
 from agentloop.trace import TraceContext, make_tracer
+from agentloop.workspace.config import WorkspaceConfig
+from agentloop.workspace.loop_hook import run_loop_in_workspace
+from agentloop.workspace.pool import WorkspacePool
+from agentloop.workspace.task import task_of_row
+from agentloop.workspace.tools import WorkspaceTool
 
 __all__ = ["AgentLoopWorker", "prepare_row", "validate_rows"]
 
@@ -145,7 +150,20 @@ class AgentLoopWorker:
         assert runner is not None
         runner.job_limits = {name: JobLimiter(cap) for name, cap in self.tool_job_limits().items()}
         self.tracer = make_tracer(config.trace, tokenizer)
+        self.workspace_config = next(
+            (t.workspace for t in self.context.tools.values() if isinstance(t, WorkspaceTool)),
+            WorkspaceConfig(),
+        )
+        """The pool config of rows with a workspace task: the workspace tools' entry's
+        ``workspace`` mapping, else the defaults."""
+        self._workspaces: WorkspacePool | None = None
         self._traced: dict[tuple[Any, Any], int] = {}  # samples traced per (step, validate)
+
+    async def close_workspaces(self) -> None:
+        """Remove this worker's workspace copies and run folder (before it is stopped)."""
+        if self._workspaces is not None:
+            await self._workspaces.close()
+            self._workspaces = None
 
     def flush_traces(self) -> None:
         """Wait until every trace of this worker is in the store (before it is stopped)."""
@@ -245,9 +263,21 @@ class AgentLoopWorker:
         loop = spec.cls(self.context, **spec.kwargs)
         if trace is not None and self.tracer is not None:
             loop.trace = self.tracer.start(trace, index, fields, spec.name)
+        # Rows are checked at start-up, their relative workspace paths made absolute there.
+        task = task_of_row(fields, index, ".") if loop.runs_in_workspace else None
         start = time.perf_counter()
         try:
-            out = await loop.run(dict(params), **fields)
+            if task is None:
+                out = await loop.run(dict(params), **fields)
+            else:  # a fresh copy of the task's workspace for the whole sample; the check scores
+                if self._workspaces is None:
+                    self._workspaces = WorkspacePool(self.workspace_config)
+                out = await run_loop_in_workspace(
+                    self._workspaces,
+                    task,
+                    lambda: loop.run(dict(params), **fields),
+                    timeout_s=self.workspace_config.sample_timeout_s,
+                )
         except Exception as exc:
             if loop.trace is not None:
                 loop.trace.finish(None, exc)

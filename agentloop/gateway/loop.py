@@ -87,6 +87,7 @@ class GatewayAgentLoop(AgentLoopBase):
         if isinstance(agent, str):  # "pkg.module:function" or "pkg.module.function"
             agent = load_object(agent, key="agent", need_callable=True)
         self.agent = agent
+        self.runs_in_workspace = agent is not None  # its Python agent calls the workspace tools
         self.session: Session | None = None
         """The sample's session once ``run`` has opened it (its segments, calls, rewards)."""
         self.command = command

@@ -14,6 +14,8 @@ tools:
     config: {type: qwen_agent, name: storage, cfg: {storage_root_path: /tmp/kv}}
   - class_name: my_pkg.tools.MyQwenTool        # ... or a qwen_agent BaseTool subclass
     config: {type: qwen_agent}
+  - class_name: workspace                      # the workspace tools (bash, read_file, ...;
+    config: {type: workspace}                  # agentloop.workspace.tools)
 ```
 """
 
@@ -61,12 +63,20 @@ def load_tool_config(path: str | Path) -> dict[str, BaseTool]:
             target = name if name else load_object(entry["class_name"], key=f"{where}.class_name")
             tool = qwen_agent_tool(target, config.get("cfg"))
             new = {tool.name: tool}
+        elif kind == "workspace":
+            from agentloop.workspace.tools import workspace_tools
+
+            try:
+                new = dict(workspace_tools(config=config))
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
         elif kind == "native":
             tool = _native_entry(entry, config, where)
             new = {tool.name: tool}
         else:
             raise ValueError(
-                f"{where}: config.type {kind!r} is not supported; use native, mcp or qwen_agent"
+                f"{where}: config.type {kind!r} is not supported; use native, mcp, qwen_agent or "
+                "workspace"
             )
         for name, tool in new.items():
             if name in tools:

@@ -29,7 +29,13 @@ class WorkspaceConfig:
     check like ``python -m pytest`` finds pytest; default the worker's own; None: the base
     interpreter with the standard library only."""
     agent_timeout_s: float = 120.0
-    """Default wall-clock limit of one agent command (``Workspace.run``)."""
+    """Default wall-clock limit of one agent command (``Workspace.run``, the ``bash`` tool)."""
+    sample_timeout_s: float = 3600.0
+    """Wall-clock limit of a whole agent loop run in a workspace (the worker's hook); past it
+    the loop is cancelled, its commands killed, and the sample fails."""
+    tool_output_chars: int = 8000
+    """Characters of a workspace tool's answer kept (``bash``, ``read_file``, ``run_check``);
+    past it the middle is cut and marked with how much was cut."""
     cpu_time_s: int = 600
     """CPU seconds per command (RLIMIT_CPU)."""
     memory_mb: int = 4096
@@ -56,6 +62,8 @@ class WorkspaceConfig:
             raise ValueError(
                 "workspace needs agent_timeout_s > 0, cpu_time_s >= 1, memory_mb >= 64"
             )
+        if self.sample_timeout_s <= 0 or self.tool_output_chars < 200:
+            raise ValueError("workspace needs sample_timeout_s > 0 and tool_output_chars >= 200")
         if self.max_file_mb < 1 or self.max_processes < 2 or self.max_output_bytes < 1:
             raise ValueError(
                 "workspace needs max_file_mb >= 1, max_processes >= 2, max_output_bytes >= 1"

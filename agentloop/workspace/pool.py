@@ -73,6 +73,8 @@ class Workspace:
         self.prepare_s = 0.0
         self.warm = False
         """Taken ready from the warm pool."""
+        self.sandbox_errors = 0
+        """Commands of this copy the sandbox could not start."""
         self._running: set[asyncio.Task[CommandResult]] = set()
 
     async def run(
@@ -113,6 +115,7 @@ class Workspace:
             return await task
         except OSError as e:
             pool.metrics.sandbox_errors += 1
+            self.sandbox_errors += 1
             raise SandboxError(f"the command {argv[0]!r} could not start: {e}") from e
         finally:
             self._running.discard(task)

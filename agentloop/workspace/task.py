@@ -14,8 +14,10 @@ with the same keys at the top level of the row. A row with both is refused. Keys
   fraction of ``tests`` (pytest node ids) reported passed, or without ``tests`` the fraction of
   pytest's summary line (passed / (passed + failed + errors)).
 
-``tasks_of_rows`` validates every row (meant for start-up; no CLI calls it yet); a bad one is
-refused naming its index and key.
+``tasks_of_rows`` validates every row; a bad one is refused naming its index and key.
+``resolve_task_rows`` does so at the start-up of ``agentloop-train`` and ``agentloop-rollout``
+and writes each task's resolved ``workspace`` path into its row, so the agent-loop workers
+(whatever their folder) find it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "ARCHIVE_SUFFIXES",
     "WorkspaceTask",
     "WorkspaceTaskError",
+    "resolve_task_rows",
     "task_of_row",
     "tasks_of_rows",
 ]
@@ -158,3 +161,24 @@ def tasks_of_rows(
 ) -> list[WorkspaceTask | None]:
     """Every row's task, validated at start-up (the first bad row raises)."""
     return [task_of_row(row, i, base_dir) for i, row in enumerate(rows)]
+
+
+def resolve_task_rows(rows: list[dict[str, Any]], base_dir: str | Path) -> int:
+    """Validate every row's task (``tasks_of_rows``) and write its absolute ``workspace``
+    path into the row (a new ``extra_info`` mapping; the row's other keys untouched); returns
+    how many rows have a task."""
+    tasks = tasks_of_rows(rows, base_dir)
+    for row, task in zip(rows, tasks, strict=True):
+        if task is None:
+            continue
+        extra = row.get("extra_info")
+        nested = extra.get("workspace_task") if isinstance(extra, Mapping) else None
+        if nested is not None:
+            assert isinstance(extra, Mapping)
+            row["extra_info"] = {
+                **extra,
+                "workspace_task": {**nested, "workspace": str(task.workspace)},
+            }
+        else:
+            row["workspace"] = str(task.workspace)
+    return sum(task is not None for task in tasks)

@@ -25,6 +25,7 @@ logger = logging.getLogger("agentloop.train")
 __all__ = [
     "RolloutSetup",
     "check_engine_kwargs",
+    "check_workspace_tasks",
     "warn_toolless_rows",
     "load_split",
     "prepare_rollout",
@@ -149,8 +150,26 @@ def load_split(config: Config, setup: RolloutSetup, split: str) -> list[dict[str
     )
     default = rollout.default_agent_loop
     validate_rows(rows, setup.tool_names, default, setup.interaction_names)
+    check_workspace_tasks(rows, files, split)
     warn_toolless_rows(rows, setup.tool_names, rollout.default_agent_loop, split)
     return rows
+
+
+def check_workspace_tasks(rows: list[dict[str, Any]], files: list[str], split: str) -> None:
+    """Rows with a workspace task (``agentloop.workspace``) are checked here, their relative
+    ``workspace`` paths taken from the (first) data file's folder and made absolute in the rows;
+    a bad row raises ValueError naming the files, the row and the key."""
+    from pathlib import Path
+
+    from agentloop.workspace.task import WorkspaceTaskError, resolve_task_rows
+
+    base = Path(files[0]).expanduser().resolve().parent
+    try:
+        count = resolve_task_rows(rows, base)
+    except WorkspaceTaskError as exc:
+        raise ValueError(f"data.{split}_files ({', '.join(files)}): {exc}") from None
+    if count:
+        logger.info("data.%s_files: %d rows are workspace tasks", split, count)
 
 
 def warn_toolless_rows(

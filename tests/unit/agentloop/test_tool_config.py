@@ -39,7 +39,8 @@ CALC = "agentloop.tools.calculator.CalculatorTool"
         ),
         (
             {"tools": [{"class_name": CALC, "config": {"type": "grpc"}}]},
-            "{path}: tools[0]: config.type 'grpc' is not supported; use native, mcp or qwen_agent",
+            "{path}: tools[0]: config.type 'grpc' is not supported; use native, mcp, qwen_agent or "
+            "workspace",
         ),
         (
             {"tools": [{"class_name": CALC}, {"class_name": CALC}]},
