@@ -198,6 +198,10 @@ class AgentLoopManager:
                 ray.get([w.flush_traces.remote() for w in self.workers], timeout=60)
             except Exception:  # noqa: BLE001 - shutting down regardless
                 logger.warning("could not flush the rollout traces of every worker")
+        try:  # their workspace copies and run folders (else swept at the next start)
+            ray.get([w.close_workspaces.remote() for w in self.workers], timeout=60)
+        except Exception:  # noqa: BLE001 - shutting down regardless
+            logger.warning("could not remove the workspace folders of every worker")
         for w in self.workers:
             ray.kill(w)
         self.workers = []
