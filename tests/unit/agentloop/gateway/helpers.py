@@ -7,7 +7,8 @@ from typing import Any
 
 from agentloop import AgentLoopContext, RolloutConfig
 from agentloop.config import GatewayConfig
-from agentloop.gateway import GatewayAgentLoop
+from agentloop.gateway import GatewayAgentLoop, Session
+from agentloop.gateway.loop import gateway_of
 from tests.unit.agentloop.scripted import ScriptedServer
 
 WEATHER = {
@@ -60,3 +61,15 @@ async def stop_gateways() -> None:
         context = CONTEXTS.pop()
         if context.gateway is not None:
             await context.gateway.stop()
+
+
+async def open_session(
+    tokenizer: Any, turns: list[str], **gateway: Any
+) -> tuple[Any, Session, ScriptedServer]:
+    """A gateway listening with one open session over a scripted engine answering ``turns``:
+    (gateway, session, server)."""
+    loop, server = make_loop(tokenizer, turns, **gateway)
+    gw = await gateway_of(loop.context)
+    session = Session(loop)
+    gw.open(session)
+    return gw, session, server

@@ -14,9 +14,7 @@ import aiohttp
 import anthropic
 import pytest
 
-from agentloop.gateway import Session
-from agentloop.gateway.loop import gateway_of
-from tests.unit.agentloop.gateway.helpers import WEATHER, hermes_call, make_loop, stop_gateways
+from tests.unit.agentloop.gateway.helpers import WEATHER, hermes_call, make_loop, open_session
 
 TOOL = {
     "name": "weather",
@@ -26,18 +24,7 @@ TOOL = {
 PROMPT = [{"role": "user", "content": "Weather in Paris?"}]
 
 
-@pytest.fixture(autouse=True)
-async def _stopped_gateways():
-    yield
-    await stop_gateways()
-
-
-async def open_session(tokenizer, turns, **gateway):
-    loop, server = make_loop(tokenizer, turns, **gateway)
-    gw = await gateway_of(loop.context)
-    session = Session(loop)
-    gw.open(session)
-    return gw, session, server
+pytestmark = pytest.mark.usefixtures("stopped_gateways")
 
 
 def client_for(gw, session, key="agentloop"):

@@ -15,15 +15,13 @@ import pytest
 
 from agentloop import RolloutConfig
 from agentloop.config import AgentConfig, GatewayConfig
-from agentloop.gateway import Session
-from agentloop.gateway.loop import gateway_of
 from agentloop.gateway.messages import ContextLengthError, GatewayInputError
 from agentloop.gateway.responses_api import responses_call
 from agentloop.gateway.session import ChatCall
 from agentloop.tokens import encode_prompt
 from agentloop.worker import AgentLoopWorker
 from tests.unit.agentloop.gateway.agents import LONG_SYSTEM
-from tests.unit.agentloop.gateway.helpers import WEATHER, hermes_call, make_loop, stop_gateways
+from tests.unit.agentloop.gateway.helpers import WEATHER, hermes_call, open_session
 from tests.unit.agentloop.gateway.test_http import post
 from tests.unit.agentloop.scripted import ScriptedServer
 
@@ -33,18 +31,7 @@ PROMPT = [{"role": "user", "content": "Weather in Paris?"}]
 BUDGET = "(set actor_rollout_ref.rollout.prompt_length higher, or shorten it)"
 
 
-@pytest.fixture(autouse=True)
-async def _stopped_gateways():
-    yield
-    await stop_gateways()
-
-
-async def open_session(tokenizer, turns, **gateway):
-    loop, server = make_loop(tokenizer, turns, **gateway)
-    gw = await gateway_of(loop.context)
-    session = Session(loop)
-    gw.open(session)
-    return gw, session, server
+pytestmark = pytest.mark.usefixtures("stopped_gateways")
 
 
 def test_a_codex_request_becomes_chat_messages_and_function_tools():
