@@ -131,7 +131,7 @@ def task_of_row(row: Mapping[str, Any], index: int, base_dir: str | Path) -> Wor
         if key not in fields:
             raise WorkspaceTaskError(f"{prefix}{key} is missing")
     problem = fields.get("problem")
-    if problem is None and "prompt" not in row:
+    if problem is None and "prompt" not in row and "raw_prompt" not in row:
         raise WorkspaceTaskError(f"{prefix}problem is missing (and the row has no prompt)")
     if problem is not None and not isinstance(problem, str):
         raise WorkspaceTaskError(f"{prefix}problem must be a string, got {problem!r}")
