@@ -279,3 +279,24 @@ def test_the_step_metrics_fold_the_samples_workspace_metrics():
         "workspace/warm/frac": 0.5,
     }
     assert workspace_metrics([{"generate_s": 1.0}]) == {}
+
+
+async def test_a_langgraph_tool_calls_the_same_functions(ws):
+    from langchain_core.tools import StructuredTool
+
+    tool = StructuredTool.from_function(coroutine=bash)  # what a LangGraph agent binds
+    assert tool.name == "bash" and tool.args["command"]["type"] == "string"
+    assert await tool.ainvoke({"command": "echo hi"}) == "[exit code 0]\nhi\n"
+
+
+def test_gateway_agents_run_in_the_workspace_only_with_a_python_agent():
+    from agentloop.base import AgentLoopContext
+    from agentloop.config import RolloutConfig
+    from agentloop.gateway.loop import GatewayAgentLoop
+
+    async def agent(row, llm):
+        return None
+
+    context = AgentLoopContext(None, None, RolloutConfig())
+    assert GatewayAgentLoop(context, agent=agent).runs_in_workspace is True
+    assert GatewayAgentLoop(context, command=["true"]).runs_in_workspace is False
