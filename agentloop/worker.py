@@ -157,7 +157,16 @@ class AgentLoopWorker:
         """The pool config of rows with a workspace task: the workspace tools' entry's
         ``workspace`` mapping, else the defaults."""
         self._workspaces: WorkspacePool | None = None
+        self._workspaces_lock = asyncio.Lock()
         self._traced: dict[tuple[Any, Any], int] = {}  # samples traced per (step, validate)
+
+    async def _workspace_pool(self) -> WorkspacePool:
+        """The worker's pool, made at its first workspace sample (in a thread: it sweeps the
+        folders crashed runs left)."""
+        async with self._workspaces_lock:
+            if self._workspaces is None:
+                self._workspaces = await asyncio.to_thread(WorkspacePool, self.workspace_config)
+            return self._workspaces
 
     async def close_workspaces(self) -> None:
         """Remove this worker's workspace copies and run folder (before it is stopped)."""
@@ -270,10 +279,8 @@ class AgentLoopWorker:
             if task is None:
                 out = await loop.run(dict(params), **fields)
             else:  # a fresh copy of the task's workspace for the whole sample; the check scores
-                if self._workspaces is None:
-                    self._workspaces = WorkspacePool(self.workspace_config)
                 out = await run_loop_in_workspace(
-                    self._workspaces,
+                    await self._workspace_pool(),
                     task,
                     lambda: loop.run(dict(params), **fields),
                     timeout_s=self.workspace_config.sample_timeout_s,
