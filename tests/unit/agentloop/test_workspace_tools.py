@@ -1,5 +1,5 @@
 """The workspace tools on the plain-process backend (fast; the bwrap sandbox is in
-tests/integration/agentloop/test_workspace_tools_loop.py): each tool's answer, every refusal
+tests/unit/agentloop/test_workspace_tools_loop.py): each tool's answer, every refusal
 word for word (a path leaving the workspace, old text found 0 or 2 times), the truncation
 marker, the per-command time limit, the tool config entry, the worker's hook and the step's
 workspace metrics."""

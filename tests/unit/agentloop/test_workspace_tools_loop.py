@@ -18,7 +18,7 @@ from agentloop.batch import rollout_metrics
 from agentloop.tools.sandbox import bwrap_problem
 from tests.unit.agentloop.scripted import ScriptedServer
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow  # real sandboxes and pytest runs: seconds each
 
 if (_problem := bwrap_problem()) is not None:
     pytest.skip(
@@ -54,7 +54,7 @@ def tool_texts(tokenizer, out) -> list[str]:
 
 
 @pytest.fixture()
-def setup(tmp_path, tiny_qwen3_path):
+def setup(tmp_path, tokenizer):
     repo = tmp_path / "repo"
     (repo / "tests").mkdir(parents=True)
     (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
@@ -68,9 +68,7 @@ def setup(tmp_path, tiny_qwen3_path):
         response_length=4096,
         multi_turn=MultiTurnConfig(tool_config_path=str(tools_yaml), max_tool_response_length=4000),
     )
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_path)
     server = ScriptedServer(tokenizer, [])
     worker = AgentLoopWorker(config, server, tokenizer)
     row = {
