@@ -77,3 +77,75 @@ def test_outside_an_xdist_worker_the_order_stays(monkeypatch, tmp_path):
 def test_each_worker_gets_its_own_short_ray_temp_folder():
     assert xdist_groups.ray_tmpdir("gw0") != xdist_groups.ray_tmpdir("gw1")
     assert len(xdist_groups.ray_tmpdir("gw15")) < 20  # Ray's socket paths live under it
+
+
+@dataclass(eq=False)
+class Node:
+    """A stand-in for xdist's WorkerController: what the scheduler reads and calls."""
+
+    workerid: str
+    shutting_down: bool = False
+
+    def __post_init__(self) -> None:
+        self.workerinput = {"workerid": self.workerid}
+        self.sent: list[list[int]] = []
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent.append(indexes)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def lanes(workers: int, modules: list[str]):
+    """A scheduler over one test per module, with ``workers`` stand-in workers."""
+    from collections import OrderedDict
+
+    cls = xdist_groups._scheduler_class()
+    scheduler = cls.__new__(cls)
+    scheduler._groups = {}
+    scheduler.numnodes = workers
+    collection = [f"{m}::t" for m in modules]
+    scheduler.workqueue = OrderedDict((m, {f"{m}::t": False}) for m in modules)
+    nodes = [Node(f"gw{i}") for i in range(workers)]
+    scheduler.assigned_work = {node: {} for node in nodes}
+    scheduler.registered_collections = {node: collection for node in nodes}
+    return scheduler, nodes, collection
+
+
+MODULES = [
+    "tests/e2e/test_a.py",
+    "tests/integration/test_b.py",
+    "tests/unit/test_c.py",
+    "tests/unit/test_d.py",
+]
+
+
+def test_with_three_workers_the_last_runs_only_unit_modules_the_others_process_ones_first():
+    scheduler, (gw0, gw1, gw2), collection = lanes(3, MODULES)
+    scheduler._assign_work_unit(gw2)
+    scheduler._assign_work_unit(gw0)
+    scheduler._assign_work_unit(gw1)
+    assert [collection[i] for (i,) in gw2.sent] == ["tests/unit/test_c.py::t"]
+    assert [collection[i] for (i,) in gw0.sent] == ["tests/e2e/test_a.py::t"]
+    assert [collection[i] for (i,) in gw1.sent] == ["tests/integration/test_b.py::t"]
+    # no process module left: a process worker takes the next unit module
+    scheduler._assign_work_unit(gw0)
+    assert collection[gw0.sent[-1][0]] == "tests/unit/test_d.py::t"
+    # nothing left for the unit lane: it is told to end after the tests it holds
+    scheduler._reschedule(gw2)
+    assert gw2.shutting_down and len(gw2.sent) == 1
+
+
+def test_the_unit_lane_ends_while_process_modules_are_still_queued():
+    scheduler, (_, _, gw2), _ = lanes(3, ["tests/e2e/test_a.py", "tests/e2e/test_b.py"])
+    scheduler._reschedule(gw2)
+    assert gw2.shutting_down and gw2.sent == []
+    assert list(scheduler.workqueue) == ["tests/e2e/test_a.py", "tests/e2e/test_b.py"]
+
+
+def test_with_two_workers_there_is_no_unit_lane():
+    scheduler, (gw0, gw1), collection = lanes(2, list(reversed(MODULES)))
+    scheduler._assign_work_unit(gw1)  # the last worker: any module, process ones first
+    assert collection[gw1.sent[0][0]] == "tests/integration/test_b.py::t"
+    assert not xdist_groups.unit_lane("gw1", 2) and xdist_groups.unit_lane("gw2", 3)
