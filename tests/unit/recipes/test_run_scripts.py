@@ -87,6 +87,30 @@ TRAIN = {
         "trainer.logger=[console,jsonl]",
         "trainer.default_local_dir=r/grpo",
     ],
+    "recipes/repo_fix/run_cpu.sh": [
+        "data.train_files=d/train.jsonl",
+        "data.val_files=d/val.jsonl",
+        "data.return_raw_chat=True",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=1024",
+        "actor_rollout_ref.model.path=m",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.response_length=1024",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=6",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=recipes/repo_fix/tool_config.yaml",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "custom_reward_function.path=recipes/repo_fix/reward.py",
+        "trainer.n_gpus_per_node=2",
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=2",
+        "trainer.val_before_train=True",
+        "trainer.logger=[console,jsonl]",
+        "trainer.default_local_dir=r/grpo",
+    ],
     "examples/gsm8k/run_gsm8k_tool_agent_cpu.sh": [
         "data.train_files=d/train.parquet",
         "data.val_files=d/test.parquet",
@@ -186,6 +210,7 @@ DATA_CALLS = {
     "recipes/nl2sql/run_cpu.sh": "recipes.nl2sql.data --out d --train 64 --val 16",
     "recipes/search_r1/run_cpu.sh": "recipes.search_r1.data --out d --synthetic",
     "recipes/langgraph_agent/run_cpu.sh": "recipes.langgraph_agent.data --out d --sft 512",
+    "recipes/repo_fix/run_cpu.sh": "recipes.repo_fix.make_tasks --out d --train 256 --val 64",
 }
 
 
@@ -232,6 +257,26 @@ def test_langgraph_trains_from_its_sft_export(tmp_path):
         "data.train_files=d/sft.jsonl",
         "data.train_batch_size=16",
         "data.micro_batch_size_per_gpu=4",
+        "model.path=m",
+        "optim.lr=1e-4",
+        "trainer.n_gpus_per_node=2",
+        "trainer.total_training_steps=16",
+        "trainer.default_local_dir=r/sft",
+    ]
+    assert f"actor_rollout_ref.model.path={SFT_FOLDER}" in train_overrides(calls)
+
+
+def test_repo_fix_trains_from_its_sft_export(tmp_path):
+    calls = script_calls("recipes/repo_fix/run_cpu.sh", tmp_path, **ENV)
+    assert [c.args[1] for c in calls] == [
+        "recipes.repo_fix.make_tasks",
+        "trainer.cli.sft",
+        "trainer.cli.train",
+    ]
+    assert calls[1].args[2:] == [
+        "data.train_files=d/sft.jsonl",
+        "data.train_batch_size=16",
+        "data.micro_batch_size_per_gpu=2",
         "model.path=m",
         "optim.lr=1e-4",
         "trainer.n_gpus_per_node=2",
