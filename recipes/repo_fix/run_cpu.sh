@@ -2,8 +2,8 @@
 # The repo_fix task family on CPU (vLLM CPU engine, 2 FSDP2 gloo ranks, Ray local): generate
 # the tasks, multi-turn SFT warm start on the solved read_file/str_replace/run_check
 # conversations, then GRPO with tool_agent and the workspace tools, each sample in a fresh
-# sandboxed copy of its package and rewarded by its pytest check (partial: the fraction of tests
-# passing). Runs in the repository root from any directory. Environment:
+# sandboxed copy of its package and rewarded by its pytest check (1 when every test
+# passes, else 0). Runs in the repository root from any directory. Environment:
 #   MODEL (smollm2-135m-instruct)  DATA (data/repo_fix)  RUN (checkpoints/repo_fix)
 #   SFT_STEPS (16; 0 skips the warm start and trains MODEL directly)  SFT_LR (1e-4)
 # Extra key=value arguments go to agentloop-train, e.g. trainer.total_training_steps=2.
