@@ -38,11 +38,9 @@ __all__ = [
     "pytest_unconfigure",
     "pytest_xdist_make_scheduler",
     "ray_tmpdir",
-    "unit_lane",
 ]
 
 SHARED_RAY_GROUP = "shared-ray"
-UNIT_TIER = "tests/unit/"
 GROUPS_ENV = "AGENTLOOP_XDIST_GROUPS"  # the file a worker writes the module groups to
 # Tiers in the order their modules are handed out: whole command runs first.
 _TIER_ORDER = ("reliability", "e2e", "integration")
@@ -115,26 +113,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     os.replace(tmp, path)
 
 
-def unit_lane(worker: str, workers: int) -> bool:
-    """Whether xdist worker ``worker`` of ``workers`` is the unit lane: with three workers or
-    more, the last one runs only ``tests/unit`` modules (light: no engine, no Ray, no CLI)."""
-    return workers >= 3 and worker == f"gw{workers - 1}"
-
-
-def _is_unit(scope: str) -> bool:
-    return scope.startswith(UNIT_TIER)
-
-
 def _scheduler_class() -> type:
     """``ModuleGroupScheduling``, built when asked for: xdist is imported only where used."""
     from xdist.scheduler import LoadFileScheduling
 
     class ModuleGroupScheduling(LoadFileScheduling):
-        """``loadfile`` with the modules the workers grouped as one work unit each, and with
-        three workers or more a unit lane: the last worker takes only unit-test modules,
-        the others the process tiers' modules first and unit-test modules once none is
-        left. Two command runs side by side is what memory and two cores allow; the unit
-        tests fill the time those runs leave a core idle."""
+        """``loadfile`` with the modules the workers grouped as one work unit each."""
 
         _groups: dict[str, str] | None = None
 
@@ -145,34 +129,6 @@ def _scheduler_class() -> type:
                 text = Path(path).read_text() if path and Path(path).exists() else ""
                 self._groups = json.loads(text) if text else {}
             return self._groups.get(module, module)
-
-        def _next_scope(self, node: Any) -> str | None:
-            """The first queued unit ``node``'s lane takes, if any."""
-            if unit_lane(node.workerinput["workerid"], self.numnodes):
-                return next((s for s in self.workqueue if _is_unit(s)), None)
-            first = next((s for s in self.workqueue if not _is_unit(s)), None)
-            return first if first is not None else next(iter(self.workqueue), None)
-
-        def _assign_work_unit(self, node: Any) -> None:
-            scope = self._next_scope(node)
-            if scope is None:
-                return
-            work_unit = self.workqueue.pop(scope)
-            self.assigned_work.setdefault(node, {})[scope] = work_unit
-            collection = self.registered_collections[node]
-            node.send_runtest_some(
-                [collection.index(nodeid) for nodeid, done in work_unit.items() if not done]
-            )
-
-        def _reschedule(self, node: Any) -> None:
-            if node.shutting_down:
-                return
-            if self._next_scope(node) is None:  # nothing left for its lane: it ends
-                node.shutdown()  # after the tests it holds
-                return
-            if self._pending_of(self.assigned_work[node]) > 2:
-                return
-            self._assign_work_unit(node)
 
     return ModuleGroupScheduling
 
