@@ -246,37 +246,22 @@ def test_a_cpu_recipe_makes_its_data_when_missing(tmp_path, script):
     assert calls[0].args == ["-m", *DATA_CALLS[script].split()]
 
 
-def test_langgraph_trains_from_its_sft_export(tmp_path):
-    calls = script_calls("recipes/langgraph_agent/run_cpu.sh", tmp_path, **ENV)
-    assert [c.args[1] for c in calls] == [
-        "recipes.langgraph_agent.data",
-        "trainer.cli.sft",
-        "trainer.cli.train",
-    ]
+@pytest.mark.parametrize(
+    ("script", "data_module", "micro_batch"),
+    [
+        ("recipes/langgraph_agent/run_cpu.sh", "recipes.langgraph_agent.data", 4),
+        ("recipes/repo_fix/run_cpu.sh", "recipes.repo_fix.make_tasks", 2),
+    ],
+)
+def test_a_recipe_with_a_warm_start_trains_from_its_sft_export(
+    tmp_path, script, data_module, micro_batch
+):
+    calls = script_calls(script, tmp_path, **ENV)
+    assert [c.args[1] for c in calls] == [data_module, "trainer.cli.sft", "trainer.cli.train"]
     assert calls[1].args[2:] == [
         "data.train_files=d/sft.jsonl",
         "data.train_batch_size=16",
-        "data.micro_batch_size_per_gpu=4",
-        "model.path=m",
-        "optim.lr=1e-4",
-        "trainer.n_gpus_per_node=2",
-        "trainer.total_training_steps=16",
-        "trainer.default_local_dir=r/sft",
-    ]
-    assert f"actor_rollout_ref.model.path={SFT_FOLDER}" in train_overrides(calls)
-
-
-def test_repo_fix_trains_from_its_sft_export(tmp_path):
-    calls = script_calls("recipes/repo_fix/run_cpu.sh", tmp_path, **ENV)
-    assert [c.args[1] for c in calls] == [
-        "recipes.repo_fix.make_tasks",
-        "trainer.cli.sft",
-        "trainer.cli.train",
-    ]
-    assert calls[1].args[2:] == [
-        "data.train_files=d/sft.jsonl",
-        "data.train_batch_size=16",
-        "data.micro_batch_size_per_gpu=2",
+        f"data.micro_batch_size_per_gpu={micro_batch}",
         "model.path=m",
         "optim.lr=1e-4",
         "trainer.n_gpus_per_node=2",
