@@ -22,6 +22,7 @@ from agentloop.workspace.sample import SampleOutcome, run_workspace_sample
 from agentloop.workspace.task import (
     WorkspaceTask,
     WorkspaceTaskError,
+    has_workspace_task,
     resolve_task_rows,
     task_of_row,
     tasks_of_rows,
@@ -53,6 +54,7 @@ __all__ = [
     "WorkspaceTool",
     "bash",
     "current_workspace",
+    "has_workspace_task",
     "pytest_counts",
     "read_file",
     "resolve_task_rows",

@@ -32,6 +32,7 @@ __all__ = [
     "ARCHIVE_SUFFIXES",
     "WorkspaceTask",
     "WorkspaceTaskError",
+    "has_workspace_task",
     "resolve_task_rows",
     "task_of_row",
     "tasks_of_rows",
@@ -106,9 +107,19 @@ def _workspace(value: Any, where: str, base_dir: Path) -> Path:
     return path
 
 
+def has_workspace_task(row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` gives a workspace task (``extra_info.workspace_task``, or ``workspace``
+    / ``check`` at its top level); ``task_of_row`` says whether the task is whole."""
+    extra = row.get("extra_info")
+    nested = isinstance(extra, Mapping) and extra.get("workspace_task") is not None
+    return nested or "workspace" in row or "check" in row
+
+
 def task_of_row(row: Mapping[str, Any], index: int, base_dir: str | Path) -> WorkspaceTask | None:
     """The row's task (None: the row has none); raises ``WorkspaceTaskError`` naming
     ``row {index}`` and the key at fault."""
+    if not has_workspace_task(row):
+        return None
     extra = row.get("extra_info")
     nested = extra.get("workspace_task") if isinstance(extra, Mapping) else None
     top = "workspace" in row or "check" in row
@@ -117,8 +128,6 @@ def task_of_row(row: Mapping[str, Any], index: int, base_dir: str | Path) -> Wor
             f"row {index}: the task is given twice (top-level workspace/check and "
             "extra_info.workspace_task); keep one"
         )
-    if nested is None and not top:
-        return None
     if nested is not None and not isinstance(nested, Mapping):
         raise WorkspaceTaskError(
             f"row {index}: extra_info.workspace_task must be a mapping, got {type(nested).__name__}"

@@ -45,7 +45,6 @@ $PY -m trainer.cli.train \
   actor_rollout_ref.rollout.multi_turn.tool_config_path=recipes/repo_fix/tool_config.yaml \
   actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent \
   actor_rollout_ref.actor.optim.lr=1e-6 \
-  custom_reward_function.path=recipes/repo_fix/reward.py \
   trainer.val_before_train=True \
   trainer.logger='[console,jsonl]' \
   trainer.default_local_dir="$RUN/grpo" \

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from agentloop.workspace import has_workspace_task
 from servers import stop_servers
 from trainer.config.schema import Config
 from trainer.launch.rollout import start_judge
@@ -68,10 +69,11 @@ def unscored_sources(config: Config, rows: list[dict[str, Any]]) -> list[tuple[s
     """The data sources of ``rows`` that nothing would score, with their row counts (None:
     rows without one): with the built-in scorer as the ``rule`` reward, those no built-in
     scorer handles. Empty without a rule reward (judge or verify only) or with
-    ``custom_reward_function.path`` (a user's function scores every row)."""
+    ``custom_reward_function.path`` (a user's function scores every row). A row with a
+    workspace task needs no scorer: its loop sets the check's score as its ``rule`` reward."""
     if "rule" not in config.reward_model.components() or config.custom_reward_function.path:
         return []
-    counts = Counter(row.get("data_source") or None for row in rows)
+    counts = Counter(row.get("data_source") or None for row in rows if not has_workspace_task(row))
     return [(s, n) for s, n in counts.items() if builtin_scorer(s) is None]
 
 

@@ -103,7 +103,6 @@ TRAIN = {
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.optim.lr=1e-6",
-        "custom_reward_function.path=recipes/repo_fix/reward.py",
         "trainer.n_gpus_per_node=2",
         "trainer.total_training_steps=4",
         "trainer.test_freq=2",

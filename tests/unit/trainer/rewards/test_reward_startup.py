@@ -18,6 +18,7 @@ from trainer.config import load_config
 from trainer.loop.assembly import plan_run
 from trainer.loop.rollout_plan import plan_rollout
 from trainer.rewards import BUILTIN_SOURCES, check_rewards
+from trainer.rewards.build import unscored_sources
 
 USER = [{"role": "user", "content": "Add 2 and 3."}]
 FIXES = (
@@ -75,6 +76,17 @@ def test_train_rows_without_a_built_in_scorer_fail_at_start_up_naming_file_and_f
         err == f"data.train_files ({train}): data_source 'quiz' (2 rows), missing (1 row): {FIXES}"
     )
     assert not (tmp_path / "run" / "config.yaml").exists()  # stopped before the run was written
+
+
+def test_rows_with_a_workspace_task_need_no_scorer_their_check_scores_them():
+    config, _ = load_config(["actor_rollout_ref.model.path=tiny-qwen3"])
+    task = {"workspace": "w", "check": "true"}
+    rows = [
+        {"prompt": USER, "data_source": "repo_fix", "extra_info": {"workspace_task": task}},
+        {"prompt": USER, "data_source": "repo_fix", **task},
+        {"prompt": USER, "data_source": "quiz"},
+    ]
+    assert unscored_sources(config, rows) == [("quiz", 1)]
 
 
 def test_val_rows_are_checked_too(capsys, tmp_path):
