@@ -64,8 +64,12 @@ def pytest_configure(config: pytest.Config) -> None:
     """The controller picks the groups file (before it starts the workers, which inherit the
     environment); a worker takes its own Ray temp folder, inherited by its CLI runs' Rays."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker:
-        os.environ.setdefault("RAY_TMPDIR", ray_tmpdir(worker))
+    if worker and "RAY_TMPDIR" not in os.environ:
+        os.environ["RAY_TMPDIR"] = tmpdir = ray_tmpdir(worker)
+        # A session killed during a cluster test leaves that cluster's address here, and a
+        # plain ray.init() would then try to join the dead cluster. The folder is this
+        # worker's alone, so nothing live is behind a file found at its start.
+        Path(tmpdir, "ray", "ray_current_cluster").unlink(missing_ok=True)
     elif _xdist_controller(config):
         handle, path = tempfile.mkstemp(prefix="xdist-groups-", suffix=".json")
         os.close(handle)

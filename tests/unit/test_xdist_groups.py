@@ -5,6 +5,7 @@ tiers next, every module whole; nothing changes outside an xdist worker."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -77,3 +78,14 @@ def test_outside_an_xdist_worker_the_order_stays(monkeypatch, tmp_path):
 def test_each_worker_gets_its_own_short_ray_temp_folder():
     assert xdist_groups.ray_tmpdir("gw0") != xdist_groups.ray_tmpdir("gw1")
     assert len(xdist_groups.ray_tmpdir("gw15")) < 20  # Ray's socket paths live under it
+
+
+def test_a_worker_drops_the_address_of_a_cluster_a_killed_session_left(monkeypatch, tmp_path):
+    stale = tmp_path / "ray" / "ray_current_cluster"
+    stale.parent.mkdir()
+    stale.write_text("192.0.2.2:37991")  # a dead cluster: ray.init() would try to join it
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setattr(xdist_groups, "ray_tmpdir", lambda worker: str(tmp_path))
+    xdist_groups.pytest_configure(None)  # type: ignore[arg-type]
+    assert not stale.exists() and os.environ["RAY_TMPDIR"] == str(tmp_path)
