@@ -43,10 +43,8 @@ async def run_loop_in_workspace(
     """``run()`` (the loop's ``run``) in a fresh workspace of ``task``, then the check: the
     output with the check's score as ``reward_score``. A loop that fails raises
     ``WorkspaceAgentError`` (no tokens to train on)."""
-    taken: list[Workspace] = []
 
-    async def agent(ws: Workspace) -> AgentLoopOutput:
-        taken.append(ws)
+    async def agent(_: Workspace) -> AgentLoopOutput:  # the tools find it: current_workspace()
         return await run()
 
     out, outcome = await run_workspace_sample(pool, task, agent, agent_timeout_s=timeout_s)
@@ -59,7 +57,7 @@ async def run_loop_in_workspace(
         "workspace/prepare_s": outcome.prepare_s,
         "workspace/check_s": check.check_s,
         "workspace/check_timeout": float(check.timed_out),
-        "workspace/sandbox_errors": float(taken[0].sandbox_errors if taken else 0),
+        "workspace/sandbox_errors": float(outcome.sandbox_errors),
         "workspace/warm": float(outcome.warm),
     }
     return out

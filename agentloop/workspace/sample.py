@@ -34,6 +34,8 @@ class SampleOutcome:
     agent_error: str | None
     prepare_s: float
     warm: bool
+    sandbox_errors: int = 0
+    """Commands of the sample's copy the sandbox could not start."""
 
     @property
     def score(self) -> float:
@@ -68,4 +70,4 @@ async def run_workspace_sample(
         except Exception as e:  # the agent's fault fails its sample only
             error = f"the agent failed: {type(e).__name__}: {e}"
         check = await ws.check()
-        return value, SampleOutcome(check, error, ws.prepare_s, ws.warm)
+        return value, SampleOutcome(check, error, ws.prepare_s, ws.warm, ws.sandbox_errors)
