@@ -118,6 +118,9 @@ class SampleRecord:
     gateway's segment rule: history edited, system prompt changed, fresh context, ...)."""
     branch_point: int | None = None
     """Messages this segment shares with the earlier segment it branched from."""
+    error: str | None = None
+    """Why the sample failed (a gateway agent's or harness's error, then the workspace check's
+    verdict), when it did; None otherwise."""
 
     # What happened to the calls the model wrote: attempted = succeeded + malformed + failed.
     @property

@@ -225,6 +225,7 @@ class GatewayAgentLoop(AgentLoopBase):
             out.record.stop_reason = "agent_error"
             out.record.weight = 0.0 if drop else self._weight(len(outs))
             out.extra["agent_error"] = error
+            out.record.error = error
         if self.trace is not None:
             self.trace.agent_error(error)
         first, first.segments = outs[0], outs[1:]

@@ -42,6 +42,12 @@ def _build_tiny_qwen3(out: Path) -> None:
     build_tiny_qwen3(out)
 
 
+def _build_tiny_qwen3_long(out: Path) -> None:
+    from trainer.models.tiny_qwen3 import LONG_WINDOW, build_tiny_qwen3
+
+    build_tiny_qwen3(out, window=LONG_WINDOW)
+
+
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -64,6 +70,16 @@ MODELS: dict[str, ModelSpec] = {
             source_package="qwen-agent",
             install_hint="pip install qwen-agent",
             build=_build_tiny_qwen3,
+        ),
+        ModelSpec(
+            name="tiny-qwen3-long",
+            description="tiny-qwen3 (the same weights) with Qwen3's 40,960-token window, for "
+            "coding-CLI harnesses whose first prompts pass 8,192 tokens",
+            version=1,
+            source_module="qwen_agent",
+            source_package="qwen-agent",
+            install_hint="pip install qwen-agent",
+            build=_build_tiny_qwen3_long,
         ),
     )
 }

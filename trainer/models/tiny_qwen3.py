@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from trainer.models.templates import read_template
 
-__all__ = ["TINY_QWEN3_CONFIG", "build_tiny_qwen3"]
+__all__ = ["LONG_WINDOW", "TINY_QWEN3_CONFIG", "build_tiny_qwen3"]
 
 SEED = 0
 # Head size 32 is the smallest the vLLM CPU attention backend accepts.
@@ -33,9 +33,14 @@ TINY_QWEN3_CONFIG: dict = {
     "eos_token_id": 151645,
     "pad_token_id": 151643,
 }
+LONG_WINDOW = 40960
+"""Qwen3's own ``max_position_embeddings``: ``tiny-qwen3-long``'s window, room for a coding
+CLI's first prompt (Claude Code's is ~19k tokens rendered, Codex's ~8k)."""
 
 
-def build_tiny_qwen3(out: Path) -> None:
+def build_tiny_qwen3(out: Path, window: int | None = None) -> None:
+    """Build the asset into ``out``; ``window`` replaces ``max_position_embeddings`` (the
+    weights do not depend on it: the same seed gives the same tensors)."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -49,7 +54,10 @@ def build_tiny_qwen3(out: Path) -> None:
 
     steps.set_postfix_str("random weights")
     torch.manual_seed(SEED)
-    config = Qwen3Config(**TINY_QWEN3_CONFIG, dtype="float32")
+    settings = dict(TINY_QWEN3_CONFIG)
+    if window is not None:
+        settings["max_position_embeddings"] = window
+    config = Qwen3Config(**settings, dtype="float32")
     model = Qwen3ForCausalLM(config).to(torch.float32).eval()
     model.generation_config = GenerationConfig(
         bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643
@@ -59,7 +67,7 @@ def build_tiny_qwen3(out: Path) -> None:
     steps.set_postfix_str("save")
     model.save_pretrained(out, safe_serialization=True)
     (out / "agentloop-model.json").write_text(
-        json.dumps({"source": "random init", "seed": SEED, "config": TINY_QWEN3_CONFIG}) + "\n"
+        json.dumps({"source": "random init", "seed": SEED, "config": settings}) + "\n"
     )
     steps.update()
     steps.close()

@@ -1,5 +1,6 @@
 """``agentloop-rollout``'s JSON lines from a batch of typed sample records: the same keys and
-values as when the records were string-keyed dicts (each call a plain dict)."""
+values as when the records were string-keyed dicts (each call a plain dict), plus each
+sample's weight, gateway segment (session, index, branch reason and point) and error."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ def test_a_trajectory_line_has_exactly_the_rollout_keys_and_the_record_values(to
         calls=[tool_call("calc", arguments={"a": 2, "b": 3}, seconds=0.5, reward=1.0)],
         tool_rewards={"calc": 1.0},
         trace_id="tr-7",
+        weight=0.5,
+        session_id="s1",
+        segment=1,
+        branch_reason="the system prompt changed",
+        branch_point=0,
+        error="AgentFailed: boom",
     )
     batch = make_batch(tokenizer, ["#### 42", "#### 41"], records=[record, SampleRecord()])
     lines = trajectory_records(batch, tokenizer)
@@ -40,6 +47,12 @@ def test_a_trajectory_line_has_exactly_the_rollout_keys_and_the_record_values(to
         "tool_error_kinds",
         "calls",
         "tool_rewards",
+        "weight",
+        "session_id",
+        "segment",
+        "branch_reason",
+        "branch_point",
+        "error",
         "prompt_text",
         "response_text",
         "prompt_ids",
@@ -66,6 +79,23 @@ def test_a_trajectory_line_has_exactly_the_rollout_keys_and_the_record_values(to
             }
         ],
         "tool_rewards": {"calc": 1.0},
+    }
+    segment = {k: lines[0][k] for k in list(lines[0])[13:19]}
+    assert segment == {
+        "weight": 0.5,
+        "session_id": "s1",
+        "segment": 1,
+        "branch_reason": "the system prompt changed",
+        "branch_point": 0,
+        "error": "AgentFailed: boom",
+    }
+    assert {k: lines[1][k] for k in list(lines[1])[13:19]} == {
+        "weight": 1.0,
+        "session_id": None,
+        "segment": 0,
+        "branch_reason": None,
+        "branch_point": None,
+        "error": None,
     }
     # a loop that reports nothing: the defaults the dict reader used to fill in
     second = {k: lines[1][k] for k in list(lines[1])[6:13]}
