@@ -206,7 +206,9 @@ def _spread(prefix: str, values: list[float]) -> dict[str, float]:
 def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, float]:
     """Per-phase timing spread over sessions (``outputs``), the slowest session's breakdown;
     turn, length and tool counts over training samples (each output and its ``segments``,
-    the rows of the batch); sessions, samples and segments per session.
+    the rows of the batch); sessions, samples and segments per session; with context
+    compaction on, ``agent_loop/compactions`` (the step's count), the share of sessions
+    compacted and the samples stopped ``context_full``.
     ``timing_s/gen`` is the wall time of the whole rollout."""
     if not outputs:
         return {"timing_s/gen": wall_s}
@@ -220,6 +222,13 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
     metrics["agent_loop/segments_per_session/mean"] = float(np.mean(segments))
     metrics["agent_loop/segments_per_session/max"] = float(max(segments))
     metrics["agent_loop/zero_weight_samples"] = float(sum(o.record.weight == 0 for o in samples))
+    compactions = [o.metrics["compactions"] for o in outputs if "compactions" in o.metrics]
+    if compactions:  # multi_turn.max_context_tokens is set (tool_agent compacts histories)
+        metrics["agent_loop/compactions"] = float(sum(compactions))
+        metrics["agent_loop/compacted_sessions/frac"] = float(np.mean([c > 0 for c in compactions]))
+        metrics["agent_loop/context_full"] = float(
+            sum(o.record.stop_reason == "context_full" for o in samples)
+        )
     metrics |= _spread("agent_loop/num_turns", [o.num_turns for o in samples])
     metrics |= _spread("agent_loop/response_length", [len(o.response_ids) for o in samples])
     metrics |= _spread("agent_loop/tool_calls", [o.record.tool_calls for o in samples])

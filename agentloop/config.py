@@ -19,7 +19,9 @@ from servers.config import SCHEDULING_POLICIES, WEIGHT_TRANSFERS, EngineConfig
 from servers.placement import check_resource_name
 
 __all__ = [
+    "COMPACTION_MODES",
     "AgentConfig",
+    "CompactionConfig",
     "GatewayConfig",
     "MultiTurnConfig",
     "RecoveryConfig",
@@ -54,6 +56,35 @@ class UserModelConfig:
             )
         if self.max_model_len < 16:
             raise ValueError("multi_turn.user_model.max_model_len must be >= 16")
+
+
+COMPACTION_MODES = ("drop_tool_outputs",)
+"""How ``tool_agent`` compacts a history that reached ``multi_turn.max_context_tokens``."""
+
+DROPPED_TOOL_OUTPUT = "[tool output dropped to fit the context]"
+
+
+@dataclass(kw_only=True, slots=True)
+class CompactionConfig:
+    """How ``tool_agent`` compacts a sample's history when its next model call would pass
+    ``multi_turn.max_context_tokens`` (docs/repo-tasks.md, "Context compaction")."""
+
+    mode: Literal["drop_tool_outputs"] = "drop_tool_outputs"
+    """``drop_tool_outputs``: every tool output but the newest ``keep`` is replaced by
+    ``placeholder`` (the model's own turns and the prompt stay as they were)."""
+    keep: int = 1
+    """Newest tool outputs a compaction keeps whole (0: drop them all)."""
+    placeholder: str = DROPPED_TOOL_OUTPUT
+    """The text a dropped tool output is replaced with."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in COMPACTION_MODES:
+            raise ValueError(
+                f"multi_turn.compaction.mode must be one of {', '.join(COMPACTION_MODES)}, "
+                f"got {self.mode!r}"
+            )
+        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 0:
+            raise ValueError(f"multi_turn.compaction.keep must be an int >= 0, got {self.keep!r}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,6 +134,16 @@ class MultiTurnConfig:
     unclosed braces are repaired; logged as ``agent_loop/repaired_calls``). The served
     endpoint parses strictly, so a model can learn to lean on repair its deployment lacks:
     False makes such a call a ``bad_json`` error the model sees, as it would when served."""
+    max_context_tokens: int | None = None
+    """Context budget of a ``tool_agent`` sample (None: off, no compaction). Before each
+    model call, the segment's prompt + response so far + the turn about to be appended
+    (tool or user messages) + ``max_tokens_per_turn`` must fit the smallest of this, the
+    engine's context length and the segment's prompt + ``response_length``; when it would
+    not, the history is compacted (``compaction``) and the sample goes on as a new segment,
+    a training sample of its own whose prompt is the compacted history. Needs
+    ``max_tokens_per_turn`` (the room the next turn is given)."""
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
+    """How a history that reached ``max_context_tokens`` is compacted."""
 
     def __post_init__(self) -> None:
         for name in ("max_assistant_turns", "max_user_turns"):
@@ -123,6 +164,25 @@ class MultiTurnConfig:
             raise ValueError("multi_turn.interaction_timeout_s must be > 0")
         if self.max_tokens_per_turn is not None and self.max_tokens_per_turn < 1:
             raise ValueError("multi_turn.max_tokens_per_turn must be >= 1 or null")
+        self._check_context_budget()
+
+    def _check_context_budget(self) -> None:
+        budget = self.max_context_tokens
+        if budget is None:
+            return
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"multi_turn.max_context_tokens must be >= 1 or null, got {budget!r}")
+        if self.max_tokens_per_turn is None:
+            raise ValueError(
+                "multi_turn.max_context_tokens needs multi_turn.max_tokens_per_turn: the room "
+                "the next model turn is given (the history is compacted when the context plus "
+                "it would pass max_context_tokens)"
+            )
+        if self.max_tokens_per_turn >= budget:
+            raise ValueError(
+                f"multi_turn.max_tokens_per_turn={self.max_tokens_per_turn} must be < "
+                f"multi_turn.max_context_tokens={budget}"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -187,6 +247,12 @@ class GatewayConfig:
             raise ValueError("rollout.gateway.max_tokens_per_session must be >= 1 or null")
         if self.agent_timeout_s <= 0:
             raise ValueError("rollout.gateway.agent_timeout_s must be > 0")
+
+    def segment_weight_of(self, segments: int) -> float:
+        """Each of a sample's ``segments`` training samples' weight: 1/k of the sample
+        (``segment_weight=session``) or 1 (``segment``). Gateway sessions and compacted
+        ``tool_agent`` samples are weighted alike."""
+        return 1.0 / segments if self.segment_weight == "session" else 1.0
 
 
 @dataclass(kw_only=True, slots=True)

@@ -13,23 +13,60 @@ Stops when a turn has no tool call (and no user answers it), at
 end-of-turn token (length, abort, another stop token), or when the next delta would not leave
 room in the response budget. Malformed calls, unknown tools, schema failures, tool exceptions
 and timeouts all come back as tool messages.
+
+With ``multi_turn.max_context_tokens`` set, a turn that would push the next model call past
+the context budget compacts the history instead (``agentloop.compaction``): the sample goes on
+in a new segment whose prompt is the compacted history, the full one closes as a training
+sample of its own (``AgentLoopOutput.segments``, weighted as a gateway session's segments);
+a history no compaction makes fit stops the sample (``context_full``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from agentloop.base import AgentLoopBase, AgentLoopContext, AgentLoopOutput, register
+from agentloop.base import (
+    AgentLoopBase,
+    AgentLoopContext,
+    AgentLoopOutput,
+    PromptTooLongError,
+    register,
+)
+from agentloop.compaction import CONTEXT_FULL, Compaction, context_limit, drop_tool_outputs
 from agentloop.interactions import InteractionError, InteractionSession, row_interaction
 from agentloop.parsers import ParsedTurn, ToolCall, check_calls, limit_calls
+from agentloop.records import SampleRecord
 from agentloop.tokens import Trajectory
 from agentloop.tools.session import ToolSession
+from servers.types import SamplingParams
 
 __all__ = ["ToolAgentLoop", "reached"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Segment:
+    """One segment of a compacted sample: its trajectory and where its turns, calls and
+    tool errors start in the sample's counts."""
+
+    traj: Trajectory
+    turn: int = 0
+    """Model turns of the sample before this segment."""
+    user_turn: int = 0
+    """Tool/user turns of the sample before this segment (those in its prompt included)."""
+    call: int = 0
+    error: int = 0
+    history: int = 0
+    """Messages of its prompt after the row's prompt (the compacted history)."""
+    compaction: Compaction | None = None
+    """The compaction that opened it (None: the first segment)."""
+    branch_point: int | None = None
 
 
 @register("tool_agent")
@@ -61,6 +98,11 @@ class ToolAgentLoop(AgentLoopBase):
         head = len(messages)
         traj = Trajectory(await self.encode_prompt(messages, schemas), self.config.response_length)
         sampling_params = self.with_end_tokens(sampling_params)
+        compacts = self.multi_turn.max_context_tokens is not None
+        if compacts:  # the room a turn is given is what the context check reserves
+            sampling_params = self._turn_capped(sampling_params)
+        segments = [_Segment(traj)]
+        context_full = ""
         assistant_turns = user_turns = 0
         finish_reasons: list[str] = []
         turn_ends: list[int] = []  # each model turn's last response index (per-turn rewards)
@@ -70,6 +112,10 @@ class ToolAgentLoop(AgentLoopBase):
             if user is not None:
                 await user.start()
             while True:
+                if compacts and assistant_turns == 0 and not self._fits(traj, ()):
+                    stop = CONTEXT_FULL
+                    context_full = self._too_long(len(traj.prompt_ids), traj)
+                    break
                 out = await self.generate(session.session_id, traj, sampling_params)
                 assistant_turns += 1
                 finish_reasons.append(out.finish_reason)
@@ -107,6 +153,18 @@ class ToolAgentLoop(AgentLoopBase):
                         messages, [user_message], schemas, head=head, sampled_end=out.token_ids[-1]
                     )
                     messages.append(user_message)
+                    if compacts and not self._fits(traj, delta):
+                        turns = (assistant_turns, user_turns + 1)
+                        compacted = await self._compact(
+                            messages, traj, delta, head, schemas, segments, session, turns
+                        )
+                        if isinstance(compacted, str):
+                            stop, context_full = CONTEXT_FULL, compacted
+                            break
+                        user_turns += 1
+                        messages = session.agent_data.messages = compacted
+                        traj = segments[-1].traj
+                        continue
                     if not traj.add_template(delta):
                         stop = "length"
                         break
@@ -124,6 +182,18 @@ class ToolAgentLoop(AgentLoopBase):
                     messages, tool_messages, schemas, head=head, sampled_end=out.token_ids[-1]
                 )
                 messages.extend(tool_messages)
+                if compacts and not self._fits(traj, delta):
+                    turns = (assistant_turns, user_turns + 1)
+                    compacted = await self._compact(
+                        messages, traj, delta, head, schemas, segments, session, turns
+                    )
+                    if isinstance(compacted, str):
+                        stop, context_full = CONTEXT_FULL, compacted
+                        break
+                    user_turns += 1
+                    messages = session.agent_data.messages = compacted
+                    traj = segments[-1].traj
+                    continue
                 if not traj.add_template(delta):
                     stop = "length"
                     break
@@ -134,25 +204,169 @@ class ToolAgentLoop(AgentLoopBase):
             tool_rewards = await session.release()
             if user is not None:
                 await user.close(error)
-        out = self.output(
-            traj,
-            num_turns=1 + assistant_turns + user_turns,
-            record=session.sample_record(
+        if len(segments) == 1:
+            out = self.output(
+                traj,
+                num_turns=1 + assistant_turns + user_turns,
+                record=session.sample_record(
+                    finish_reasons=finish_reasons,
+                    turn_ends=turn_ends,
+                    stop_reason=stop,
+                    assistant_turns=assistant_turns,
+                    user_turns=user_turns,
+                    tool_rewards=tool_rewards,
+                    turn_scores=turn_scores if any(turn_scores) else [],
+                    interaction=None if user is None else user.record,
+                ),
+            )
+        else:
+            end = _Segment(traj, assistant_turns, user_turns, len(session.calls))
+            end.error = len(session.error_kinds)
+            out = self._segment_outputs(
+                session,
+                segments,
+                end,
+                stop,
                 finish_reasons=finish_reasons,
                 turn_ends=turn_ends,
-                stop_reason=stop,
-                assistant_turns=assistant_turns,
-                user_turns=user_turns,
+                turn_scores=turn_scores,
                 tool_rewards=tool_rewards,
-                turn_scores=turn_scores if any(turn_scores) else [],
                 interaction=None if user is None else user.record,
-            ),
-        )
+            )
+        if compacts:
+            out.metrics["compactions"] = float(len(segments) - 1)
+        if context_full:
+            final = out.segments[-1] if out.segments else out
+            final.extra["context_full"] = context_full
         if error is not None:  # the environment failed, not the model: left out of the loss
             logger.warning("%s (sample left out: weight 0)", error)
-            out.record.weight = 0.0
+            for sample in (out, *out.segments):
+                sample.record.weight = 0.0
             out.extra["interaction_error"] = error
         return out
+
+    # ---- context compaction (multi_turn.max_context_tokens) --------------------------------
+    def _turn_capped(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with ``max_tokens`` at most ``max_tokens_per_turn``: a turn never
+        takes more room than the context check reserved for it."""
+        reserve = self.multi_turn.max_tokens_per_turn
+        assert reserve is not None  # MultiTurnConfig requires it with max_context_tokens
+        if params.max_tokens is not None and params.max_tokens <= reserve:
+            return params
+        return dataclasses.replace(params, max_tokens=reserve)
+
+    def _limit(self, traj: Trajectory) -> int:
+        budget = self.multi_turn.max_context_tokens
+        assert budget is not None
+        return context_limit(budget, self.config.context_length, len(traj.prompt_ids), traj.budget)
+
+    def _fits(self, traj: Trajectory, delta: Sequence[int]) -> bool:
+        """The next model call, after ``delta``, fits the segment's context limit with
+        ``max_tokens_per_turn`` of room (lengths only: nothing is tokenized)."""
+        reserve = self.multi_turn.max_tokens_per_turn or 0
+        used = len(traj.prompt_ids) + len(traj) + len(delta)
+        return used + reserve <= self._limit(traj)
+
+    def _too_long(self, prompt: int, traj: Trajectory) -> str:
+        return (
+            f"a prompt of {prompt} tokens + multi_turn.max_tokens_per_turn="
+            f"{self.multi_turn.max_tokens_per_turn} does not fit the context limit "
+            f"{self._limit(traj)} (multi_turn.max_context_tokens="
+            f"{self.multi_turn.max_context_tokens})"
+        )
+
+    async def _compact(
+        self,
+        messages: list[dict[str, Any]],
+        traj: Trajectory,
+        delta: Sequence[int],
+        head: int,
+        schemas: list[dict[str, Any]],
+        segments: list[_Segment],
+        session: ToolSession,
+        turns: tuple[int, int],
+    ) -> list[dict[str, Any]] | str:
+        """Compact the history (``messages``, the pending turn included) and open the next
+        segment on its prompt (one render), appended to ``segments``; returns the compacted
+        messages, or why no compaction fits (the stop's explanation). ``turns``: the
+        sample's model and tool/user turns before the new segment."""
+        start_ns = time.time_ns()
+        policy = self.multi_turn.compaction
+        compacted, dropped = drop_tool_outputs(
+            messages, head=head, keep=policy.keep, placeholder=policy.placeholder
+        )
+        before = len(traj.prompt_ids) + len(traj) + len(delta)
+        if not dropped:
+            return (
+                f"the history ({before} tokens with the last turn) has no tool output left to "
+                f"drop (multi_turn.compaction.keep={policy.keep}) and does not fit "
+                f"multi_turn.max_context_tokens={self.multi_turn.max_context_tokens}"
+            )
+        try:
+            prompt = await self.encode_prompt(compacted, schemas)
+        except PromptTooLongError as exc:
+            return f"the compacted history does not fit: {exc}"
+        fresh = Trajectory(prompt, self.config.response_length)
+        if not self._fits(fresh, ()):
+            return f"after compaction, {self._too_long(len(prompt), fresh)}"
+        event = Compaction(
+            segment=len(segments),
+            mode=policy.mode,
+            dropped=dropped,
+            messages=len(compacted),
+            before_tokens=before,
+            after_tokens=len(prompt),
+        )
+        segments.append(
+            _Segment(
+                fresh,
+                turn=turns[0],
+                user_turn=turns[1],
+                call=len(session.calls),
+                error=len(session.error_kinds),
+                history=len(compacted) - head,
+                compaction=event,
+                branch_point=next(
+                    i
+                    for i, (a, b) in enumerate(zip(messages, compacted, strict=True))
+                    if a is not b
+                ),
+            )
+        )
+        if self.trace is not None:
+            self.trace.compaction(start_ns, event)
+        logger.debug("sample %s: %s", session.session_id, event.reason)
+        return compacted
+
+    def _segment_outputs(
+        self,
+        session: ToolSession,
+        segments: list[_Segment],
+        end: _Segment,
+        stop: str,
+        **fields: Any,
+    ) -> AgentLoopOutput:
+        """The first segment's output, the others in its ``segments``; ``end``: the sample's
+        counts at its end; ``fields``: per-turn lists and what every record shares."""
+        weight = self.config.gateway.segment_weight_of(len(segments))
+        interaction = fields.pop("interaction")
+        outs = []
+        for i, (seg, nxt) in enumerate(zip(segments, [*segments[1:], end], strict=True)):
+            last = nxt is end
+            record = _segment_record(
+                session,
+                seg,
+                nxt,
+                index=i,
+                weight=weight,
+                stop_reason=stop if last else "compacted",
+                interaction=interaction if last else None,
+                **fields,
+            )
+            turns = record.assistant_turns + record.user_turns
+            outs.append(self.output(seg.traj, num_turns=1 + seg.history + turns, record=record))
+        first, first.segments = outs[0], outs[1:]
+        return first
 
     async def _user_turn(self, user: InteractionSession, messages: list[dict[str, Any]]) -> Any:
         """The simulated user's reply (traced as a ``user:<name>`` span)."""
@@ -198,3 +412,42 @@ class ToolAgentLoop(AgentLoopBase):
 def reached(limit: int | None, count: int) -> bool:
     """A turn limit (None: no limit) is reached."""
     return limit is not None and count >= limit
+
+
+def _segment_record(
+    session: ToolSession,
+    seg: _Segment,
+    nxt: _Segment,
+    *,
+    finish_reasons: list[str],
+    turn_ends: list[int],
+    turn_scores: list[float],
+    index: int,
+    **fields: Any,
+) -> SampleRecord:
+    """The record of segment ``seg`` of a compacted sample (``nxt``: where the next one
+    starts): its own turns, calls (their ``turn`` counted from its first model turn) and
+    tool errors; the sample's tool rewards; the compaction that opened it."""
+    first, last = seg.turn, nxt.turn
+    calls = [
+        dataclasses.replace(c, turn=c.turn - first) for c in session.calls[seg.call : nxt.call]
+    ]
+    kinds = session.error_kinds[seg.error : nxt.error]
+    scores = turn_scores[first:last]
+    return SampleRecord(
+        finish_reasons=finish_reasons[first:last],
+        turn_ends=turn_ends[first:last],
+        assistant_turns=last - first,
+        # the turn that filled a segment is in the next one's prompt, not in its tokens
+        user_turns=nxt.user_turn - seg.user_turn - (nxt.compaction is not None),
+        tool_calls=sum(c.ok for c in calls),
+        tool_errors=len(kinds),
+        tool_error_kinds=list(kinds),
+        calls=calls,
+        turn_scores=scores if any(scores) else [],
+        session_id=session.session_id,
+        segment=index,
+        branch_reason=None if seg.compaction is None else seg.compaction.reason,
+        branch_point=seg.branch_point,
+        **fields,
+    )

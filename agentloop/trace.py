@@ -3,8 +3,9 @@
 One trace per traced sample: a root ``AGENT`` span (tags ``step``, ``sample_index``,
 ``rollout_n``, ``validate``, ``agent_name``, ``uid``; linked to the training run), with child
 spans per generate call (``LLM``: prompt/response tokens, finish reason, server, latency;
-decoded text with ``trace.token2text``), per tool-call parse (``PARSER``: calls, errors) and
-per tool execution (``TOOL``: arguments, result preview, latency, error). The trainer adds the
+decoded text with ``trace.token2text``), per tool-call parse (``PARSER``: calls, errors),
+per tool execution (``TOOL``: arguments, result preview, latency, error), per context
+compaction (``MEMORY``: tokens before and after, outputs dropped). The trainer adds the
 reward and its breakdown as trace tags once the batch is scored.
 
 Spans are built in memory while the agent loop runs (timestamps taken around the awaited
@@ -172,6 +173,28 @@ class SampleTrace:
             span.end(outputs=outputs, status="OK" if error is None else "ERROR", end_time_ns=end_ns)
         except Exception:  # noqa: BLE001
             self.tracer.failed("user span")
+
+    def compaction(self, start_ns: int, event: Any) -> None:
+        """A ``tool_agent`` history compacted to fit ``multi_turn.max_context_tokens``
+        (``agentloop.compaction.Compaction``): the segment it opened, the tokens before
+        and after, what was dropped."""
+        try:
+            span = self._child(
+                "compaction",
+                "MEMORY",
+                start_ns,
+                inputs={"tokens": event.before_tokens, "messages": event.messages},
+                attributes={
+                    "segment": str(event.segment),
+                    "mode": event.mode,
+                    "dropped": str(event.dropped),
+                    "before_tokens": str(event.before_tokens),
+                    "after_tokens": str(event.after_tokens),
+                },
+            )
+            span.end(outputs={"tokens": event.after_tokens, "reason": event.reason})
+        except Exception:  # noqa: BLE001
+            self.tracer.failed("compaction span")
 
     def agent_error(self, error: str) -> None:
         """The agent of a gateway session failed: its traceback as an error span."""

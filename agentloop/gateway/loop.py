@@ -198,7 +198,7 @@ class GatewayAgentLoop(AgentLoopBase):
 
     def _weight(self, segments: int) -> float:
         """Each segment's weight: 1/k of the session, or 1 (``gateway.segment_weight``)."""
-        return 1.0 / segments if self.config.gateway.segment_weight == "session" else 1.0
+        return self.config.gateway.segment_weight_of(segments)
 
     def _outputs(self, session: Session, reward: float | None) -> AgentLoopOutput:
         segments = _completed(session)

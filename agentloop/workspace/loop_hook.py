@@ -51,7 +51,8 @@ async def run_loop_in_workspace(
     if out is None:
         raise WorkspaceAgentError(f"{outcome.agent_error}; the check then scored {outcome.score:g}")
     check = outcome.check
-    out.reward_score = outcome.score
+    for sample in (out, *out.segments):  # a compacted sample's segments share its reward
+        sample.reward_score = outcome.score
     out.extra["workspace"] = outcome.reward()
     out.metrics |= {
         "workspace/prepare_s": outcome.prepare_s,
