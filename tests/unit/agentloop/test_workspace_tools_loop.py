@@ -121,3 +121,28 @@ async def test_tool_agent_fixes_the_task_in_its_workspace_and_the_check_scores_i
     assert again.extra["workspace"]["warm"] is True and out.extra["workspace"]["warm"] is False
     await worker.close_workspaces()
     assert not root.exists()
+
+
+async def test_a_compacted_workspace_sample_gives_every_segment_the_checks_reward(setup):
+    """Long bash outputs past ``multi_turn.max_context_tokens``: the sample compacts, goes on
+    fixing the task in the same workspace copy, and every segment carries the check's score."""
+    worker, server, tokenizer, row, _ = setup
+    worker.config.multi_turn.max_context_tokens = 1400
+    worker.config.multi_turn.max_tokens_per_turn = 64
+    server.turns = [
+        call("bash", command="seq 1000 1100"),
+        call("bash", command="seq 2000 2100"),
+        call("str_replace", path="calc.py", old="a - b", new="a + b"),
+        "Fixed.",
+    ]
+    try:
+        [out] = await worker.generate_sequences([row], None)
+    finally:
+        await worker.close_workspaces()
+    samples = [out, *out.segments]
+    assert len(samples) == 2 and out.metrics["compactions"] == 1.0
+    assert [o.reward_score for o in samples] == [1.0] * len(samples)
+    assert [o.record.weight for o in samples] == pytest.approx([1 / len(samples)] * len(samples))
+    assert samples[-1].record.stop_reason == "no_tool_call"
+    assert all(o.record.branch_reason.startswith("compaction: ") for o in samples[1:])
+    assert all(len(o.prompt_ids) + len(o.response_ids) <= 1400 for o in samples)
