@@ -68,8 +68,10 @@ def draw_split(
     return tasks
 
 
-def row_of(task: Task) -> dict[str, Any]:
-    """The repository-task row (docs/repo-tasks.md) of ``task``."""
+def row_of(task: Task, agent: str = "tool_agent") -> dict[str, Any]:
+    """The repository-task row (docs/repo-tasks.md) of ``task``, run by agent loop ``agent``
+    (a harness loop such as harness_loops.yaml's ``claude_code`` takes the row's ``problem``
+    as its task and brings its own system prompt and tools)."""
     problem = problem_of(task.package, task.bug)
     package, bug = task.package, task.bug
     return {
@@ -78,7 +80,7 @@ def row_of(task: Task) -> dict[str, Any]:
             {"role": "user", "content": problem},
         ],
         "data_source": DATA_SOURCE,
-        "agent_name": "tool_agent",
+        "agent_name": agent,
         "extra_info": {
             "split": task.split,
             "index": task.index,
@@ -118,8 +120,11 @@ def _write_workspace(root: Path, task: Task) -> None:
         path.write_text(text)
 
 
-def make_tasks(out: Path, train: int, val: int, seed: int, per_package: int = 3) -> dict[str, Any]:
-    """Write the splits, their workspaces and ``sft.jsonl`` under ``out``; returns counts."""
+def make_tasks(
+    out: Path, train: int, val: int, seed: int, per_package: int = 3, agent: str = "tool_agent"
+) -> dict[str, Any]:
+    """Write the splits (rows for agent loop ``agent``), their workspaces and ``sft.jsonl``
+    under ``out``; returns counts."""
     rng = random.Random(seed)
     taken: set[str] = set()
     train_tasks = draw_split(rng, train, "train", taken, per_package)
@@ -130,8 +135,8 @@ def make_tasks(out: Path, train: int, val: int, seed: int, per_package: int = 3)
     shutil.rmtree(out / "workspaces", ignore_errors=True)
     for task in train_tasks + val_tasks:
         _write_workspace(out, task)
-    _write_jsonl(out / "train.jsonl", [row_of(t) for t in train_tasks])
-    _write_jsonl(out / "val.jsonl", [row_of(t) for t in val_tasks])
+    _write_jsonl(out / "train.jsonl", [row_of(t, agent) for t in train_tasks])
+    _write_jsonl(out / "val.jsonl", [row_of(t, agent) for t in val_tasks])
     _write_jsonl(out / "sft.jsonl", [sft_row_of(t) for t in train_tasks])
     kinds = {k: sum(t.bug.kind == k for t in train_tasks + val_tasks) for k in BUG_KINDS}
     return {
@@ -152,11 +157,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--per-package", type=int, default=3, help="at most this many bugged tasks per package"
     )
+    parser.add_argument(
+        "--agent",
+        default="tool_agent",
+        help="the rows' agent_name (claude_code or codex: harness_loops.yaml's loops)",
+    )
     args = parser.parse_args(argv)
     if min(args.train, args.val) < 0 or args.per_package < 1:
         parser.error("--train and --val must be >= 0 and --per-package >= 1")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    summary = make_tasks(args.out, args.train, args.val, args.seed, args.per_package)
+    summary = make_tasks(args.out, args.train, args.val, args.seed, args.per_package, args.agent)
     logger.info("wrote %s to %s", json.dumps(summary), args.out)
 
 

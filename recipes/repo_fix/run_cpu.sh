@@ -6,6 +6,8 @@
 # passes, else 0). Runs in the repository root from any directory. Environment:
 #   MODEL (smollm2-135m-instruct)  DATA (data/repo_fix)  RUN (checkpoints/repo_fix)
 #   SFT_STEPS (16; 0 skips the warm start and trains MODEL directly)  SFT_LR (1e-4)
+#   PROMPT_LEN (1024)  LOOPS (unset; recipes/repo_fix/harness_loops.yaml adds the claude_code
+#   and codex harness loops, for rows made with make_tasks --agent claude_code | codex)
 # Extra key=value arguments go to agentloop-train, e.g. trainer.total_training_steps=2.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the repository root: MODEL, DATA, RUN are from there
@@ -15,6 +17,8 @@ DATA=${DATA:-data/repo_fix}
 RUN=${RUN:-checkpoints/repo_fix}
 SFT_STEPS=${SFT_STEPS:-16}
 SFT_LR=${SFT_LR:-1e-4}
+PROMPT_LEN=${PROMPT_LEN:-1024}
+LOOPS=${LOOPS:-}
 PY=${PY:-.venv/bin/python}
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 
@@ -34,9 +38,13 @@ if [ "$SFT_STEPS" -gt 0 ]; then
 fi
 
 # The prompt (system, problem and the five tool schemas) is 800-900 tokens: CPU_OVERRIDES'
-# data.max_prompt_length=512 is raised in place, so the key is still given once.
+# data.max_prompt_length=512 is raised in place, so the key is still given once. A coding
+# CLI's first prompt is larger (Claude Code ~12k tokens, Codex ~8.5k): PROMPT_LEN=16384 with a
+# MODEL whose window holds it (tiny-qwen3-long).
+HARNESS_LOOPS=()
+[ -n "$LOOPS" ] && HARNESS_LOOPS=(actor_rollout_ref.rollout.agent.agent_loop_config_path="$LOOPS")
 $PY -m trainer.cli.train \
-  "${CPU_OVERRIDES[@]/#data.max_prompt_length=*/data.max_prompt_length=1024}" \
+  "${CPU_OVERRIDES[@]/#data.max_prompt_length=*/data.max_prompt_length=$PROMPT_LEN}" \
   data.train_files="$DATA/train.jsonl" \
   data.val_files="$DATA/val.jsonl" \
   actor_rollout_ref.model.path="$MODEL" \
@@ -44,6 +52,7 @@ $PY -m trainer.cli.train \
   actor_rollout_ref.rollout.multi_turn.max_assistant_turns=6 \
   actor_rollout_ref.rollout.multi_turn.tool_config_path=recipes/repo_fix/tool_config.yaml \
   actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent \
+  "${HARNESS_LOOPS[@]}" \
   actor_rollout_ref.actor.optim.lr=1e-6 \
   trainer.val_before_train=True \
   trainer.logger='[console,jsonl]' \

@@ -108,6 +108,7 @@ def scored_records(
 
 
 def _run(started: RolloutPlan) -> int:
+    from agentloop.tools.mcp_errors import RUN_DIR_ENV
     from agentloop.trace import TraceContext
     from servers import stop_servers
     from trainer.launch.console import init_ray_routed
@@ -126,7 +127,10 @@ def _run(started: RolloutPlan) -> int:
     how: dict[str, Any] = {}
     if started.validate:
         how = {"n": rollout.val_kwargs.n, "trace": TraceContext(validate=True)}
-    console = init_ray_routed(output.parent, config.trainer.worker_log_level)
+    # the output's folder is this run's folder: tool-server logs and each gateway session's
+    # log folder (a harness's transcript) go under it, as under agentloop-train's run folder
+    run_dir = {RUN_DIR_ENV: str(output.parent.resolve())}
+    console = init_ray_routed(output.parent, config.trainer.worker_log_level, run_dir)
     try:
         count = config.servers_for(device)
         servers, manager = start_rollout(rollout, setup.model, num_servers=count)

@@ -219,3 +219,10 @@ def test_the_cli_refuses_a_per_package_below_one(tmp_path, capsys):
     assert capsys.readouterr().err.endswith(
         "error: --train and --val must be >= 0 and --per-package >= 1\n"
     )
+
+
+def test_the_cli_writes_rows_for_the_agent_loop_it_is_given(tmp_path):
+    main(["--out", str(tmp_path), "--train", "2", "--val", "1", "--agent", "claude_code"])
+    rows = [json.loads(line) for name in ("train", "val") for line in
+            (tmp_path / f"{name}.jsonl").read_text().splitlines()]  # fmt: skip
+    assert [r["agent_name"] for r in rows] == ["claude_code"] * 3

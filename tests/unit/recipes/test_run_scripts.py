@@ -268,3 +268,16 @@ def test_a_recipe_with_a_warm_start_trains_from_its_sft_export(
         "trainer.default_local_dir=r/sft",
     ]
     assert f"actor_rollout_ref.model.path={SFT_FOLDER}" in train_overrides(calls)
+
+
+def test_repo_fix_takes_the_harness_loops_and_a_prompt_length_for_a_coding_cli(tmp_path):
+    harness = {"LOOPS": "recipes/repo_fix/harness_loops.yaml", "PROMPT_LEN": "16384"}
+    calls = script_calls("recipes/repo_fix/run_cpu.sh", tmp_path, **ENV, SFT_STEPS="0", **harness)
+    own = train_overrides(calls)
+    plain = TRAIN["recipes/repo_fix/run_cpu.sh"]
+    loops = "actor_rollout_ref.rollout.agent.agent_loop_config_path="
+    assert sorted(own) == sorted(
+        [o.replace("=1024", "=16384") if o.startswith("data.max_prompt") else o for o in plain]
+        + [loops + harness["LOOPS"]]
+    )
+    assert (REPO / harness["LOOPS"]).is_file()
