@@ -54,8 +54,12 @@ def data(tmp_path_factory) -> Path:
     train, val = ([json.loads(line) for line in (data / f"{split}.jsonl").open()]
                   for split in ("train", "val"))  # fmt: skip
     agents = ["tool_agent", *CLIS]
-    write_rows(data / "mixed.jsonl", [{**r, "agent_name": a} for r, a in zip(train, agents)])
-    write_rows(data / "held_out.jsonl", [{**r, "agent_name": a} for r, a in zip(val, CLIS)])
+    write_rows(
+        data / "mixed.jsonl", [{**r, "agent_name": a} for r, a in zip(train, agents, strict=False)]
+    )
+    write_rows(
+        data / "held_out.jsonl", [{**r, "agent_name": a} for r, a in zip(val, CLIS, strict=False)]
+    )
     return data
 
 
