@@ -365,3 +365,50 @@ def test_bad_compaction_settings_are_refused_naming_the_key():
     assert str(info.value) == (
         "rollout.multi_turn.compaction.mode must be one of 'drop_tool_outputs', got 'summarise'"
     )
+
+
+async def test_a_users_turn_that_does_not_fit_compacts_too(tokenizer):
+    from tests.unit.agentloop import verl_api_interactions as verl_api
+
+    verl_api.Gsm8kInteraction.calls = []
+    user = verl_api.Gsm8kInteraction({"name": "gsm8k"})
+    turns = [TURNS[0], "#### 4", "#### 5"]
+    prompt = [{"role": "system", "content": "Answer as #### <n>."}, *PROMPT]
+    msgs = [*prompt, {"role": "assistant", "content": TURNS[0]}]
+    msgs.append({"role": "tool", "content": await page_text(1)})
+    msgs.append({"role": "assistant", "content": turns[1]})
+    reply = {"role": "user", "content": "Your response is incorrect! Try again."}
+    sampled = [len(tokenizer.encode(t, add_special_tokens=False)) + 1 for t in turns[:2]]
+    context = (
+        len(render(tokenizer, prompt)) + sum(sampled) + len(delta(tokenizer, msgs[:3], [msgs[3]]))
+    )
+    budget = context + len(delta(tokenizer, msgs, [reply])) + 32 - 1  # the reply does not fit
+    server = ScriptedServer(tokenizer, turns)
+    config = RolloutConfig(
+        prompt_length=2048,
+        response_length=2048,
+        multi_turn=MultiTurnConfig(
+            max_tool_response_length=4000,
+            max_context_tokens=budget,
+            max_tokens_per_turn=32,
+            compaction=CompactionConfig(keep=0),
+        ),
+    )
+    context = AgentLoopContext(
+        server, tokenizer, config, {"page": PageTool()}, interactions={"gsm8k": user}
+    )
+    row = {"extra_info": {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "5"}}}
+    out = await ToolAgentLoop(context).run(SAMPLING, raw_prompt=prompt, **row)
+
+    assert len(out.segments) == 1
+    last = out.segments[0]
+    compacted = [*msgs, reply]
+    compacted[3] = {"role": "tool", "content": PLACEHOLDER}
+    assert last.prompt_ids == render(tokenizer, compacted)
+    assert last.response_ids == server.sampled[2]
+    assert out.response_ids[-len(server.sampled[1]) :] == server.sampled[1]
+    assert [o.record.stop_reason for o in (out, last)] == ["compacted", "interaction_done"]
+    assert [o.record.user_turns for o in (out, last)] == [1, 0]
+    assert out.record.turn_scores == [] and last.record.turn_scores == [1.0]
+    assert out.record.interaction is None and last.record.interaction.final_score == 1.0
+    assert last.record.branch_point == 3
