@@ -1,7 +1,10 @@
 """LangGraph agents on a real vLLM CPU engine (tiny-qwen3, the session's shared server):
 ``react_agent`` rows (and the langgraph_agent recipe's loop) through Ray AgentLoopWorkers with
 exact trajectories and engine log-probs, and a ``ChatOpenAI`` ReAct graph against the
-server's OpenAI-compatible endpoint (evaluation path)."""
+server's OpenAI-compatible endpoint (evaluation path). On the same server, a ``tool_agent``
+sample past ``multi_turn.max_context_tokens`` is compacted into segments that are
+token-exact (each segment's prompt the render of its compacted history, engine log-probs
+equal to a transformers forward)."""
 
 from __future__ import annotations
 
@@ -18,11 +21,22 @@ from langchain_openai import ChatOpenAI
 from langgraph.prebuilt import ToolNode, tools_condition
 from transformers import AutoTokenizer
 
-from agentloop import AgentConfig, AgentLoopManager, MultiTurnConfig, RolloutConfig
+from agentloop import (
+    AgentConfig,
+    AgentLoopContext,
+    AgentLoopManager,
+    MultiTurnConfig,
+    RolloutConfig,
+    collate,
+)
 from agentloop.langgraph import build_react_graph
+from agentloop.parsers import ParsedTurn, ToolCall
 from agentloop.tokens import mask_spans
+from agentloop.tool_agent import ToolAgentLoop
+from agentloop.tools import BaseTool, ToolResult
 from recipes.langgraph_agent.data import make_rows
-from tests.integration.agentloop.helpers import ECHO_SCHEMA, max_logprob_gap
+from servers import AsyncLLMServerManager
+from tests.integration.agentloop.helpers import ECHO_SCHEMA, ClosesCutTurns, max_logprob_gap
 
 pytestmark = pytest.mark.integration
 
@@ -178,3 +192,129 @@ async def test_a_chat_openai_react_graph_runs_a_tool_round_trip_over_http(server
     assert isinstance(answer, AIMessage) and answer.content == "The sum is 5."
     assert answer.usage_metadata["input_tokens"] > first.usage_metadata["input_tokens"]
     assert json.loads(json.dumps(answer.response_metadata))["finish_reason"] == "stop"
+
+
+# ---- context compaction on the real engine --------------------------------------------------
+PAGE_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "page",
+        "description": "Read the next page.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+def page(n: int) -> str:
+    return f"page {n}: " + " ".join(f"w{i}" for i in range(30))
+
+
+class PageTool(BaseTool):
+    """A long tool output: page n of the sample's session (numbered by its calls)."""
+
+    schema = PAGE_SCHEMA
+
+    def __init__(self, config=None, tool_schema=None) -> None:
+        super().__init__(config, tool_schema)
+        self.calls = 0
+
+    async def execute(self, instance_id, arguments):
+        self.calls += 1
+        return ToolResult(page(self.calls))
+
+
+class EveryTurnReadsAPage:
+    def parse(self, text: str) -> ParsedTurn:
+        return ParsedTurn(content=text, items=[ToolCall("page", {}, raw=text)])
+
+
+class PagingLoop(ClosesCutTurns, ToolAgentLoop):
+    """tool_agent on the tiny model: every turn reads a page, cut turns closed."""
+
+    def __init__(self, context, **kwargs) -> None:
+        super().__init__(context, **kwargs)
+        self.parser = EveryTurnReadsAPage()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_compacted_tool_agent_sample_is_token_exact_on_the_engine(
+    server, tokenizer, tiny_qwen3_path
+):
+    prompt_len, response_len, turn, budget = 320, 192, 12, 330
+    config = RolloutConfig(
+        prompt_length=prompt_len,
+        response_length=response_len,
+        multi_turn=MultiTurnConfig(
+            max_assistant_turns=6,
+            max_tokens_per_turn=turn,
+            max_context_tokens=budget,
+            max_tool_response_length=4000,
+        ),
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    context = AgentLoopContext(
+        AsyncLLMServerManager([server]), tokenizer, config, {"page": PageTool()}
+    )
+    row = {"raw_prompt": [{"role": "user", "content": "Read every page."}]}
+    out = await PagingLoop(context).run(config.sampling_params(), **row)
+    samples = [out, *out.segments]
+    seen = [(o.record.stop_reason, len(o.prompt_ids), len(o.response_ids)) for o in samples]
+    assert len(samples) >= 2 and out.metrics["compactions"] == len(samples) - 1, (seen, out.extra)
+    # the history grows by a model turn and a placeholder per compaction: at this budget a
+    # later one may not fit any more (context_full), or the turns run out first
+    final = samples[-1].record.stop_reason
+    assert final in ("max_assistant_turns", "no_tool_call", "context_full"), final
+    assert [o.record.stop_reason for o in samples[:-1]] == ["compacted"] * (len(samples) - 1)
+    assert [o.record.segment for o in samples] == list(range(len(samples)))
+    assert [o.record.weight for o in samples] == pytest.approx([1 / len(samples)] * len(samples))
+
+    # Rebuild the conversation from the sampled tokens: each segment's prompt is the render of
+    # the history so far with every page but the newest replaced by the placeholder.
+    ends = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    placeholder = config.multi_turn.compaction.placeholder
+    history = list(row["raw_prompt"])
+    pages = 0
+    for i, sample in enumerate(samples):
+        assert len(sample.prompt_ids) + len(sample.response_ids) <= budget
+        if i:
+            kept = [m for m in history if m["role"] == "tool" and m["content"] != placeholder]
+            assert len(kept) == 1 and kept[0]["content"] == page(pages)  # keep=1: the newest
+            expected = tokenizer.apply_chat_template(
+                history,
+                tools=[PAGE_SCHEMA],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                enable_thinking=False,
+            )
+            assert sample.prompt_ids == expected
+            assert sample.record.branch_reason.startswith("compaction: ")
+            assert sample.record.branch_reason.endswith(f" -> {len(expected):,} tokens")
+        ids, mask = sample.response_ids, sample.response_mask
+        for text_ids in mask_spans(ids, mask, 1):
+            assert 1 <= len(text_ids) <= turn
+            if text_ids[-1] in ends:  # the model closed the turn itself
+                text_ids = text_ids[:-1]
+            text = tokenizer.decode(text_ids, skip_special_tokens=False)
+            pages += 1
+            history += [
+                {"role": "assistant", "content": text},
+                {"role": "tool", "content": page(pages)},
+            ]
+        if i + 1 < len(samples):  # the compaction that opens the next segment
+            history = [
+                m
+                if m["role"] != "tool" or m["content"] == page(pages)
+                else {"role": "tool", "content": placeholder}
+                for m in history
+            ]
+    batch = collate(
+        [out],
+        [{**row, "uid": "c0", "agent_name": "tool_agent"}],
+        prompt_length=prompt_len,
+        response_length=response_len,
+        pad_token_id=tokenizer.pad_token_id or 0,
+    )
+    assert len(batch) == len(samples)
+    worst = max_logprob_gap(batch, tiny_qwen3_path, prompt_len)
+    assert worst < 1e-3, f"max |engine - transformers| log-prob gap {worst:.4f}"
