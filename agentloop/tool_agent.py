@@ -153,20 +153,12 @@ class ToolAgentLoop(AgentLoopBase):
                         messages, [user_message], schemas, head=head, sampled_end=out.token_ids[-1]
                     )
                     messages.append(user_message)
-                    if compacts and not self._fits(traj, delta):
-                        turns = (assistant_turns, user_turns + 1)
-                        compacted = await self._compact(
-                            messages, traj, delta, head, schemas, segments, session, turns
-                        )
-                        if isinstance(compacted, str):
-                            stop, context_full = CONTEXT_FULL, compacted
-                            break
-                        user_turns += 1
-                        messages = session.agent_data.messages = compacted
-                        traj = segments[-1].traj
-                        continue
-                    if not traj.add_template(delta):
-                        stop = "length"
+                    turns = (assistant_turns, user_turns + 1)
+                    messages, traj, ended, context_full = await self._next_turn(
+                        messages, traj, delta, head, schemas, segments, session, turns
+                    )
+                    if ended is not None:
+                        stop = ended
                         break
                     user_turns += 1
                     continue
@@ -182,20 +174,12 @@ class ToolAgentLoop(AgentLoopBase):
                     messages, tool_messages, schemas, head=head, sampled_end=out.token_ids[-1]
                 )
                 messages.extend(tool_messages)
-                if compacts and not self._fits(traj, delta):
-                    turns = (assistant_turns, user_turns + 1)
-                    compacted = await self._compact(
-                        messages, traj, delta, head, schemas, segments, session, turns
-                    )
-                    if isinstance(compacted, str):
-                        stop, context_full = CONTEXT_FULL, compacted
-                        break
-                    user_turns += 1
-                    messages = session.agent_data.messages = compacted
-                    traj = segments[-1].traj
-                    continue
-                if not traj.add_template(delta):
-                    stop = "length"
+                turns = (assistant_turns, user_turns + 1)
+                messages, traj, ended, context_full = await self._next_turn(
+                    messages, traj, delta, head, schemas, segments, session, turns
+                )
+                if ended is not None:
+                    stop = ended
                     break
                 user_turns += 1
         except InteractionError as exc:
@@ -246,6 +230,33 @@ class ToolAgentLoop(AgentLoopBase):
         return out
 
     # ---- context compaction (multi_turn.max_context_tokens) --------------------------------
+    async def _next_turn(
+        self,
+        messages: list[dict[str, Any]],
+        traj: Trajectory,
+        delta: Sequence[int],
+        head: int,
+        schemas: list[dict[str, Any]],
+        segments: list[_Segment],
+        session: ToolSession,
+        turns: tuple[int, int],
+    ) -> tuple[list[dict[str, Any]], Trajectory, str | None, str]:
+        """Append ``delta`` (the tool or user turn just added to ``messages``) to the segment,
+        or, when the next call would pass the context budget, compact the history into a new
+        segment: (messages, trajectory, the stop reason or None to go on, why the context is
+        full)."""
+        if self.multi_turn.max_context_tokens is not None and not self._fits(traj, delta):
+            compacted = await self._compact(
+                messages, traj, delta, head, schemas, segments, session, turns
+            )
+            if isinstance(compacted, str):
+                return messages, traj, CONTEXT_FULL, compacted
+            session.agent_data.messages = compacted
+            return compacted, segments[-1].traj, None, ""
+        if not traj.add_template(delta):
+            return messages, traj, "length", ""
+        return messages, traj, None, ""
+
     def _turn_capped(self, params: SamplingParams) -> SamplingParams:
         """``params`` with ``max_tokens`` at most ``max_tokens_per_turn``: a turn never
         takes more room than the context check reserved for it."""
