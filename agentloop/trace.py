@@ -134,7 +134,8 @@ class SampleTrace:
         self, start_ns: int, messages: list[Any], completion: Any, error: str | None = None
     ) -> None:
         """One gateway call: the messages the agent sent, the completion it got back (its
-        tool calls, segment and token counts), or the error it was answered with."""
+        tool calls, segment and token counts, and the branch reason of a call that opened a
+        segment), or the error it was answered with."""
         try:
             attributes = {"messages": str(len(messages))}
             if completion is not None:
@@ -144,6 +145,8 @@ class SampleTrace:
                     "completion_tokens": str(completion.completion_tokens),
                     "finish_reason": completion.finish_reason,
                 }
+                if completion.branch_reason is not None:  # the call opened a new segment
+                    attributes["branch_reason"] = completion.branch_reason
             span = self._child(
                 "chat_call",
                 "CHAT_MODEL",

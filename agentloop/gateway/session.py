@@ -102,6 +102,8 @@ class Completion:
     """The ``max_tokens`` the agent asked for when the rollout's budget cut it."""
     stop_sequence: str | None = None
     """The agent's stop string the content was cut at."""
+    branch_reason: str | None = None
+    """Why this call started a new segment (its first call only; None: it extended one)."""
     tool_origins: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     """The call's ``ChatCall.tool_origins``, for the response shapes."""
 
@@ -398,6 +400,7 @@ class Session:
             max_tokens_cut=cut,
             tool_origins=call.tool_origins,
             stop_sequence=stopped[1] if stopped is not None else None,
+            branch_reason=seg.branch_reason if seg.calls == 1 else None,
         )
 
     def _parse(self, text: str, call: ChatCall) -> ParsedTurn:

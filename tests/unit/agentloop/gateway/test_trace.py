@@ -1,7 +1,7 @@
 """A traced gateway session is one MLflow trace (real sqlite store) with a ``chat_call`` span
-per call beside its ``generate`` and ``parse_tool_calls`` spans, and an ``agent_error`` span
-holding the traceback when the agent fails; the failing agent's batch keeps its other
-samples."""
+per call beside its ``generate`` and ``parse_tool_calls`` spans (a call that opened a new
+segment with its ``branch_reason``), and an ``agent_error`` span holding the traceback when
+the agent fails; the failing agent's batch keeps its other samples."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ async def test_a_traced_session_has_a_span_per_call_and_the_agent_error(tokenize
         for name, target in (
             ("weather", "tests.unit.agentloop.gateway.agents:weather_agent"),
             ("failing", "tests.unit.agentloop.gateway.agents:raising_agent"),
+            ("summary", "tests.unit.agentloop.gateway.agents:summarizing_agent"),
         )
     ]
     (tmp_path / "loops.yaml").write_text(yaml.safe_dump(loops))
@@ -41,7 +42,12 @@ async def test_a_traced_session_has_a_span_per_call_and_the_agent_error(tokenize
         trace=trace,
         agent=AgentConfig(agent_loop_config_path=str(tmp_path / "loops.yaml")),
     )
-    turns = [hermes_call("weather", city="Paris"), "It is sunny."]
+    turns = [
+        hermes_call("weather", city="Paris"),
+        "It is sunny.",
+        hermes_call("weather", city="Paris"),
+        "Sunny.",
+    ]
     server = ScriptedServer(tokenizer, turns, end_token="<|im_end|>")
     worker = AgentLoopWorker(config, server, tokenizer, tools={})
     rows = [
@@ -66,6 +72,19 @@ async def test_a_traced_session_has_a_span_per_call_and_the_agent_error(tokenize
     assert first.outputs["tool_calls"][0]["function"]["name"] == "weather"
     assert first.attributes["segment"] == "0" and first.attributes["finish_reason"] == "tool_calls"
     assert calls[1].outputs["content"] == "It is sunny."
+    assert "branch_reason" not in calls[0].attributes | calls[1].attributes  # one segment
+
+    # a call that opens a segment carries the reason (the summary replaced the history)
+    server.turns = [hermes_call("weather", city="Paris"), "Sunny."]
+    row = {"raw_prompt": PROMPT, "agent_name": "gw_summary", "data_source": "t"}
+    (summary,) = await worker.generate_sequences([row], None, TraceContext(step=2))
+    worker.tracer.flush()
+    spans = mlflow.get_trace(summary.record.trace_id).data.spans
+    calls = sorted((s for s in spans if s.name == "chat_call"), key=lambda s: s.start_time_ns)
+    assert [c.attributes["segment"] for c in calls] == ["0", "1"]
+    assert "branch_reason" not in calls[0].attributes
+    assert calls[1].attributes["branch_reason"] == summary.segments[0].record.branch_reason
+    assert summary.segments[0].record.branch_reason == "the system prompt changed"
 
     spans = mlflow.get_trace(failed.record.trace_id).data.spans
     (error,) = [s for s in spans if s.name == "agent_error"]
