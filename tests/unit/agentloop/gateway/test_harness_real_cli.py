@@ -131,3 +131,29 @@ async def test_the_real_cli_cannot_write_outside_its_workspace(tokenizer, tmp_pa
     said = [line.split(": line 1: ", 1)[1] for line in result.splitlines() if ": line 1: " in line]
     assert said == [f"{path}: {error}" for path, error in targets.items()], result
     assert binary.is_file() and (tmp_path / "logs" / out.record.session_id / "transcript.txt")
+
+
+@pytest.mark.parametrize(("name", "segments"), [("claude-code", 2), ("codex", 1)])
+async def test_an_empty_reply_is_final_to_codex_and_claude_code_calls_again(
+    tokenizer, tmp_path, cleanup, name, segments
+):
+    """A reply with no text (a model that samples its end-of-turn token first): Codex takes it
+    as the answer; Claude Code calls again with a history that differs at that reply, which
+    the gateway cannot extend token for token, so the session has a second segment with the
+    reason, each weighing half the session."""
+    installed(name)
+    if (problem := bwrap_problem()) is not None:
+        pytest.skip(f"bwrap cannot run here: {problem} (apt-get install bubblewrap)")
+    loop, server = harness_loop(tokenizer, ["", "Done.", "Again."], name, tmp_path / "logs")
+    (tmp_path / "repo").mkdir()
+    task = {"workspace": str(tmp_path / "repo"), "check": "true"}
+    out = await loop.run({}, raw_prompt=PROMPT, extra_info={"workspace_task": task})
+
+    assert out.extra.get("agent_error") is None, out.extra["agent_error"]
+    outs = [out, *out.segments]
+    assert len(server.requests) == len(outs) == segments
+    assert [o.record.branch_reason for o in outs] == [None] + [
+        "the history differs from segment 0's at message 1"
+    ] * (segments - 1)
+    assert [o.record.weight for o in outs] == [1 / segments] * segments
+    assert [o.reward_score for o in outs] == [1.0] * segments  # the check's, on each
