@@ -98,6 +98,7 @@ TRAIN = {
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.rollout.response_length=1024",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=6",
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2048",
         "actor_rollout_ref.rollout.multi_turn.tool_config_path=recipes/repo_fix/tool_config.yaml",
         "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
