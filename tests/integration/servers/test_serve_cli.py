@@ -33,7 +33,7 @@ def test_serve_cli_rejects_an_unknown_model():
     assert result.returncode == 1
     assert (
         "--model 'no-such-model' is neither a model folder nor a known asset name "
-        "(smollm2-135m-instruct, tiny-qwen3)"
+        "(smollm2-135m-instruct, tiny-qwen3, tiny-qwen3-long)"
     ) in result.stderr
 
 

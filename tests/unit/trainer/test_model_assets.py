@@ -81,7 +81,7 @@ def test_unknown_model_lists_known_names(tmp_path):
     with pytest.raises(UnknownModelError) as info:
         prepare("gpt-5", cache_dir=tmp_path)
     assert str(info.value) == (
-        "unknown model 'gpt-5'; known models: smollm2-135m-instruct, tiny-qwen3"
+        "unknown model 'gpt-5'; known models: smollm2-135m-instruct, tiny-qwen3, tiny-qwen3-long"
     )
     assert list(tmp_path.iterdir()) == []
 
@@ -125,7 +125,7 @@ def test_cli_unknown_model_exits_2_with_known_names(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "agentloop-models: error: unknown model 'nope'; "
-        "known models: smollm2-135m-instruct, tiny-qwen3"
+        "known models: smollm2-135m-instruct, tiny-qwen3, tiny-qwen3-long"
     )
 
 

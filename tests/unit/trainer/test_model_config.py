@@ -118,7 +118,8 @@ def test_tokenizer_path_may_be_a_hub_id_of_a_tokenizer_only_snapshot(
         (
             {"tokenizer_path": "/nowhere/tok"},
             f"{PREFIX}.tokenizer_path '/nowhere/tok' is neither a model folder nor a known asset "
-            "name (smollm2-135m-instruct, tiny-qwen3) nor a Hugging Face hub id (org/name)",
+            "name (smollm2-135m-instruct, tiny-qwen3, tiny-qwen3-long) nor a Hugging Face hub "
+            "id (org/name)",
         ),
         (
             {"custom_chat_template": "chat.jinja"},

@@ -291,7 +291,7 @@ def test_neither_folder_nor_asset_nor_hub_id_lists_all_three():
         resolve_model("/nowhere/model", KEY)
     assert str(info.value) == (
         f"{KEY} '/nowhere/model' is neither a model folder nor a known asset name "
-        "(smollm2-135m-instruct, tiny-qwen3) nor a Hugging Face hub id (org/name)"
+        "(smollm2-135m-instruct, tiny-qwen3, tiny-qwen3-long) nor a Hugging Face hub id (org/name)"
     )
 
 

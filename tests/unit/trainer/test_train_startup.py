@@ -56,7 +56,7 @@ def run(capsys, tmp_path, data: Path, *overrides: str, run_dir: Path | None = No
         (
             ["actor_rollout_ref.model.path=/nowhere/model"],
             "actor_rollout_ref.model.path '/nowhere/model' is neither a model folder nor a known "
-            "asset name (smollm2-135m-instruct, tiny-qwen3)",
+            "asset name (smollm2-135m-instruct, tiny-qwen3, tiny-qwen3-long)",
         ),
         (
             ["data.train_batch_size=3"],
