@@ -110,6 +110,28 @@ def max_logprob_gap(batch, model_path, prompt_len: int) -> float:
     return worst
 
 
+def max_line_logprob_gap(lines: list[dict], model_path) -> float:
+    """Largest |engine - transformers| log-prob over the sampled (mask 1) tokens of
+    ``agentloop-rollout`` lines; logits of the response positions only (a long prompt times
+    the vocabulary would not fit)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    worst = 0.0
+    for r in lines:
+        ids = torch.tensor([r["prompt_ids"] + r["response_ids"]])
+        with torch.no_grad():
+            hidden = model.model(ids).last_hidden_state[0, len(r["prompt_ids"]) - 1 : -1]
+            logits = model.lm_head(hidden)
+        chosen = torch.tensor(r["response_ids"]).unsqueeze(1)
+        ours = torch.log_softmax(logits.float(), -1).gather(1, chosen).squeeze(1)
+        mask = torch.tensor(r["response_mask"]).bool()
+        engine = torch.tensor(r["response_log_probs"])
+        worst = max(worst, (ours[mask] - engine[mask]).abs().max().item())
+    return worst
+
+
 class CallsNodeParser:
     """Reads every model turn as one call of the MCP tool ``where-node``
     (tests/integration/cluster/node_mcp_server.py)."""

@@ -1,8 +1,12 @@
 """`agentloop-rollout`: bad input fails at start-up with a message naming what to change (no
-server started), and a real run (tiny-qwen3 on vLLM CPU, Ray workers) writes one JSON line
-per trajectory with ids, mask, log-probs and decoded text that agree, each scored with the
-configured reward (rows nothing scores written unscored, said once), and ends with the
-accuracy / valid-tool-call table."""
+server started), and a real run (vLLM CPU, Ray workers) writes one JSON line per trajectory
+with ids, mask, log-probs and decoded text that agree, each scored with the configured reward
+(rows nothing scores written unscored, said once), and ends with the accuracy /
+valid-tool-call table. The same run scores Claude Code and Codex, unmodified, on held-out
+repo_fix tasks (each sample in its sandboxed workspace, the package's check its reward): their
+first prompts (~12k and ~8.5k tokens) pass tiny-qwen3's 8,192-token window, so the model is
+``tiny-qwen3-long`` (the same weights, Qwen3's 40,960), made to end its turns
+(tests/turn_ending_model.py; Claude Code retries a reply cut at its token limit, then fails)."""
 
 from __future__ import annotations
 
@@ -17,11 +21,18 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from tests.integration.agentloop.helpers import ECHO_SCHEMA
+from agentloop.gateway.harness import HarnessNotInstalled, HarnessSpec, resolve_binary
+from recipes.repo_fix.make_tasks import make_tasks
+from tests.integration.agentloop.helpers import ECHO_SCHEMA, max_line_logprob_gap
+from tests.turn_ending_model import ending_anywhere_copy
 from trainer.cli.rollout import main
+from trainer.models import prepare
 
 REPO = Path(__file__).resolve().parents[3]
 USER = [{"role": "user", "content": "Add 2 and 3."}]
+CLIS = {"claude_code": "claude-code", "codex": "codex"}  # recipes/repo_fix/harness_loops.yaml
+OLD_WINDOW = 8192  # tiny-qwen3's
+HARNESS_LOOPS = "recipes/repo_fix/harness_loops.yaml"
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -165,6 +176,18 @@ def test_missing_output_and_missing_data_file_are_start_up_errors(tmp_path, caps
 
 @pytest.mark.integration
 def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_path):
+    for name in CLIS.values():
+        try:
+            resolve_binary(HarnessSpec.of(name))
+        except HarnessNotInstalled as e:
+            pytest.skip(f"the harness CLIs are not installed (make harnesses needs npm): {e}")
+    model = ending_anywhere_copy(prepare("tiny-qwen3-long"), tmp_path / "model", end_prob=0.4)
+    make_tasks(tmp_path / "tasks", train=0, val=2, seed=0)
+    tasks = [json.loads(line) for line in (tmp_path / "tasks" / "val.jsonl").open()]
+    for task, agent in zip(tasks, CLIS, strict=True):
+        task["agent_name"] = agent
+        spec = task["extra_info"]["workspace_task"]
+        spec["workspace"] = str(tmp_path / "tasks" / spec["workspace"])
     rows = [
         {"prompt": USER, "data_source": "toy", "extra_info": {"index": 7}},
         {"prompt": "Say hi.", "data_source": "openai/gsm8k", "reward_model": {"ground_truth": "5"}},
@@ -173,6 +196,7 @@ def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_
             "agent_name": "tool_agent",
             "extra_info": {"tools_kwargs": {"echo": {"create_kwargs": {"prefix": "p"}}}},
         },
+        *tasks,
     ]
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
     out = tmp_path / "traj.jsonl"
@@ -183,11 +207,13 @@ def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_
         [
             str(Path(sys.executable).parent / "agentloop-rollout"),
             f"data.train_files={data}",
-            "actor_rollout_ref.model.path=tiny-qwen3",
+            f"actor_rollout_ref.model.path={model}",
+            "data.max_prompt_length=16384",
             "actor_rollout_ref.rollout.response_length=24",
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.rollout.agent.num_workers=2",
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_yaml}",
+            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={REPO}/{HARNESS_LOOPS}",
             f"+output={out}",
         ],
         capture_output=True,
@@ -199,11 +225,13 @@ def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_
     said = [line for line in result.stderr.splitlines() if "written unscored" in line]
     assert len(said) == 1 and "data_source 'toy' (1 row), missing (1 row)" in said[0]
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    # a random tiny model does not write "#### 5": the built-in gsm8k scorer gives 0
+    # a random tiny model does not write "#### 5": the built-in gsm8k scorer gives 0; nor
+    # does it fix a package: each CLI sample's check scores 0
     assert [(r["score"], r["scores"]) for r in records] == [(None, {})] * 2 + [
         (0.0, {"rule": 0.0})
-    ] * 2 + [(None, {})] * 2
-    valid = sum(r["tool_calls"] >= 1 and r["tool_errors"] == 0 for r in records) / 6
+    ] * 2 + [(None, {})] * 2 + [(0.0, {"rule": 0.0})] * (len(records) - 6)
+    n = len(records)  # 6 + each CLI sample's segments (below)
+    valid = sum(r["tool_calls"] >= 1 and r["tool_errors"] == 0 for r in records) / n
     # The command's own lines: Ray forwards worker logs (e.g. vLLM's shutdown warnings) to
     # the same stdout, prefixed "(ActorName pid=N)", whenever they arrive.
     own = [
@@ -212,15 +240,17 @@ def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_
         if not re.match(r"^(\x1b\[[0-9;]*m)?\(\w+ pid=\d+\)", line)
     ]
     assert own[-4:] == [
-        f"wrote 6 trajectories to {out}",
+        f"wrote {n} trajectories to {out}",
         "| samples | accuracy (reward >= 1) | valid tool-call rate | reward mean | unscored |",
         "|---------|------------------------|----------------------|-------------|----------|",
-        f"|       6 |                   0.0% | {valid:20.1%} |      0.0000 |        4 |",
+        f"| {n:7d} |                   0.0% | {valid:20.1%} |      0.0000 |        4 |",
     ]
     tok = AutoTokenizer.from_pretrained(tiny_qwen3_path)
-    assert [r["agent_name"] for r in records] == ["single_turn_agent"] * 4 + ["tool_agent"] * 2
+    agents = [r["agent_name"] for r in records]
+    assert agents[:6] == ["single_turn_agent"] * 4 + ["tool_agent"] * 2
+    assert sorted(set(agents[6:])) == sorted(CLIS)
     assert [r["index"] for r in records[:4]] == [7, 7, 1, 1]
-    assert [r["rollout_n"] for r in records] == [0, 1] * 3
+    assert [r["rollout_n"] for r in records[:6]] == [0, 1] * 3
     assert records[0]["uid"] == records[1]["uid"] != records[2]["uid"]
     for r in records:
         n = len(r["response_ids"])
@@ -230,5 +260,32 @@ def test_rollout_writes_consistent_trajectories(tmp_path, tool_yaml, tiny_qwen3_
         assert r["prompt_text"] == tok.decode(r["prompt_ids"], skip_special_tokens=False)
         assert r["prompt_text"].endswith("<|im_start|>assistant\n")
         assert r["num_turns"] >= 2 and r["stop_reason"]
-    tool_prompt = records[-1]["prompt_text"]
+    tool_prompt = records[5]["prompt_text"]
     assert '"name": "echo"' in tool_prompt and "<tools>" in tool_prompt
+    sessions: dict[str, list[dict]] = {}
+    for r in records[6:]:
+        sessions.setdefault(r["session_id"], []).append(r)
+    assert sorted(s[0]["agent_name"] for s in sessions.values()) == sorted([*CLIS] * 2)
+    for segments in sessions.values():
+        # the CLI exited 0 and its check scored the sample; each turn ended with its own
+        # sampled <|im_end|>, so a next call could extend its segment, except that Claude
+        # Code answers a reply with no text by calling again with a history that differs at
+        # that reply: a new segment (Codex takes an empty reply as final)
+        assert [r["segment"] for r in segments] == list(range(len(segments)))
+        assert segments[0]["branch_reason"] is None
+        for before, r in zip(segments, segments[1:], strict=False):
+            assert r["agent_name"] == "claude_code"
+            assert r["branch_reason"] == "the history differs from segment 0's at message 1"
+            assert tok.decode(before["response_ids"], skip_special_tokens=True).strip() == ""
+        for r in segments:
+            assert r["error"] is None and r["stop_reason"] == "stop", r["error"]
+            assert r["weight"] == 1 / len(segments)  # a session weighs one sample
+            assert len(r["prompt_ids"]) > OLD_WINDOW
+            assert r["response_ids"][-1] == tok.convert_tokens_to_ids("<|im_end|>")
+        logs = out.parent / "gateway" / segments[0]["session_id"]  # under the output's folder
+        assert (logs / "transcript.txt").is_file()
+        session_log = ("home/.claude/projects/*/*.jsonl" if r["agent_name"] == "claude_code"
+                       else "home/codex/sessions/*/*/*/rollout-*.jsonl")  # fmt: skip
+        assert list(logs.glob(session_log)), sorted(logs.rglob("*"))
+    # every sampled token's engine log-prob is transformers' over the same ids
+    assert max_line_logprob_gap(records, model) < 1e-3
