@@ -78,6 +78,7 @@ def test_one_grpo_step_trains_tool_agent_claude_code_and_codex_samples_together(
         "data.train_batch_size=3",
         "actor_rollout_ref.actor.ppo_mini_batch_size=3",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+        "trainer.test_freq=-1",  # the script's validation before training only (suite time)
         MODEL=str(model),
         SFT_STEPS="0",
         LOOPS=LOOPS,
@@ -103,6 +104,6 @@ def test_one_grpo_step_trains_tool_agent_claude_code_and_codex_samples_together(
     # the trainer's recomputed log-probs of the sampled tokens are the engine's
     assert step["rollout/logprob_gap_max"] < 1e-3
     vals = [r for r in records if "val/repo_fix/reward/mean" in r]
-    assert [r["step"] for r in vals] == [0, 1]
+    assert [r["step"] for r in vals] == [0]
     transcripts = sorted((run / "grpo" / "gateway").glob("*/transcript.txt"))
     assert len(transcripts) == 4
