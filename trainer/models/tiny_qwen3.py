@@ -35,7 +35,8 @@ TINY_QWEN3_CONFIG: dict = {
 }
 LONG_WINDOW = 40960
 """Qwen3's own ``max_position_embeddings``: ``tiny-qwen3-long``'s window, room for a coding
-CLI's first prompt (Claude Code's is ~19k tokens rendered, Codex's ~8k)."""
+CLI's first prompt (on a repo_fix task, Claude Code's renders to ~11.9k tokens, Codex's
+to ~8.5k)."""
 
 
 def build_tiny_qwen3(out: Path, window: int | None = None) -> None:
