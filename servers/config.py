@@ -76,7 +76,8 @@ class EngineConfig:
     CPU (30 s vs 150 s start) and False on GPU (each engine's own default)."""
     cpu_cores: str | int | None = None
     """CPU only: the cores the engine runs on (``"0"``, ``"0-3"``, ``"0,2"``), so a trainer
-    pinned to other cores does not compete with it; None: vLLM's own binding."""
+    pinned to other cores does not compete with it; None: one thread per physical core
+    the server may run on (``servers/cpu_layout.py``)."""
     scheduling_policy: str = "priority"
     """Order of waiting requests (``SCHEDULING_POLICIES``): ``priority`` runs the lowest
     ``priority`` value first (agent loops send their stragglers' turns with a lower one);

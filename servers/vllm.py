@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from servers.config import ServerConfig, parse_cores
+from servers.cpu_layout import in_process_worker_env
 from servers.engine_args import check_known_args
 from servers.lora import check_adapter_rank, max_lora_rank, write_adapter
 from servers.shm import engine_shm, remove_shm
@@ -125,10 +126,12 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(WORKER_EXIT_S))
         if cpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_space_gib)
+            cores = None
             if cfg.cpu_cores is not None:  # the engine process inherits both
                 cores = parse_cores(cfg.cpu_cores)
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
                 os.sched_setaffinity(0, cores)
+            os.environ.update(in_process_worker_env(cfg.tensor_parallel_size, cores))
         dtype = "float32" if (cfg.dtype == "auto" and cpu) else cfg.dtype
         eager = cpu if cfg.enforce_eager is None else cfg.enforce_eager
         transfer = None

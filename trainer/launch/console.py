@@ -106,6 +106,19 @@ BENIGN: tuple[Benign, ...] = (
         "(the push's log-prob gap is checked every step)",
     ),
     Benign(
+        "Since VLLM_ENABLE_V1_MULTIPROCESSING is set to False",
+        "vLLM engine configuration, in the server's process",
+        "the server runs a one-rank CPU engine's worker inside the engine-core process "
+        "(servers/cpu_layout.py); the seed vLLM sets in the server's own process is drawn "
+        "from by nothing there",
+    ),
+    Benign(
+        "is set; leaving Torch threads at",
+        "vLLM engine core on CPU",
+        "the server sets OMP_NUM_THREADS to the engine's cores on purpose "
+        "(servers/cpu_layout.py); `cpu_cores` keeps an engine off a trainer's cores",
+    ),
+    Benign(
         "`torch.distributed.reduce_op` is deprecated",
         "torch, while vLLM imports its kernel dispatcher",
         "a deprecation inside vLLM's code",

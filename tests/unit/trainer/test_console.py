@@ -44,6 +44,12 @@ BENIGN_LINES = [
     "load weights",
     "/x/vllm/triton_utils/dispatcher.py:138: FutureWarning: `torch.distributed.reduce_op` is "
     "deprecated, please use `torch.distributed.ReduceOp` instead",
+    "(MainProcess pid=10063) WARNING 11-29 04:01:42 [arg_utils.py:1945] The global random seed "
+    "is set to 0. Since VLLM_ENABLE_V1_MULTIPROCESSING is set to False, this may affect the "
+    "random state of the Python process that launched vLLM.",
+    "(EngineCore pid=10233) WARNING 11-29 04:01:56 [torch_utils.py:283] OMP_NUM_THREADS=2 is "
+    "set; leaving Torch threads at 2 for serving. Multi-threaded torch CPU ops during serving "
+    "can degrade performance through spin-wait contention and cgroup CPU-quota throttling.",
 ]
 KEPT_LINES = [
     "WARNING agentloop.train: data.val_files is set but trainer.test_freq=-1",
