@@ -430,6 +430,8 @@ class VLLMEngine:
             "max_num_batched_tokens": scheduler.max_num_batched_tokens,
             "enable_chunked_prefill": scheduler.enable_chunked_prefill,
             "enforce_eager": engine.model_config.enforce_eager,
+            # "uni": the model runs in the engine-core process; "mp": in worker processes
+            "executor": str(engine.vllm_config.parallel_config.distributed_executor_backend),
             "lora_version": self.lora_version,
         }
 

@@ -282,6 +282,8 @@ async def test_engine_settings_reach_vllm_and_show_in_health(server):
         "enable_chunked_prefill": False,
         "enforce_eager": True,
     }
+    # one rank on CPU: the model runs inside the engine-core process (servers/cpu_layout.py)
+    assert health["executor"] == "uni"
 
 
 async def test_openai_client_lists_the_served_model(base_url):

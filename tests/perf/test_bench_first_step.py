@@ -1,0 +1,113 @@
+"""Time to the first step (``make bench``): the README's training quick start
+(smollm2-135m-instruct, 2 gloo ranks, one vLLM CPU server) as ``agentloop-train``, from the
+command to its first step's metrics on the console, with the engine's model in a worker
+process of its own (vLLM's CPU default, ``VLLM_ENABLE_V1_MULTIPROCESSING=1``) and inside the
+engine-core process (ours, ``servers/cpu_layout.py``). Runs alternate so drift hits both
+alike; each console line is stamped with the seconds since the command. Writes
+bench_results/first_step.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ROUNDS = 2
+SETTINGS = {"worker process": "1", "in-process worker": "0"}
+MARKS = {
+    "ranks ready": "FSDP2 rank(s) on",
+    "server ready": "vllm server(s) ready",
+    "first step": "agentloop.train: step 1",
+}
+REWARD = """import re
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    numbers = re.findall(r"-?\\d+", solution_str)
+    return float(bool(numbers) and numbers[-1] == ground_truth)
+"""
+
+
+def _write_task(folder: Path) -> tuple[Path, Path]:
+    data, reward = folder / "arith.jsonl", folder / "reward.py"
+    rng = random.Random(0)
+    with data.open("w") as f:
+        for _ in range(64):
+            a, b = rng.randint(2, 20), rng.randint(2, 20)
+            row = {
+                "prompt": [
+                    {"role": "user", "content": f"What is {a}+{b}? Reply with the number only."}
+                ],
+                "data_source": "arith",
+                "reward_model": {"ground_truth": str(a + b)},
+            }
+            f.write(json.dumps(row) + "\n")
+    reward.write_text(REWARD)
+    return data, reward
+
+
+def _run(folder: Path, data: Path, reward: Path, multiprocessing: str) -> dict[str, float]:
+    """Seconds from the command to each of ``MARKS``, and step 1's timings."""
+    overrides = [
+        f"data.train_files={data}", "data.train_batch_size=4",
+        f"custom_reward_function.path={reward}",
+        "actor_rollout_ref.model.path=smollm2-135m-instruct",
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.response_length=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.optim.lr=1e-6",
+        "trainer.n_gpus_per_node=2", "trainer.total_training_steps=1", "trainer.save_freq=-1",
+        "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={folder}",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing}
+    env.pop("RAY_ADDRESS", None)
+    start = time.monotonic()
+    seen: dict[str, float] = {}
+    with subprocess.Popen(
+        [sys.executable, "-m", "trainer.cli.train", *overrides],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:
+            tail = (tail + [line])[-40:]
+            for mark, text in MARKS.items():
+                if mark not in seen and text in line:
+                    seen[mark] = time.monotonic() - start
+        code = proc.wait(timeout=900)
+    assert code == 0 and len(seen) == len(MARKS), "".join(tail)
+    record = json.loads((folder / "metrics.jsonl").read_text().splitlines()[0])
+    for key in ("timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor"):
+        seen[key.split("/")[-1]] = record[key]
+    return seen
+
+
+def test_bench_time_to_the_first_step(tmp_path):
+    data, reward = _write_task(tmp_path)
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in SETTINGS}
+    for r in range(ROUNDS):
+        for name, value in SETTINGS.items():
+            folder = tmp_path / f"{name.replace(' ', '-')}-{r}"
+            runs[name].append(_run(folder, data, reward, value))
+    keys = [*MARKS, "gen", "old_log_prob", "update_actor"]
+    print(
+        f"\ntime to the first step (README quick start; seconds since the command, median of "
+        f"{ROUNDS} runs per setting, alternating)"
+    )
+    print(f"  {'engine model runs in':<22}" + "".join(f"{k:>14}" for k in keys) + "   each run")
+    for name, values in runs.items():
+        cells = "".join(f"{statistics.median(v[k] for v in values):>14.1f}" for k in keys)
+        each = " / ".join(f"{v['first step']:.1f}" for v in values)
+        print(f"  {name:<22}{cells}   {each}")
+    before, after = (statistics.median(v["first step"] for v in runs[k]) for k in SETTINGS)
+    print(
+        f"  first step: {after:.1f} s vs {before:.1f} s, {after / before:.2f}x "
+        f"({1 - after / before:.0%} less; issue 53's target: 30% less than 77.3 s, <= 54.1 s)"
+    )
+    out = REPO / "bench_results"
+    out.mkdir(exist_ok=True)
+    (out / "first_step.json").write_text(json.dumps(runs, indent=2) + "\n")
+    assert all(v["first step"] > v["server ready"] for vs in runs.values() for v in vs)
