@@ -1,14 +1,16 @@
 """The shared memory an engine leaves behind when it is killed.
 
-A vLLM engine runs in child processes of its server (``EngineCore``, and its ``Worker``), which
-map two message-queue segments ``/dev/shm/psm_*`` (160-250 MB each) and hold a named semaphore
-``/dev/shm/sem.*`` (called ``sem.loky-<pid>-*``: joblib, imported by transformers through
-scikit-learn, renames every ``multiprocessing`` semaphore). A clean shutdown unlinks them; a
-killed engine cannot, and ``/dev/shm`` is RAM. So a server records what its engine's processes
-hold (``engine_shm``: the segments they map, and the semaphores named after their pids, since
-a semaphore maps a temporary file that is unlinked once it has its name) and whoever kills it
-removes exactly those (``remove_shm``), leaving other engines' entries alone. A server with
-LoRA on adds the folder it writes adapter versions into (``agentloop-lora-*``).
+A vLLM engine runs in child processes of its server (``EngineCore``, and where it has one, a
+``Worker``: several ranks, or ``VLLM_ENABLE_V1_MULTIPROCESSING=1``; ``servers/cpu_layout.py``).
+They hold a named semaphore ``/dev/shm/sem.*`` (called ``sem.loky-<pid>-*``: joblib, imported
+by transformers through scikit-learn, renames every ``multiprocessing`` semaphore) and, with a
+worker process, map two message-queue segments ``/dev/shm/psm_*`` (160-250 MB each). A clean
+shutdown unlinks them; a killed engine cannot, and ``/dev/shm`` is RAM. So a server records
+what its engine's processes hold (``engine_shm``: the segments they map, and the semaphores
+named after their pids, since a semaphore maps a temporary file that is unlinked once it has
+its name) and whoever kills it removes exactly those (``remove_shm``), leaving other engines'
+entries alone. A server with LoRA on adds the folder it writes adapter versions into
+(``agentloop-lora-*``).
 """
 
 from __future__ import annotations
