@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests.perf.quick_start import quick_start_overrides, write_task
 
 REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 2
@@ -25,43 +26,11 @@ MARKS = {
     "server ready": "vllm server(s) ready",
     "first step": "agentloop.train: step 1",
 }
-REWARD = """import re
-
-def compute_score(data_source, solution_str, ground_truth, extra_info):
-    numbers = re.findall(r"-?\\d+", solution_str)
-    return float(bool(numbers) and numbers[-1] == ground_truth)
-"""
-
-
-def _write_task(folder: Path) -> tuple[Path, Path]:
-    data, reward = folder / "arith.jsonl", folder / "reward.py"
-    rng = random.Random(0)
-    with data.open("w") as f:
-        for _ in range(64):
-            a, b = rng.randint(2, 20), rng.randint(2, 20)
-            row = {
-                "prompt": [
-                    {"role": "user", "content": f"What is {a}+{b}? Reply with the number only."}
-                ],
-                "data_source": "arith",
-                "reward_model": {"ground_truth": str(a + b)},
-            }
-            f.write(json.dumps(row) + "\n")
-    reward.write_text(REWARD)
-    return data, reward
 
 
 def _run(folder: Path, data: Path, reward: Path, multiprocessing: str) -> dict[str, float]:
     """Seconds from the command to each of ``MARKS``, and step 1's timings."""
-    overrides = [
-        f"data.train_files={data}", "data.train_batch_size=4",
-        f"custom_reward_function.path={reward}",
-        "actor_rollout_ref.model.path=smollm2-135m-instruct",
-        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.response_length=32",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.optim.lr=1e-6",
-        "trainer.n_gpus_per_node=2", "trainer.total_training_steps=1", "trainer.save_freq=-1",
-        "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={folder}",
-    ]  # fmt: skip
+    overrides = quick_start_overrides(data, reward, folder, 1, "[console,jsonl]")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing}
     env.pop("RAY_ADDRESS", None)
     start = time.monotonic()
@@ -86,7 +55,7 @@ def _run(folder: Path, data: Path, reward: Path, multiprocessing: str) -> dict[s
 
 
 def test_bench_time_to_the_first_step(tmp_path):
-    data, reward = _write_task(tmp_path)
+    data, reward = write_task(tmp_path)
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in SETTINGS}
     for r in range(ROUNDS):
         for name, value in SETTINGS.items():

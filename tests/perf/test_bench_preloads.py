@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.perf.quick_start import quick_start_overrides, write_task
 from trainer.models import prepare
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,25 +89,11 @@ def test_bench_generation_with_and_without_preloads():
 
 
 GRPO_STEPS, GRPO_ROUNDS = 4, 2
-REWARD = """import re
-
-def compute_score(data_source, solution_str, ground_truth, extra_info):
-    numbers = re.findall(r"-?\\d+", solution_str)
-    return float(bool(numbers) and numbers[-1] == ground_truth)
-"""
 
 
 def _grpo_run(folder: Path, data: Path, reward: Path, preload: str) -> list[dict]:
     """One quick-start run; its metrics records from step 2 on."""
-    overrides = [
-        f"data.train_files={data}", "data.train_batch_size=4",
-        f"custom_reward_function.path={reward}",
-        "actor_rollout_ref.model.path=smollm2-135m-instruct",
-        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.response_length=32",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.optim.lr=1e-6",
-        "trainer.n_gpus_per_node=2", f"trainer.total_training_steps={GRPO_STEPS}",
-        "trainer.save_freq=-1", "trainer.logger=[jsonl]", f"trainer.default_local_dir={folder}",
-    ]  # fmt: skip
+    overrides = quick_start_overrides(data, reward, folder, GRPO_STEPS)
     env = {**os.environ, "LD_PRELOAD": preload}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
@@ -125,19 +111,7 @@ def test_bench_grpo_step_with_and_without_preloads(tmp_path):
         print(f"\nGRPO step: both libraries needed, found {sorted(found)}; nothing measured")
         return
     settings = {"none": "", "tcmalloc+iomp": f"{found['tcmalloc']}:{found['iomp']}"}
-    data, reward = tmp_path / "arith.jsonl", tmp_path / "reward.py"
-    rng = random.Random(0)
-    with data.open("w") as f:
-        for _ in range(64):
-            a, b = rng.randint(2, 20), rng.randint(2, 20)
-            question = f"What is {a}+{b}? Reply with the number only."
-            row = {
-                "prompt": [{"role": "user", "content": question}],
-                "data_source": "arith",
-                "reward_model": {"ground_truth": str(a + b)},
-            }
-            f.write(json.dumps(row) + "\n")
-    reward.write_text(REWARD)
+    data, reward = write_task(tmp_path)
     keys = ("perf/time_per_step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor")
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in settings}
     for r in range(GRPO_ROUNDS):
