@@ -6,10 +6,11 @@ the engine-core process, each spawned and importing vLLM afresh, and binds the w
 OpenMP threads to all but one physical core. With one tensor-parallel rank we run the worker
 inside the engine-core process instead (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` lets vLLM keep
 its ``uni`` executor; ``AsyncLLM`` still runs the engine core in a process of its own): one
-spawned interpreter less at every start, measured 18.8-21.3 s against 25.4-29.1 s to a
-ready smollm2-135m-instruct engine on 2 cores (``tests/perf/test_bench_first_step.py``).
+spawned interpreter less at every start. In the README's quick start on 2 cores the server
+was ready 37.2 s after the command against 49.4 s (``tests/perf/test_bench_first_step.py``).
 The thread count is set here (``OMP_NUM_THREADS``, which the ``mp`` executor sets for its
-worker): one per core of the process's affinity (``cpu_cores`` sets it).
+worker): one per given core (``cpu_cores``), else one per physical core of the process's
+affinity.
 
 A setting the user exported stands: ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` brings the worker
 process back.
@@ -29,22 +30,15 @@ MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 def _physical_cores(cpus: Iterable[int]) -> int:
     """Physical cores among logical ``cpus`` (SMT siblings count once); where the topology
     cannot be read, every logical CPU counts."""
-    seen: set[tuple[str, str]] = set()
-    count = 0
+    cores: set[tuple[str, str]] = set()
     for cpu in cpus:
         topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            key = (
-                (topo / "physical_package_id").read_text().strip(),
-                (topo / "core_id").read_text().strip(),
-            )
+            package = (topo / "physical_package_id").read_text().strip()
+            cores.add((package, (topo / "core_id").read_text().strip()))
         except OSError:
-            count += 1
-            continue
-        if key not in seen:
-            seen.add(key)
-            count += 1
-    return count
+            cores.add(("cpu", str(cpu)))  # its topology unread: the logical CPU alone
+    return len(cores)
 
 
 def engine_thread_count(cores: list[int] | None) -> int:

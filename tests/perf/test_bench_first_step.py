@@ -3,8 +3,8 @@
 command to its first step's metrics on the console, with the engine's model in a worker
 process of its own (vLLM's CPU default, ``VLLM_ENABLE_V1_MULTIPROCESSING=1``) and inside the
 engine-core process (ours, ``servers/cpu_layout.py``). Runs alternate so drift hits both
-alike; each console line is stamped with the seconds since the command. Writes
-bench_results/first_step.json."""
+alike; each mark is the seconds from the command to the first console line holding its text.
+Writes bench_results/first_step.json."""
 
 from __future__ import annotations
 
