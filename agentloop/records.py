@@ -103,6 +103,11 @@ class SampleRecord:
     turn_scores: list[float] = field(default_factory=list)
     """A score of each model turn, in order (e.g. a simulated user's): turn-level rewards
     placed on the last token of their turn (``turn_ends``); empty: none."""
+    turn_states: list[str | None] = field(default_factory=list)
+    """Each model turn's state as the environment named it, in order: a simulated user's
+    reply ``metadata["state_key"]`` names the next turn's, the gateway's ``POST
+    /sessions/{sid}/state`` the next call's. GiGPO's anchor keys (a tool call's
+    ``state_key`` otherwise, else a hash of the observation); empty or None: none named."""
     interaction: InteractionRecord | None = None
     """The sample's simulated-user conversation (None: the row had none)."""
     trace_id: str | None = None

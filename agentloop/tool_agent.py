@@ -107,6 +107,7 @@ class ToolAgentLoop(AgentLoopBase):
         finish_reasons: list[str] = []
         turn_ends: list[int] = []  # each model turn's last response index (per-turn rewards)
         turn_scores: list[float] = []  # the user's score of each model turn (0: none)
+        turn_states: list[str | None] = []  # each model turn's state as the user named it
         error: str | None = None
         try:
             if user is not None:
@@ -145,6 +146,10 @@ class ToolAgentLoop(AgentLoopBase):
                     reply = await self._user_turn(user, messages)
                     turn_scores += [0.0] * (assistant_turns - 1 - len(turn_scores))
                     turn_scores.append(reply.score or 0.0)
+                    state = reply.metadata.get("state_key")
+                    if state is not None and not reply.terminate:  # the next turn's state
+                        turn_states += [None] * (assistant_turns - len(turn_states))
+                        turn_states.append(str(state))
                     if reply.terminate:
                         stop = "interaction_done"
                         break
@@ -200,6 +205,7 @@ class ToolAgentLoop(AgentLoopBase):
                     user_turns=user_turns,
                     tool_rewards=tool_rewards,
                     turn_scores=turn_scores if any(turn_scores) else [],
+                    turn_states=turn_states,
                     interaction=None if user is None else user.record,
                 ),
             )
@@ -214,6 +220,7 @@ class ToolAgentLoop(AgentLoopBase):
                 finish_reasons=finish_reasons,
                 turn_ends=turn_ends,
                 turn_scores=turn_scores,
+                turn_states=turn_states,
                 tool_rewards=tool_rewards,
                 interaction=None if user is None else user.record,
             )
@@ -433,6 +440,7 @@ def _segment_record(
     finish_reasons: list[str],
     turn_ends: list[int],
     turn_scores: list[float],
+    turn_states: list[str | None],
     index: int,
     **fields: Any,
 ) -> SampleRecord:
@@ -456,6 +464,7 @@ def _segment_record(
         tool_error_kinds=list(kinds),
         calls=calls,
         turn_scores=scores if any(scores) else [],
+        turn_states=turn_states[first:last],
         session_id=session.session_id,
         segment=index,
         branch_reason=None if seg.compaction is None else seg.compaction.reason,

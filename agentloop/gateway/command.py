@@ -3,9 +3,10 @@
 The process gets its session in the environment the ``openai`` SDK reads
 (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``) and the ``anthropic`` SDK and Claude Code read
 (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``), plus ``OPENAI_MODEL``, ``AGENTLOOP_SESSION_ID``,
-``AGENTLOOP_ROW`` (the row as a JSON file) and ``AGENTLOOP_REWARD_URL`` (POST
-``{"reward": x}`` there). Its stdout and stderr are kept beside the row in the session's log
-folder. A non-zero exit, or a run past ``gateway.agent_timeout_s`` (the process group is
+``AGENTLOOP_ROW`` (the row as a JSON file), ``AGENTLOOP_REWARD_URL`` (POST
+``{"reward": x}`` there) and ``AGENTLOOP_STATE_URL`` (POST ``{"state_key": "..."}`` there
+before a chat call to name the state it acts on, for GiGPO). Its stdout and stderr are kept
+beside the row in the session's log folder. A non-zero exit, or a run past ``gateway.agent_timeout_s`` (the process group is
 killed), fails the sample.
 """
 
@@ -66,6 +67,7 @@ async def run_command(
         "AGENTLOOP_SESSION_ID": llm.session_id,
         "AGENTLOOP_ROW": str(row_file),
         "AGENTLOOP_REWARD_URL": llm.base_url.rsplit("/v1", 1)[0] + "/reward",
+        "AGENTLOOP_STATE_URL": llm.base_url.rsplit("/v1", 1)[0] + "/state",
     }
     with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
         proc = await asyncio.create_subprocess_exec(

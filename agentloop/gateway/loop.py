@@ -178,6 +178,7 @@ class GatewayAgentLoop(AgentLoopBase):
                 stop_reason=seg.finish_reasons[-1] if seg.finish_reasons else None,
                 finish_reasons=list(seg.finish_reasons),
                 turn_ends=list(seg.turn_ends),
+                turn_states=list(seg.turn_states),
                 assistant_turns=seg.calls,
                 user_turns=seg.user_turns,
                 tool_calls=seg.tool_calls,  # returned to the agent, which runs them

@@ -11,7 +11,8 @@ Routes (``{base} = /sessions/{sid}/v1``):
 - ``POST /sessions``: an agent running elsewhere takes the next waiting rollout (its row,
   session id and base URL; 204 when none waits); ``POST /sessions/{sid}/reward``
   (``{"reward": x}``, or ``{"reward": x, "call_id": id}`` for one call's step reward);
-  ``POST /sessions/{sid}/end``.
+  ``POST /sessions/{sid}/state`` (``{"state_key": "..."}``: the state the next chat call acts
+  on, GiGPO's anchor key of its turn); ``POST /sessions/{sid}/end``.
 Errors use each dialect's error shape (OpenAI's; Anthropic's on the Messages routes): 404
 unknown session, 409 a call after the session ended, 400 a malformed body or a call over a
 session limit (naming the field or config key), 401 a wrong key (``Authorization: Bearer`` or
@@ -123,6 +124,7 @@ class Gateway:
             app.router.add_post(f"{base}/messages/count_tokens", self._count_tokens)
         app.router.add_post("/sessions", self._claim)
         app.router.add_post("/sessions/{sid}/reward", self._reward)
+        app.router.add_post("/sessions/{sid}/state", self._state)
         app.router.add_post("/sessions/{sid}/end", self._end)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -321,6 +323,22 @@ class Gateway:
             session.step_rewards[str(body["call_id"])] = float(reward)
         else:
             session.reward = float(reward)
+        return _json({"ok": True})
+
+    async def _state(self, request: web.Request) -> web.Response:
+        try:
+            session = self._session(request)
+            body = await _body(request)
+            key = body.get("state_key") if isinstance(body, dict) else None
+            if not isinstance(key, str) or not key:
+                raise GatewayInputError("state_key must be a non-empty string", "state_key")
+        except UnknownSession as exc:
+            return _error(404, f"no session {exc.args[0]!r} on this gateway", "sid")
+        except SessionEnded as exc:
+            return _error(409, f"session {exc.args[0]!r} has ended", "sid")
+        except (GatewayInputError, json.JSONDecodeError) as exc:
+            return _error(400, str(exc), getattr(exc, "param", None))
+        session.state_key = key
         return _json({"ok": True})
 
     async def _end(self, request: web.Request) -> web.Response:

@@ -136,6 +136,8 @@ class Segment:
     user_turns: int = 0
     finish_reasons: list[str] = field(default_factory=list)
     turn_ends: list[int] = field(default_factory=list)
+    turn_states: list[str | None] = field(default_factory=list)
+    """Each call's state as the agent named it (``POST /sessions/{sid}/state``); None: none."""
     tool_calls: int = 0
     """Well-formed tool calls returned to the agent (the agent runs them)."""
     error_kinds: list[str] = field(default_factory=list)
@@ -177,6 +179,9 @@ class Session:
         self.ended = False
         self.reward: float | None = None
         self.step_rewards: dict[str, float] = {}
+        self.state_key: str | None = None
+        """The state the next chat call acts on, as the agent named it (``POST
+        /sessions/{sid}/state``); taken by that call (GiGPO's anchor key of its turn)."""
         self.recorded: dict[str, Any] = {}
         """The latest value of each hosted-service field the agent sent (``ChatCall``)."""
         self.errors: list[str] = []
@@ -360,6 +365,10 @@ class Session:
         out = await loop.generate(self.id, seg.traj, loop.with_end_tokens(params))
         self.sampled_tokens += len(out.token_ids)
         seg.calls += 1
+        if self.state_key is not None:
+            seg.turn_states += [None] * (seg.calls - 1 - len(seg.turn_states))
+            seg.turn_states.append(self.state_key)
+            self.state_key = None
         seg.finish_reasons.append(out.finish_reason)
         seg.turn_ends.append(len(seg.traj) - 1)
         closed = loop.turn_closed(out)

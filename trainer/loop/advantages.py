@@ -122,11 +122,15 @@ def step_advantages(
 
 
 def _named_states(record: SampleRecord, turns: int) -> list[str | None]:
-    """Turn k's state as a tool named it: the last ``state_key`` of turn k - 1's calls."""
+    """Turn k's state as the environment named it: ``record.turn_states[k]`` (a simulated
+    user's or the gateway's), else the last ``state_key`` of turn k - 1's tool calls."""
     named: list[str | None] = [None] * turns
     for call in record.calls:
         if call.state_key is not None and 0 <= call.turn < turns - 1:
             named[call.turn + 1] = call.state_key
+    for k, state in enumerate(record.turn_states[:turns]):
+        if state is not None:
+            named[k] = state
     return named
 
 

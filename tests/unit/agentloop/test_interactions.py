@@ -100,6 +100,23 @@ async def test_tool_turns_and_user_turns_mix_and_scores_land_on_their_model_turn
     assert out.record.turn_scores == [0.0, 1.0]  # the tool turn has no user score
 
 
+class NamingUser(verl_api.BaseSignatures):
+    """Names the state of the turn it asks for in its reply's metadata (a room per reply),
+    except on its second reply."""
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        replies = sum(m["role"] == "assistant" for m in messages)
+        return False, "Go on.", 0.5, ({} if replies == 2 else {"state_key": f"room-{replies}"})
+
+
+async def test_a_users_metadata_state_key_names_the_next_model_turns_state(tokenizer):
+    loop, _ = make_loop(tokenizer, ["a", "b", "c", "d"], NamingUser({}), max_user_turns=3)
+    out = await loop.run(SAMPLING, raw_prompt=PROMPT, **ROW)
+    assert out.record.assistant_turns == 4
+    # turn 0 acts on the prompt; the replies to turns 0 and 2 name turns 1 and 3's states
+    assert out.record.turn_states == [None, "room-1", None, "room-3"]
+
+
 async def test_plain_def_methods_run_and_a_none_score_counts_as_no_score(tokenizer):
     loop, server = make_loop(tokenizer, ["a", "b"], verl_api.PlainDef({}))
     out = await loop.run(SAMPLING, raw_prompt=PROMPT, **ROW)

@@ -199,6 +199,13 @@ def test_the_trainer_reads_turns_and_named_states_from_the_records():
     assert steps.keys[0][1] == "state:room-2"
     assert steps.keys[1][1] != steps.keys[0][1] and not steps.keys[1][1].startswith("state:")
     assert steps.keys[0][0] != steps.keys[1][0]  # prompts [5, 6] and [7, 5, 6] differ
+    # a state the user or the gateway named (record.turn_states) wins over the tool's
+    named = [record("room-2"), record(None)]
+    named[0].turn_states = ["start", "hall"]
+    named[1].turn_states = [None, "hall"]
+    keys = gigpo_steps(batch, SimpleNamespace(records=named), None).keys
+    assert [keys[0], keys[1][1]] == [["state:start", "state:hall"], "state:hall"]
+    assert keys[1][0] == steps.keys[1][0]  # None: the default key stays
 
 
 def test_step_group_metrics_count_turns_in_shared_states():

@@ -167,15 +167,23 @@ async def test_external_agent_claims_a_session_and_ends_it(tokenizer):
             break
         await asyncio.sleep(0.01)
     assert claim["row"]["raw_prompt"] == PROMPT
+    sid = claim["session_id"]
+    assert (await post(f"{gw.url}/sessions/{sid}/state", {"state_key": "paris"}))[0] == 200
+    for body in ({"state_key": ""}, {"state_key": 3}, {}):
+        status, error = await post(f"{gw.url}/sessions/{sid}/state", body)
+        assert status == 400 and error["error"]["param"] == "state_key"
+        assert error["error"]["message"] == "state_key must be a non-empty string"
     client = openai.AsyncOpenAI(base_url=claim["base_url"], api_key=claim["api_key"])
     await client.chat.completions.create(model=claim["model"], messages=PROMPT)
-    sid = claim["session_id"]
     assert (await post(f"{gw.url}/sessions/{sid}/reward", {"reward": 0.5}))[0] == 200
     status, error = await post(f"{gw.url}/sessions/{sid}/reward", {"reward": "high"})
     assert status == 400 and error["error"]["param"] == "reward"
     assert (await post(f"{gw.url}/sessions/{sid}/end", {}))[0] == 200
     out = await asyncio.wait_for(rollout, 10)
     assert out.reward_score == 0.5 and out.response_ids == server.sampled[0]
+    assert out.record.turn_states == ["paris"]  # the state its one call acted on
+    status, _ = await post(f"{gw.url}/sessions/{sid}/state", {"state_key": "late"})
+    assert status in (404, 409)  # the session is over
     assert (await post(f"{gw.url}/sessions", {}))[0] == 204  # nothing else waits
 
 
