@@ -6,8 +6,8 @@ The process gets its session in the environment the ``openai`` SDK reads
 ``AGENTLOOP_ROW`` (the row as a JSON file), ``AGENTLOOP_REWARD_URL`` (POST
 ``{"reward": x}`` there) and ``AGENTLOOP_STATE_URL`` (POST ``{"state_key": "..."}`` there
 before a chat call to name the state it acts on, for GiGPO). Its stdout and stderr are kept
-beside the row in the session's log folder. A non-zero exit, or a run past ``gateway.agent_timeout_s`` (the process group is
-killed), fails the sample.
+beside the row in the session's log folder. A non-zero exit, or a run past
+``gateway.agent_timeout_s`` (the process group is killed), fails the sample.
 """
 
 from __future__ import annotations
