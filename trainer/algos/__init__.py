@@ -20,7 +20,7 @@ from trainer.algos.core import (
     rloo_advantages,
     scores_to_token_rewards,
 )
-from trainer.algos.correction import correction_weights
+from trainer.algos.correction import CorrectionSpec, correct, mismatch_metrics, weight_metrics
 from trainer.algos.estimators import (
     ADV_ESTIMATORS,
     GROUPED,
@@ -56,7 +56,10 @@ __all__ = [
     "agg_numerator",
     "apply_kl_in_reward",
     "compute_advantages",
-    "correction_weights",
+    "CorrectionSpec",
+    "correct",
+    "mismatch_metrics",
+    "weight_metrics",
     "entropy_from_logits",
     "estimator_for",
     "fixed_agg",

@@ -1,10 +1,12 @@
 """``async_training`` (verl's key names) and the off-policy keys of ``algorithm``:
-``rollout_correction`` and ``filter_groups``. ``Config.check_async`` holds the cross-key
-checks."""
+``rollout_correction`` (``trainer.config.rollout_correction``) and ``filter_groups``.
+``Config.check_async`` holds the cross-key checks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from trainer.config.rollout_correction import CORRECTION_MODES, RolloutCorrectionConfig
 
 __all__ = [
     "CORRECTION_MODES",
@@ -12,8 +14,6 @@ __all__ = [
     "FilterGroupsConfig",
     "RolloutCorrectionConfig",
 ]
-
-CORRECTION_MODES = ("none", "tis", "decoupled")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,29 +62,6 @@ class AsyncTrainingConfig:
                 f"behind, more than staleness_threshold={self.staleness_threshold} allows: "
                 f"raise staleness_threshold to >= {self.trigger_parameter_sync_step - 1} or "
                 "lower trigger_parameter_sync_step"
-            )
-
-
-@dataclass(kw_only=True, slots=True)
-class RolloutCorrectionConfig:
-    mode: str = "none"
-    """``none``; ``tis``: the PPO loss of each token times min(pi_old / pi_rollout, clip)
-    (truncated importance weights); ``decoupled``: decoupled PPO, the proximal policy is the
-    recomputed old log-probs and the behaviour policy the engine's, tokens whose weight
-    pi_old / pi_rollout exceeds ``clip`` are dropped from the loss."""
-    clip: float = 2.0
-    """The truncation (tis) or cap (decoupled) of the importance weight."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in CORRECTION_MODES:
-            raise ValueError(
-                f"algorithm.rollout_correction.mode={self.mode!r} is not supported; use one of "
-                f"{', '.join(CORRECTION_MODES)}"
-            )
-        if self.clip <= 1.0:
-            raise ValueError(
-                f"algorithm.rollout_correction.clip={self.clip} must be > 1 (a weight cap "
-                "at or below 1 removes every token the engine found likelier than the trainer)"
             )
 
 

@@ -11,11 +11,13 @@ which key to change."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
 from agentloop.config import RolloutConfig
 from trainer.algos import GROUPED
+from trainer.algos.correction import CorrectionSpec
 from trainer.config import warn_no_effect
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig, prefix_trees_blocked
 from trainer.config.async_training import AsyncTrainingConfig
@@ -198,6 +200,16 @@ class Config:
         return self.critic.enable
 
     @property
+    def correction(self) -> CorrectionSpec:
+        """``algorithm.rollout_correction`` resolved; bypass mode also where
+        ``async_training.use_rollout_log_probs`` asks for the engine's log-probs (verl's
+        async spelling of ``bypass_mode``)."""
+        spec = self.algorithm.rollout_correction.spec
+        if self.async_training.use_rollout_log_probs and not spec.bypass:
+            spec = dataclasses.replace(spec, bypass=True)
+        return spec
+
+    @property
     def async_groups_per_step(self) -> int:
         """Prompts (GRPO groups) one async step trains on."""
         required = self.async_training.require_batches
@@ -339,11 +351,20 @@ class Config:
         ``filter_groups`` that cannot work."""
         run = self.async_training
         algo = self.algorithm
-        if run.use_rollout_log_probs and algo.rollout_correction.mode != "none":
+        correction = algo.rollout_correction
+        loss_mode = self.actor_rollout_ref.actor.policy_loss.loss_mode
+        if correction.loss_type == "reinforce" and loss_mode != "vanilla":
             raise ValueError(
-                "async_training.use_rollout_log_probs=True makes the old policy the engine's, so "
-                f"algorithm.rollout_correction.mode={algo.rollout_correction.mode} has nothing "
-                "to correct (every weight is 1): set one of them off"
+                "algorithm.rollout_correction.loss_type=reinforce replaces the policy loss, so "
+                f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} would not run: set "
+                "one of them back (loss_type=ppo_clip or loss_mode=vanilla)"
+            )
+        if run.use_rollout_log_probs and correction.mode != "none":
+            # (verl's rollout_is keys are only measured there, as with bypass_mode)
+            raise ValueError(
+                "async_training.use_rollout_log_probs=True makes the old policy the engine's, "
+                f"so algorithm.rollout_correction.mode={correction.mode}'s importance weights "
+                "have nothing to correct (every weight is 1): set one of them off"
             )
         if run.enable and algo.adv_estimator == "remax":
             raise ValueError(

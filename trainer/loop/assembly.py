@@ -284,8 +284,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             need_ref=needs_ref_policy(config),
             device=plan.device,
             temperature=ref.rollout.temperature or 1.0,
-            correction=config.algorithm.rollout_correction.mode,
-            correction_clip=config.algorithm.rollout_correction.clip,
+            correction=config.correction,
             threads=max(1, (os.cpu_count() or 1) // world),
             cpu_cores=parse_cores(ref.actor.cpu_cores, "actor_rollout_ref.actor.cpu_cores")
             if ref.actor.cpu_cores is not None

@@ -359,22 +359,28 @@ class AsyncRollout:
 
 def correction_notice(config: Config) -> str:
     """The start-up line that says how samples sampled by older weights are trained."""
-    run, mode = config.async_training, config.algorithm.rollout_correction.mode
+    run, spec = config.async_training, config.correction
     head = (
         f"async training: staleness <= {run.staleness_threshold}, weights pushed every "
         f"{run.trigger_parameter_sync_step} step(s), old log-probs "
-        + ("from the engine" if run.use_rollout_log_probs else "recomputed by the trainer")
+        + ("from the engine" if spec.bypass else "recomputed by the trainer")
     )
     if run.staleness_threshold == 0:
         return f"{head}; on-policy, no correction needed"
-    if mode == "none":
+    if not spec.active:
         return (
             f"{head}; rollout_correction=none: samples up to {run.staleness_threshold} "
-            "version(s) old train as if on-policy (algorithm.rollout_correction.mode=tis or "
-            "decoupled corrects them)"
+            "version(s) old train as if on-policy (algorithm.rollout_correction.rollout_is / "
+            "rollout_rs, or mode=tis, corrects them)"
         )
-    clip = config.algorithm.rollout_correction.clip
-    return f"{head}; rollout_correction={mode} (clip {clip})"
+    parts = []
+    if spec.rollout_is is not None:
+        parts.append(f"{spec.rollout_is} weights <= {spec.is_threshold:g}")
+    for rejection in spec.rejections:
+        parts.append(f"{rejection.option} rejection (bound {rejection.upper:g})")
+    if spec.veto is not None:
+        parts.append(f"veto below {spec.veto:g}")
+    return f"{head}; rollout_correction: {', '.join(parts)}"
 
 
 def staleness_metrics(rollout: RolloutBatch, version: int) -> dict[str, float]:

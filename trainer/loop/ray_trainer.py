@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from agentloop import RolloutBatch
 from servers import ServerRestartError
-from trainer.algos import correction_weights
+from trainer.algos.correction import correct, mismatch_metrics, weight_metrics
 from trainer.algos.value import explained_variance
 from trainer.config.schema import Config
 from trainer.data.sampler import PromptSampler
@@ -84,28 +84,6 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
         f"{prefix}/mean": float(picked.mean()),
         f"{prefix}/max": float(picked.max()),
         f"{prefix}/min": float(picked.min()),
-    }
-
-
-def correction_metrics(
-    old_log_probs: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    clip: float,
-) -> dict[str, float]:
-    """Statistics of the off-policy correction's weights over the sampled tokens."""
-    picked = mask.bool()
-    if not bool(picked.any()):
-        return {}
-    old, behaviour = old_log_probs[picked], rollout_log_probs[picked]
-    raw = torch.exp((old - behaviour).clamp(max=20.0))
-    used = correction_weights(old, behaviour, mode, clip)
-    return {
-        "rollout_correction/weight_mean": float(used.mean()),
-        "rollout_correction/weight_max": float(raw.max()),
-        "rollout_correction/weight_min": float(raw.min()),
-        "rollout_correction/clipped_frac": float((raw > clip).float().mean()),
     }
 
 
@@ -315,12 +293,12 @@ class RayPPOTrainer:
         mask = batch.response_mask
         weights = torch.tensor(rollout.weights, dtype=torch.float32)  # [batch]
         batch.weights = weights
-        correction = cfg.algorithm.rollout_correction
+        correction = cfg.correction
         mini_batches = self.mini_batches(rollout.num_sessions)
         own = self.update_takes_own_log_probs(step, mini_batches)
-        if correction.mode != "none":
+        if correction.active and not correction.bypass:
             batch.rollout_log_probs = rollout.rollout_log_probs
-        if cfg.async_training.use_rollout_log_probs:  # (the config refuses a correction too)
+        if correction.bypass:  # the engine's log-probs are the old policy's
             batch.old_log_probs = rollout.rollout_log_probs
         elif not own:  # else the update's own forward gives them
             with _timer(metrics, "old_log_prob"):
@@ -362,6 +340,8 @@ class RayPPOTrainer:
                 )
             metrics |= actor | self._old_policy_metrics(batch, rollout, entropy)
         elif step > cfg.trainer.critic_warmup:
+            if correction.needs_whole_batch:  # weights and mask from the whole batch
+                metrics |= self._correct_batch(batch, rollout)
             with _timer(metrics, "update_actor"):
                 metrics |= self.workers.update_actor(
                     batch, seed=cfg.trainer.seed + step, mini_batches=mini_batches
@@ -410,7 +390,8 @@ class RayPPOTrainer:
             and mini_batches == 1
             and cfg.actor_rollout_ref.actor.ppo_epochs == 1
             and not cfg.algorithm.use_kl_in_reward
-            and not cfg.async_training.use_rollout_log_probs
+            and not cfg.correction.bypass
+            and not cfg.correction.needs_whole_batch
             and step > cfg.trainer.critic_warmup
         )
 
@@ -422,21 +403,31 @@ class RayPPOTrainer:
         correction's weights."""
         assert batch.old_log_probs is not None
         mask, metrics = batch.response_mask, {}
-        correction = self.config.algorithm.rollout_correction
+        spec = self.config.correction
+        old, behaviour = batch.old_log_probs, rollout.rollout_log_probs
         if entropy is not None:
             metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-            gap = (batch.old_log_probs - rollout.rollout_log_probs).abs()[mask.bool()]
+            gap = (old - behaviour).abs()[mask.bool()]
             if gap.numel():
                 metrics["rollout/logprob_gap_mean"] = float(gap.mean())
                 metrics["rollout/logprob_gap_max"] = float(gap.max())
-        if correction.mode != "none":
-            metrics |= correction_metrics(
-                batch.old_log_probs,
-                rollout.rollout_log_probs,
-                mask,
-                correction.mode,
-                correction.clip,
+        metrics |= mismatch_metrics(old, behaviour, mask)
+        if spec.active and not spec.needs_whole_batch:  # (else _correct_batch says)
+            metrics |= weight_metrics(
+                old, behaviour, mask, spec, correct(old, behaviour, mask, spec)
             )
+        return metrics
+
+    def _correct_batch(self, batch: TrainBatch, rollout: RolloutBatch) -> dict[str, float]:
+        """The rollout correction over the whole batch (rejection or batch-normalised
+        weights): the actor trains on the accepted tokens only (its loss normaliser counts
+        them alone) with the weights in ``batch.is_weights``; returns what it did."""
+        assert batch.old_log_probs is not None
+        spec, mask = self.config.correction, batch.response_mask
+        done = correct(batch.old_log_probs, rollout.rollout_log_probs, mask, spec)
+        metrics = weight_metrics(batch.old_log_probs, rollout.rollout_log_probs, mask, spec, done)
+        batch.is_weights = done.weights if done.weights is not None else done.accepted
+        batch.response_mask = done.accepted.to(mask.dtype)
         return metrics
 
     def _validate(self, step: int) -> dict[str, float]:

@@ -47,6 +47,10 @@ class TrainBatch:
     """[batch, R]"""
     rollout_log_probs: torch.Tensor | None = None
     """[batch, R] the engine's log-probs (behaviour policy; only with a rollout correction)."""
+    is_weights: torch.Tensor | None = None
+    """[batch, R] the rollout correction's importance weights where the driver computed them
+    for the whole batch (``CorrectionSpec.needs_whole_batch``); None: the loss computes them,
+    or there are none."""
     values: torch.Tensor | None = None
     """[batch, R] the critic's values of the states before each sampled token (GAE only)."""
     returns: torch.Tensor | None = None
@@ -122,6 +126,7 @@ class TrainBatch:
             "ref_log_probs",
             "advantages",
             "rollout_log_probs",
+            "is_weights",
             "values",
             "returns",
         ):

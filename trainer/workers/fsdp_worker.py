@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from trainer.algos.correction import CorrectionSpec
 from trainer.config.actor import ActorConfig, ModelConfig, RefConfig
 from trainer.config.critic import CriticSpec
 from trainer.workers.batch import TrainBatch
@@ -58,9 +59,8 @@ class WorkerSpec:
     need_ref: bool
     device: str
     temperature: float = 1.0
-    correction: str = "none"
-    """``algorithm.rollout_correction.mode``"""
-    correction_clip: float = 2.0
+    correction: CorrectionSpec = CorrectionSpec()
+    """``algorithm.rollout_correction`` resolved (``Config.correction``)."""
     threads: int = 1
     cpu_cores: list[int] | None = None
     """CPU only: the trainer's cores; rank r takes ``cpu_cores[r::world]`` (all of them when
@@ -224,7 +224,6 @@ class FSDPWorker:
             temperature=self.spec.temperature,
             seed=seed,
             correction=self.spec.correction,
-            correction_clip=self.spec.correction_clip,
             remove_padding=self.spec.model.use_remove_padding,
             own=own,
         )

@@ -20,11 +20,11 @@ from trainer.algos import (
     PolicyLossConfig,
     agg_denominator,
     agg_numerator,
-    correction_weights,
     fixed_agg,
     kl_penalty,
     loss_for,
 )
+from trainer.algos.correction import CorrectionSpec, correct
 from trainer.config.actor import ActorConfig
 from trainer.workers.batch import TrainBatch
 from trainer.workers.dist import (
@@ -257,9 +257,8 @@ class LossSpec:
     shared_prefix: bool = False
     """Packed micro-batches as prefix trees (``ActorConfig.shared_prefix``)."""
     chunk_size: int = 2048
-    correction: str = "none"
-    """Off-policy correction (``algorithm.rollout_correction.mode``): none | tis | decoupled."""
-    correction_clip: float = 2.0
+    correction: CorrectionSpec = CorrectionSpec()
+    """Rollout correction (``algorithm.rollout_correction`` resolved)."""
     loss_mode: str = "vanilla"
     """``actor.policy_loss.loss_mode`` (``trainer.algos.policy_losses``)."""
     constants: PolicyLossConfig = PolicyLossConfig()
@@ -276,8 +275,7 @@ class LossSpec:
         cls,
         cfg: ActorConfig,
         temperature: float = 1.0,
-        correction: str = "none",
-        correction_clip: float = 2.0,
+        correction: CorrectionSpec | None = None,
         remove_padding: bool = True,
     ) -> LossSpec:
         return cls(
@@ -293,8 +291,7 @@ class LossSpec:
             remove_padding=remove_padding,
             shared_prefix=remove_padding and bool(cfg.shared_prefix),
             chunk_size=cfg.log_prob_chunk_size,
-            correction=correction,
-            correction_clip=correction_clip,
+            correction=correction or CorrectionSpec(),
             loss_mode=cfg.policy_loss.loss_mode,
             constants=cfg.loss_constants,
             fixed_agg_mode=fixed_agg(cfg.policy_loss.loss_mode),
@@ -352,14 +349,8 @@ def _micro_loss(
             f"normalised for {spec.pg_agg_mode!r}: a loss that fixes its aggregation says so "
             "in its function's agg_mode attribute"
         )
-    if spec.correction != "none":
-        assert mb.rollout_log_probs is not None, "rollout correction needs rollout_log_probs"
-        token_losses = token_losses * correction_weights(
-            old,
-            mb.rollout_log_probs.to(device),
-            spec.correction,
-            spec.correction_clip,
-        )
+    token_losses, correction_stats = _corrected(token_losses, log_probs, old, mb, mask, spec)
+    counts |= correction_stats
     pg = agg_numerator(token_losses, mask, spec.pg_agg_mode)
     loss = pg * (denominator / pg_denominator)  # the policy term over its own normaliser
     stats = {"pg_loss": float(pg.detach()), **counts, "tokens": float(mask.sum())}
@@ -377,6 +368,59 @@ def _micro_loss(
     return loss * (scale / denominator), stats
 
 
+def _corrected(
+    token_losses: torch.Tensor,
+    log_probs: torch.Tensor,
+    old: torch.Tensor,
+    mb: TrainBatch,
+    mask: torch.Tensor,
+    spec: LossSpec,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The token losses under the rollout correction, and its per-token sums for the step's
+    metrics (bypass mode: the only place pi_theta meets pi_rollout).
+
+    - bypass mode with ``loss_type=reinforce``: -A x log pi (then the weights), no clipping;
+    - weights the driver computed (``mb.is_weights``: rejection or batch normalisation, whose
+      mask is already the batch's) multiply the losses;
+    - otherwise the weights and rejection come from this micro-batch's whole rows: the
+      proximal policy is ``old`` (decoupled; an update taking its own old log-probs runs at
+      them), or this forward's log-probs, detached (bypass, where ``old`` is the engine's).
+      Rejected tokens leave the numerator only, and batch normalisation is over the
+      micro-batch: the driver's ``is_weights`` avoid both where the old policy is known."""
+    corr = spec.correction
+    stats: dict[str, float] = {}
+    if corr.bypass and corr.loss_type == "reinforce":
+        assert mb.advantages is not None
+        token_losses = -mb.advantages.to(log_probs.device) * log_probs
+    if mb.is_weights is not None:
+        return token_losses * mb.is_weights.to(log_probs.device), stats
+    if not (corr.active or corr.bypass):
+        return token_losses, stats
+    behaviour = old if corr.bypass else mb.rollout_log_probs
+    assert behaviour is not None, "rollout correction needs the batch's rollout_log_probs"
+    behaviour = behaviour.to(log_probs.device)
+    proximal = log_probs.detach() if corr.bypass else old
+    done = correct(proximal, behaviour, mask, corr)
+    if done.weights is not None and corr.applies_weights:
+        token_losses = token_losses * done.weights
+    if corr.rejects:
+        token_losses = token_losses * done.accepted
+    if corr.bypass:
+        m = mask.bool()
+        ratio = (proximal - behaviour).float()[m]
+        bounded = ratio.clamp(-20.0, 20.0)
+        stats["rollout_corr/kl"] = float((-ratio).sum())
+        stats["rollout_corr/k3_kl"] = float((torch.exp(bounded) - bounded - 1).sum())
+        stats["rollout_corr/chi2_token"] = float((torch.exp(2 * bounded) - 1).sum())
+        if done.weights is not None:
+            stats["rollout_corr/rollout_is_mean"] = float(done.weights.float()[m].sum())
+        if corr.rejects:
+            stats["rollout_corr/rollout_rs_masked_fraction"] = float(
+                (~done.accepted.bool() & m).sum()
+            )
+    return token_losses, stats
+
+
 def update_policy(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -387,19 +431,18 @@ def update_policy(
     samples_per_mini_batch: int,
     temperature: float = 1.0,
     seed: int = 0,
-    correction: str = "none",
-    correction_clip: float = 2.0,
+    correction: CorrectionSpec | None = None,
     remove_padding: bool = True,
     own: OwnLogProbs | None = None,
 ) -> dict[str, float]:
     """PPO epochs over mini-batches of this rank's ``batch`` (``samples_per_mini_batch`` rows
     each, per rank); one optimizer step per mini-batch. Returns mean metrics over steps.
-    ``correction``: weight each token's loss by ``correction_weights`` (needs the batch's
+    ``correction``: the rollout correction (``_corrected``; needs the batch's
     ``rollout_log_probs``). ``remove_padding``: micro-batches packed without padding (and
     their token budget counts real tokens); ``cfg.log_prob_chunk_size``: see
     ``forward_log_probs``. ``own`` (a batch without old log-probs; one mini-batch, one
     epoch): the old log-probs are the forward's own, detached, kept in ``own``."""
-    spec = LossSpec.from_config(cfg, temperature, correction, correction_clip, remove_padding)
+    spec = LossSpec.from_config(cfg, temperature, correction, remove_padding)
     world = world_size()
     totals: dict[str, float] = {}
     steps = 0
@@ -473,6 +516,8 @@ def update_policy(
             metrics["actor/entropy_loss"] = reduced["entropy"] / max(denominator, 1.0)
         if "kl_loss" in reduced:
             metrics["actor/kl_loss"] = reduced["kl_loss"] / max(denominator, 1.0)
+        for key in [k for k in reduced if k.startswith("rollout_corr/")]:
+            metrics[key] = reduced[key] / tokens  # per-token sums of the loss's correction
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value
         steps += 1

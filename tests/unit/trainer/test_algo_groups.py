@@ -10,7 +10,6 @@ import torch
 
 from trainer.algos import (
     ONE_SAMPLE,
-    correction_weights,
     group_index,
     group_stats,
     sample_weights,
@@ -41,12 +40,3 @@ def test_group_stats_weigh_each_sample_and_a_split_session_counts_once():
     assert math.isclose(float(std[0]), math.sqrt(2.0), rel_tol=1e-6)
     assert std[4] == 0  # a group of one
     assert (count > ONE_SAMPLE).tolist() == [True, True, False, False, False]
-
-
-def test_correction_weights_truncate_or_drop_tokens_above_the_clip():
-    old = torch.log(torch.tensor([1.0, 3.0, 0.5]))
-    rollout = torch.zeros(3)
-    assert correction_weights(old, rollout, "tis", 2.0).tolist() == pytest.approx([1, 2, 0.5])
-    assert correction_weights(old, rollout, "decoupled", 2.0).tolist() == pytest.approx([1, 0, 0.5])
-    with pytest.raises(ValueError, match="unknown rollout correction mode"):
-        correction_weights(old, rollout, "other", 2.0)

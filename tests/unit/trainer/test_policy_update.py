@@ -19,7 +19,9 @@ from trainer.algos import (
     kl_penalty,
     policy_loss,
 )
+from trainer.algos.correction import CorrectionSpec
 from trainer.config.actor import ActorConfig
+from trainer.config.rollout_correction import RolloutCorrectionConfig
 from trainer.workers.batch import TrainBatch, balanced_micro_batches, pad_for_ranks
 from trainer.workers.policy_math import (
     LossSpec,
@@ -120,7 +122,7 @@ def test_masked_tokens_contribute_nothing_to_the_gradient(model, batch, mode):
     assert not all(torch.equal(grad, moved[name]) for name, grad in reference.items())
 
 
-def updated(model, batch, cfg, samples_per_mini_batch, remove_padding=True):
+def updated(model, batch, cfg, samples_per_mini_batch, remove_padding=True, correction=None):
     model = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # weight change = the gradient
     metrics = update_policy(
@@ -131,6 +133,7 @@ def updated(model, batch, cfg, samples_per_mini_batch, remove_padding=True):
         cfg,
         samples_per_mini_batch=samples_per_mini_batch,
         remove_padding=remove_padding,
+        correction=correction,
     )
     return metrics, model.state_dict()
 
@@ -245,8 +248,8 @@ def test_rollout_correction_weights_each_tokens_loss_by_the_truncated_ratio(mode
     """tis: weight pi_old / pi_rollout truncated at clip; decoupled: tokens above the cap
     drop out; a rollout policy equal to the old one changes nothing."""
     spec = LossSpec.from_config(actor_config())
-    tis = LossSpec.from_config(actor_config(), correction="tis", correction_clip=2.0)
-    decoupled = LossSpec.from_config(actor_config(), correction="decoupled", correction_clip=2.0)
+    tis = LossSpec.from_config(actor_config(), correction=preset("tis"))
+    decoupled = LossSpec.from_config(actor_config(), correction=preset("decoupled"))
     mode = spec.loss_agg_mode
     denominator = max(agg_denominator(batch.response_mask, mode, batch.response_length), 1.0)
 
@@ -266,6 +269,79 @@ def test_rollout_correction_weights_each_tokens_loss_by_the_truncated_ratio(mode
     half = batch.select(slice(None))  # 1.5x: under the cap, the full weight
     half.rollout_log_probs = batch.old_log_probs - torch.log(torch.tensor(1.5))
     assert loss(half, decoupled) == pytest.approx(1.5 * loss(batch, spec), rel=1e-5)
+
+
+def preset(mode: str, **keys) -> CorrectionSpec:
+    return RolloutCorrectionConfig(mode=mode, clip=2.0, **keys).spec
+
+
+def test_weights_the_driver_computed_multiply_each_tokens_loss(model, batch):
+    """``is_weights`` (rejection or batch normalisation: the driver's, for the whole batch)
+    are taken as they are: the loss computes none of its own."""
+    spec = LossSpec.from_config(actor_config())
+    rejecting = LossSpec.from_config(
+        actor_config(), correction=RolloutCorrectionConfig(rollout_rs="token").spec
+    )
+    mode = spec.loss_agg_mode
+    denominator = max(agg_denominator(batch.response_mask, mode, batch.response_length), 1.0)
+
+    def loss(b: TrainBatch, s: LossSpec) -> float:
+        with torch.no_grad():
+            return float(_micro_loss(model, b.trimmed(), s, denominator, 1.0)[0])
+
+    weighted = batch.select(slice(None))
+    weighted.rollout_log_probs = batch.old_log_probs - 5.0  # far off: the loss would reject
+    weighted.is_weights = 3.0 * batch.response_mask.float()
+    assert loss(weighted, rejecting) == pytest.approx(3.0 * loss(batch, spec), rel=1e-5)
+
+
+def test_bypass_reinforce_is_the_weighted_policy_gradient(model, batch):
+    """bypass mode, ``loss_type=reinforce``: -w x A x log pi with w = min(pi / pi_rollout,
+    threshold) per sequence, the engine's log-probs as the old ones; the update logs how far
+    pi is from them."""
+    lp, _ = full_log_probs(model, batch)
+    m = batch.response_mask.float()
+    b = batch.select(slice(None))
+    b.old_log_probs = (lp - 0.1) * m  # the engine's: every token a little less likely
+    reinforce = RolloutCorrectionConfig(
+        bypass_mode=True, loss_type="reinforce", rollout_is="sequence", rollout_is_threshold=1.5
+    ).spec
+    spec = LossSpec.from_config(actor_config(), correction=reinforce)
+    mode = spec.loss_agg_mode
+    denominator = max(agg_denominator(b.response_mask, mode, b.response_length), 1.0)
+    with torch.no_grad():
+        got, _ = _micro_loss(model, b.trimmed(), spec, denominator, 1.0)
+    w = torch.exp((0.1 * m).sum(-1, keepdim=True)).clamp(max=1.5)
+    assert b.advantages is not None
+    want = agg_loss(-w * b.advantages * lp, m, mode)
+    assert float(got) == pytest.approx(float(want), rel=1e-4)
+    metrics, _ = updated(model, b, actor_config(), samples_per_mini_batch=N, correction=reinforce)
+    assert metrics["rollout_corr/kl"] == pytest.approx(-0.1, rel=1e-3)
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(
+        float((w * m).sum() / m.sum()), rel=1e-4
+    )
+
+
+def test_bypass_rejection_takes_tokens_out_against_the_current_policy(model, batch):
+    """bypass mode with token rejection: a token whose pi / pi_rollout leaves [1/2, 2] adds
+    nothing to the PPO loss (the ratio is pi / pi_rollout)."""
+    lp, _ = full_log_probs(model, batch)
+    m = batch.response_mask.float()
+    b = batch.select(slice(None))
+    far = torch.zeros_like(m)
+    far[[0, 3]] = 1.0  # rows 0 and 3: the engine found their tokens e^3 times likelier
+    b.old_log_probs = (lp + 3.0 * far) * m
+    rs = RolloutCorrectionConfig(bypass_mode=True, rollout_rs="token").spec
+    plain = LossSpec.from_config(actor_config())
+    spec = LossSpec.from_config(actor_config(), correction=rs)
+    mode = spec.loss_agg_mode
+    denominator = max(agg_denominator(b.response_mask, mode, b.response_length), 1.0)
+    kept = b.select(slice(None))
+    kept.advantages = b.advantages * (1 - far)  # rows 0 and 3 contribute nothing
+    with torch.no_grad():
+        got = float(_micro_loss(model, b.trimmed(), spec, denominator, 1.0)[0])
+        want = float(_micro_loss(model, kept.trimmed(), plain, denominator, 1.0)[0])
+    assert got == pytest.approx(want, rel=1e-5) and got != 0.0
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ from agentloop.records import SampleRecord
 from servers import ServerRestartError
 from tests.unit.trainer.tiny_model import tiny_qwen3
 from trainer.algos import compute_advantages
+from trainer.algos.correction import correct
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig
 from trainer.config.reward import RewardFunctionConfig
+from trainer.config.rollout_correction import RolloutCorrectionConfig
 from trainer.config.run import TrainerConfig
 from trainer.config.schema import ActorRolloutRefConfig, Config, DataConfig
 from trainer.data.sampler import PromptSampler
@@ -360,6 +363,24 @@ STEP_KEYS = {
     "timing_s/old_log_prob",
     "rollout/logprob_gap_mean",
     "rollout/logprob_gap_max",
+    *(
+        f"rollout_corr/{name}"
+        for name in (
+            "kl",
+            "k3_kl",
+            "training_ppl",
+            "rollout_ppl",
+            "training_log_ppl",
+            "rollout_log_ppl",
+            "ppl_ratio",
+            "log_ppl_diff",
+            "log_ppl_abs_diff",
+            "log_ppl_diff_max",
+            "log_ppl_diff_min",
+            "chi2_token",
+            "chi2_seq",
+        )
+    ),  # fmt: skip
     "actor/entropy",
     "timing_s/adv",
     "critic/advantages/mean",
@@ -757,3 +778,40 @@ def test_samples_with_roles_are_compared_within_their_prompt_and_role(make_run):
     assert metrics["role/planner/samples"] == float(planner.numel())
     assert metrics["role/planner/reward/mean"] == pytest.approx(float(planner.mean()))
     assert metrics["role/executor/reward/mean"] == pytest.approx(float(scores[1::2].mean()))
+
+
+def test_rejection_trains_only_the_accepted_tokens_with_the_batchs_weights(make_run):
+    """A rejection criterion needs the old policy before the update: the old-log-prob pass
+    runs even for one optimizer step, and the update gets the accepted tokens as its loss
+    mask (its normaliser counts them alone) and the importance weights of the whole batch;
+    the step logs the mismatch and what the correction did."""
+    plain = make_run(ppo_mini_batch_size=PROMPTS).trainer.train_step(1)
+    upper = math.exp(-plain["rollout/logprob_gap_mean"])  # about half the tokens above it
+    correction = RolloutCorrectionConfig(
+        rollout_is="token", rollout_is_batch_normalize=True, rollout_rs="token_k1",
+        rollout_rs_threshold=f"0_{upper}",
+    )  # fmt: skip
+
+    def edit(config: Config) -> None:
+        config.algorithm.rollout_correction = correction
+
+    run = make_run(ppo_mini_batch_size=PROMPTS, edit=edit)
+    metrics = run.trainer.train_step(1)
+    assert run.events.index("old_log_prob") < run.events.index("update")
+    rollout, (update,) = run.rollout.batches[0], run.policy.updates
+    batch = update["batch"]
+    assert batch.old_log_probs is not None and batch.is_weights is not None
+    done = correct(
+        batch.old_log_probs, rollout.rollout_log_probs, rollout.response_mask, correction.spec
+    )
+    assert done.weights is not None
+    assert torch.equal(batch.response_mask, done.accepted.to(batch.response_mask.dtype))
+    assert 0 < int(batch.response_mask.sum()) < int(rollout.response_mask.sum())
+    torch.testing.assert_close(batch.is_weights, done.weights)
+    kept = done.weights[done.accepted.bool()]
+    assert float(kept.mean()) == pytest.approx(1.0)  # batch-normalised over accepted tokens
+    sampled = float(rollout.response_mask.sum())
+    rejected = sampled - float(batch.response_mask.sum())
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(rejected / sampled)
+    gap = (batch.old_log_probs - rollout.rollout_log_probs)[rollout.response_mask.bool()]
+    assert metrics["rollout_corr/kl"] == pytest.approx(float(-gap.mean()), rel=1e-5)

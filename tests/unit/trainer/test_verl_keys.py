@@ -152,10 +152,11 @@ def test_multiturn_scripts_load_or_stop_on_a_refused_key(caplog):
 
 
 @pytest.mark.slow
-def test_of_verls_127_main_ppo_scripts_58_load_and_the_rest_stop_on_a_named_key():
+def test_of_verls_127_main_ppo_scripts_60_load_and_the_rest_stop_on_a_named_key():
     """All of verl's example scripts (tests/fixtures/verl/main_ppo_overrides.txt): each loads,
     or stops with an error naming what it set that has no equivalent here. 51 loaded before
-    interactions, curriculum samplers, custom datasets and activation offload."""
+    interactions, curriculum samplers, custom datasets and activation offload; 58 before
+    verl's rollout-correction keys (its two rollout_correction examples load now)."""
     runs = scripts("main_ppo_overrides.txt")
     assert len(runs) == 127
     loaded, stopped = [], {}
@@ -169,7 +170,11 @@ def test_of_verls_127_main_ppo_scripts_58_load_and_the_rest_stop_on_a_named_key(
         keys = [a.split("=", 1)[0].lstrip("+~") for a in runs[name] if "=" in a]
         named = [k for k in keys if message.startswith(f"{k}=") or f"{k}" in message]
         assert named or "Megatron is not a backend here" in message, (name, message)
-    assert len(loaded) == 58, sorted(stopped)
+    assert len(loaded) == 60, sorted(stopped)
+    assert {
+        "examples/rollout_correction/run_with_rollout_corr.sh",
+        "examples/rollout_correction/run_with_rollout_corr_multi_rs.sh",
+    } <= set(loaded)
 
 
 def test_the_tool_agent_script_means_what_it_means_in_verl():

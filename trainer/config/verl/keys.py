@@ -305,19 +305,19 @@ RULES: tuple[KeyRule, ...] = (
     # ---- algorithm ------------------------------------------------------------------------------
     _r("algorithm.use_pf_ppo", "PF-PPO reweighting is not implemented", *OFF),
     _r("algorithm.pf_ppo.*", "PF-PPO reweighting is not implemented"),
-    _r(
-        "algorithm.rollout_correction.rollout_*",
-        "set algorithm.rollout_correction.mode=tis (truncated token IS weights) or decoupled, "
-        "and algorithm.rollout_correction.clip=<threshold>",
-    ),
-    _r(
+    _a(
+        "algorithm.rollout_correction.bypass_old_logprob_for_rollout",
         "algorithm.rollout_correction.bypass_mode",
-        "set async_training.use_rollout_log_probs=True to use the engine's log-probs as the old "
-        "policy's",
     ),
     _r(
-        "algorithm.rollout_correction.loss_type",
-        "set algorithm.rollout_correction.mode=tis or decoupled",
+        "algorithm.rollout_correction.use_pure_rollout_correction",
+        "set algorithm.rollout_correction.loss_type=reinforce (with bypass_mode=true)",
+        *OFF,
+    ),
+    _r(
+        "algorithm.rollout_correction.use_policy_gradient",
+        "set algorithm.rollout_correction.loss_type=reinforce (with bypass_mode=true)",
+        *OFF,
     ),
     # ---- critic, reward model, trainer ----------------------------------------------------------
     _r("critic.megatron.*", NO_MEGATRON),
