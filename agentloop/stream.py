@@ -7,9 +7,10 @@ padded into its own ``RolloutBatch`` (same prompt/response lengths, so any of th
 concatenate). ``heal_if_due`` checks the servers (``AgentLoopManager.heal``); call it from the
 thread that also drives the trainer ranks, since a restarted server gets the trainer's weights.
 
-``pause``/``resume`` bracket a weight update: every worker's turns are held (aborted and
-later continued from their sampled tokens with ``abort=True``, else let finish) so that no
-engine request runs while the weights change, and then go on under the new version.
+``pause``/``resume`` bracket a weight update: every worker's new turns are held, and the
+running ones are aborted and later continued from their sampled tokens (``abort=True``), let
+finish (the default), or kept running in their engines, which load the weights between two
+decode steps (``keep=True``, in-flight updates); then they go on under the new version.
 """
 
 from __future__ import annotations
@@ -115,11 +116,12 @@ class RolloutStream:
         self._last_heal = now
         return self.manager.heal(version)
 
-    def pause(self, *, abort: bool) -> int:
-        """Hold every worker's turns (see the module docstring); returns turns aborted."""
+    def pause(self, *, abort: bool, keep: bool = False) -> int:
+        """Hold every worker's turns (see the module docstring); returns turns aborted (or,
+        with ``keep``, kept running through the update)."""
         import ray
 
-        return sum(ray.get([w.pause.remote(abort) for w in self.manager.workers]))
+        return sum(ray.get([w.pause.remote(abort, keep) for w in self.manager.workers]))
 
     def resume(self, version: int) -> None:
         import ray
@@ -136,4 +138,6 @@ class RolloutStream:
             "server_restarts": self.manager.server_restarts,
             "requests_retried": self.manager.retried_requests(),
             "resumed_turns": sum(ray.get([w.resumed_turns.remote() for w in workers])),
+            "reprefilled_tokens": sum(ray.get([w.reprefilled_tokens.remote() for w in workers])),
+            "kept_turns": sum(ray.get([w.kept_turns.remote() for w in workers])),
         }

@@ -184,11 +184,12 @@ class AgentLoopWorker:
         loop the turns wait on)."""
         self.context.server.replace_server(index, server, version)
 
-    async def pause(self, abort: bool) -> int:
-        """Hold new turns; abort the running ones (``abort``) or wait for them. Returns once
-        none runs (the weights may change then); the number aborted."""
+    async def pause(self, abort: bool, keep: bool = False) -> int:
+        """Hold new turns; abort the running ones (``abort``), keep them running in their
+        engines through the update (``keep``: returns at once) or wait for them. Returns once
+        the weights may change; the number aborted (or kept)."""
         pause = getattr(self.context.server, "pause", None)
-        return int(await pause(abort=abort)) if pause is not None else 0
+        return int(await pause(abort=abort, keep=keep)) if pause is not None else 0
 
     async def resume(self, version: int) -> None:
         """Turns go on under policy ``version`` (aborted ones from their sampled tokens)."""
@@ -199,6 +200,14 @@ class AgentLoopWorker:
     def resumed_turns(self) -> int:
         """Turns aborted for a weight update and continued afterwards (worker's life)."""
         return int(getattr(self.context.server, "resumed_turns", 0))
+
+    def reprefilled_tokens(self) -> int:
+        """Context tokens of those continued turns, prefilled again (worker's life)."""
+        return int(getattr(self.context.server, "reprefilled_tokens", 0))
+
+    def kept_turns(self) -> int:
+        """Turns kept running in their engine through a weight update (worker's life)."""
+        return int(getattr(self.context.server, "kept_turns", 0))
 
     def retried_requests(self) -> int:
         """Turns re-sent to another server because theirs died (over the worker's life)."""

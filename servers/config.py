@@ -98,6 +98,11 @@ class EngineConfig:
     passed as they are. One the server sets itself from a field above (``model``,
     ``tensor_parallel_size``, ...) is refused naming that field; a name the engine does not
     take fails the server's start naming it (``servers/engine_args.py``)."""
+    recompute_kv_after_weight_update: bool = False
+    """In-flight weight updates (``async_training.partial_rollout=inflight``): the requests
+    kept running through an update are preempted and their context prefilled again on the
+    new weights (NeMo-RL's ``recompute_kv_cache_after_weight_updates``); False: their KV cache
+    stays as the old weights computed it."""
     weight_transfer: str = "host"
     """How a trainer's weights reach the engine (``WEIGHT_TRANSFERS``). ``host``: through host
     memory (a shared-memory file the trainer writes when it shares the node, Ray objects

@@ -10,10 +10,13 @@
 - With every server dead, a request waits up to ``restart_wait_s`` for one to be replaced
   (``replace_server``, called when the driver has restarted it) and then runs there.
 - Weight updates while rollout runs (async training): ``pause`` holds new turns at a gate and
-  either lets the running ones finish or aborts them (``abort=True``); ``resume(version)``
-  opens the gate under the new policy version. An aborted turn then continues from the
-  tokens it already sampled (kept with their log-probs), so every token of a turn carries
-  the version that sampled it (``TokenOutput.versions``).
+  either lets the running ones finish, aborts them (``abort=True``) or keeps them running in
+  the engines through the update (``keep=True``, in-flight updates); ``resume(version)``
+  opens the gate under the new policy version. An aborted turn continues from the tokens it
+  already sampled (kept with their log-probs, its context prefilled again); a kept turn goes
+  on in its engine, which says how many tokens it had sampled at each update
+  (``TokenOutput.weight_swaps``). Either way every token of a turn carries the version that
+  sampled it (``TokenOutput.versions``).
 
 Servers are Ray actor handles (``generate.remote``) or in-process objects with ``async
 generate(GenerateRequest)``; the manager is itself the agent loops' ``GenerateClient``.
@@ -96,6 +99,14 @@ class AsyncLLMServerManager:
         restarted one given the trainer's newer weights between two pushes."""
         self.resumed_turns = 0
         """Turns aborted by ``pause(abort=True)`` and continued after ``resume``."""
+        self.reprefilled_tokens = 0
+        """Context tokens of those continued turns (prefilled again after the update)."""
+        self.kept_turns = 0
+        """Turns an engine kept running through a weight update (``pause(keep=True)``)."""
+        self._updates: list[int] = []
+        """The version of each update that landed under running turns (``pause(keep=True)``
+        then ``resume``), in order: a turn's k-th weight swap is the k-th after it started."""
+        self._keeping = False
         self._open: asyncio.Event | None = None  # None: never paused (the gate is open)
         self._paused = False
         self._aborted_by_pause: set[str] = set()
@@ -144,24 +155,41 @@ class AsyncLLMServerManager:
                 sampling_params=params,
                 session_id=session_id,
             )
-            out, version, paused = await self._generate_once(turn)
+            out, version, paused, first = await self._generate_once(turn)
             tokens.extend(out.token_ids)
-            versions.extend([version] * len(out.token_ids))
+            versions.extend(await self._stamps(out, version, first))
             if log_probs is not None and out.log_probs is not None:
                 log_probs.extend(out.log_probs)
             else:
                 log_probs = None
             if paused:  # aborted for a weight update: continue from the tokens so far
                 self.resumed_turns += 1
+                self.reprefilled_tokens += len(request.prompt_ids) + len(tokens)
                 if budget is None or len(tokens) < budget:
                     continue
                 return TokenOutput(tokens, log_probs, "length", versions)
             return TokenOutput(tokens, log_probs, out.finish_reason, versions)
 
-    async def _generate_once(self, request: GenerateRequest) -> tuple[TokenOutput, int, bool]:
+    async def _stamps(self, out: TokenOutput, version: int, first: int) -> list[int]:
+        """The version of each token of ``out``: ``version`` up to its first weight swap,
+        then the version of each update in turn (``first``: updates before it started)."""
+        swaps = out.weight_swaps or []
+        if not swaps:
+            return [version] * len(out.token_ids)
+        self.kept_turns += 1
+        while len(self._updates) < first + len(swaps) and self._paused:
+            await self._wait_open()  # it ended during the update, before its resume
+        updates = [*self._updates[first:], *[self.version] * len(swaps)]  # (none missing)
+        stamps = [version] * swaps[0]
+        bounds = [*swaps, len(out.token_ids)]
+        for k in range(len(swaps)):
+            stamps.extend([updates[k]] * (bounds[k + 1] - bounds[k]))
+        return stamps
+
+    async def _generate_once(self, request: GenerateRequest) -> tuple[TokenOutput, int, bool, int]:
         """One engine request (retried elsewhere if its server dies), sent only while the
-        gate is open; with the policy version it sampled under and whether ``pause``
-        aborted it."""
+        gate is open; with the policy version it sampled under, whether ``pause`` aborted
+        it and how many in-flight updates there were before it started."""
         session_id = request.session_id
         assert session_id is not None  # generate() names every session
         tried: set[int] = set()
@@ -177,6 +205,7 @@ class AsyncLLMServerManager:
                 continue
             stats = self._stats[idx]
             version = self._versions.get(idx, self.version)
+            first = len(self._updates)
             engine_rid = f"{session_id}-{uuid.uuid4().hex[:12]}"
             self._active[session_id] = (idx, engine_rid)
             stats.in_flight += 1
@@ -204,7 +233,7 @@ class AsyncLLMServerManager:
                 aborted = engine_rid in self._aborted_by_pause
                 self._aborted_by_pause.discard(engine_rid)
             stats.generated_tokens += len(out.token_ids)
-            return out, version, aborted and out.finish_reason == "abort"
+            return out, version, aborted and out.finish_reason == "abort", first
 
     async def abort(self, session_id: str) -> bool:
         """Abort the engine request currently running for ``session_id`` (False if none)."""
@@ -215,12 +244,16 @@ class AsyncLLMServerManager:
         return True
 
     # ---- weight updates during rollout ------------------------------------------------------
-    async def pause(self, *, abort: bool) -> int:
-        """Hold new turns at the gate; abort the running ones (``abort``) or let them finish.
-        Returns once no engine request of this manager runs; returns how many were aborted."""
+    async def pause(self, *, abort: bool = False, keep: bool = False) -> int:
+        """Hold new turns at the gate; abort the running ones (``abort``), keep them running
+        in their engines through the update (``keep``: returns at once) or let them finish.
+        Returns how many were aborted (or kept)."""
         self._paused = True
         if self._open is None or self._open.is_set():
             self._open = asyncio.Event()
+        if keep:
+            self._keeping = True
+            return len(self._active)
         aborted = 0
         if abort:
             for idx, engine_rid in list(self._active.values()):
@@ -238,6 +271,9 @@ class AsyncLLMServerManager:
         """Open the gate: turns (new, and aborted ones continuing) sample under ``version``."""
         self.version = version
         self._versions.clear()  # every server got this version's weights
+        if self._keeping:  # the update landed under the kept turns
+            self._updates.append(version)
+            self._keeping = False
         self._paused = False
         if self._open is not None:
             self._open.set()

@@ -41,11 +41,16 @@ class TokenOutput:
     """Policy version (weight pushes so far) that sampled each token, where the caller
     knows it (``AsyncLLMServerManager`` stamps it; a turn resumed after a weight update
     spans two versions). None: not tracked."""
+    weight_swaps: list[int] | None = None
+    """Tokens sampled when each weight update loaded while this request ran (in-flight
+    updates, ``servers.inflight``): the server's half of the versions, which the caller
+    stamps. None: no update landed during it."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if out["versions"] is None:  # the HTTP contract: servers do not track versions
-            del out["versions"]
+        for key in ("versions", "weight_swaps"):  # the HTTP contract: neither is sent
+            if out[key] is None:
+                del out[key]
         return out
 
 

@@ -22,6 +22,7 @@ import torch
 from servers.config import ServerConfig, parse_cores
 from servers.cpu_layout import in_process_worker_env
 from servers.engine_args import check_known_args
+from servers.inflight import InFlight
 from servers.lora import check_adapter_rank, max_lora_rank, write_adapter
 from servers.shm import engine_shm, remove_shm
 from servers.types import (
@@ -109,6 +110,8 @@ class VLLMEngine:
         self.adapter_root: Path | None = None  # the folder the versions sent are written in
         self._adapter_lock = asyncio.Lock()
         self.lora_version = 0
+        # generate calls running, and the weight loads they live through (in-flight updates)
+        self.inflight = InFlight(recompute_kv=config.recompute_kv_after_weight_update)
 
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -210,6 +213,7 @@ class VLLMEngine:
         except (ValueError, VLLMClientError) as exc:  # vLLM's own checks (e.g. temperature > 2)
             raise GenerateInputError(f"sampling_params: {exc}", param="sampling_params") from None
         final = None
+        swaps = self.inflight.start(request_id)
         try:
             async for out in engine.generate(
                 TokensPrompt(prompt_token_ids=request.prompt_ids),
@@ -223,6 +227,8 @@ class VLLMEngine:
             raise GenerateInputError(str(exc)) from None
         except VLLMDead as exc:
             raise EngineDeadError(str(exc)) from exc
+        finally:
+            self.inflight.end(request_id)
         if final is None:
             raise EngineDeadError(f"request {request_id} ended without output")
         choice = final.outputs[0]
@@ -235,7 +241,12 @@ class VLLMEngine:
                     f"engine returned {len(log_probs)} log-probs for {len(token_ids)} tokens"
                 )
         reason = choice.finish_reason if choice.finish_reason in ("stop", "length") else "abort"
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, finish_reason=reason)
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            finish_reason=reason,
+            weight_swaps=list(swaps) or None,
+        )
 
     def openai(self) -> VLLMOpenAI:
         """OpenAI chat and text completions over this engine (vLLM's serving layer + tool
@@ -283,8 +294,10 @@ class VLLMEngine:
         """Load buckets a sender on this node staged itself (``StagedBucket.to_wire``); returns
         the tensors loaded. The files are only read (and must not change until this returns)."""
         engine = self._require()
-        counts = await engine.collective_rpc("agentloop_load_staged", kwargs={"buckets": buckets})
-        await engine.reset_prefix_cache()
+        async with self.inflight.loading(engine):  # running requests stay (in-flight update)
+            counts = await engine.collective_rpc(
+                "agentloop_load_staged", kwargs={"buckets": buckets}
+            )
         return int(counts[0])
 
     def weight_sync_info(self) -> WeightSyncInfo:

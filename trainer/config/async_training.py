@@ -24,9 +24,16 @@ class AsyncTrainingConfig:
     staleness_threshold: int = 1
     """How many policy versions a sample may lag the policy it is trained on (0: on-policy;
     equals the sync trainer). A group is admitted only if it can be trained within it."""
-    partial_rollout: bool = True
-    """A weight update aborts the turns running and continues them from their sampled tokens
-    under the new weights; False: running turns finish on the weights they started with."""
+    partial_rollout: bool | str = True
+    """What a weight update does to the turns running: True aborts them and continues them
+    from their sampled tokens under the new weights (their context prefilled again); False
+    lets them finish on the weights they started with first; ``inflight`` (vLLM, host weight
+    route) keeps them running in their engines, which load the new weights between two decode
+    steps: no abort, no re-prefill, each token stamped with the version that sampled it."""
+    recompute_kv_cache_after_weight_updates: bool = False
+    """``partial_rollout=inflight``: the kept turns' context is prefilled again on the new
+    weights (preempted in the engine, not aborted); False: their KV cache stays as the old
+    weights computed it (NeMo-RL's key)."""
     trigger_parameter_sync_step: int = 1
     """Trainer steps between weight pushes to the servers."""
     require_batches: int | None = None
@@ -42,6 +49,16 @@ class AsyncTrainingConfig:
     flight and due, their versions, the admission room), and again every as long."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.partial_rollout, str) and self.partial_rollout != "inflight":
+            raise ValueError(
+                f"async_training.partial_rollout={self.partial_rollout!r} is not supported; use "
+                "true (abort and continue), false (let running turns finish) or inflight"
+            )
+        if self.recompute_kv_cache_after_weight_updates and self.partial_rollout != "inflight":
+            raise ValueError(
+                "async_training.recompute_kv_cache_after_weight_updates=True acts on the turns "
+                "an in-flight update keeps running: set async_training.partial_rollout=inflight"
+            )
         if self.staleness_threshold < 0:
             raise ValueError(
                 "async_training.staleness_threshold must be >= 0 (0: on-policy, 1: a sample "

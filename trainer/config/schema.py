@@ -351,6 +351,21 @@ class Config:
         ``filter_groups`` that cannot work."""
         run = self.async_training
         algo = self.algorithm
+        engine = self.actor_rollout_ref.rollout.engine
+        if run.enable and run.partial_rollout == "inflight":
+            if engine.backend != "vllm":
+                raise ValueError(
+                    "async_training.partial_rollout=inflight loads weights under running vLLM "
+                    f"requests; rollout.name={engine.backend} cannot: set "
+                    "actor_rollout_ref.rollout.name=vllm, or partial_rollout=true"
+                )
+            if engine.weight_transfer != "host":
+                raise ValueError(
+                    "async_training.partial_rollout=inflight loads the host route's buckets "
+                    f"between decode steps; actor_rollout_ref.rollout.weight_transfer="
+                    f"{engine.weight_transfer} cannot pause there: set weight_transfer=host, or "
+                    "partial_rollout=true"
+                )
         correction = algo.rollout_correction
         loss_mode = self.actor_rollout_ref.actor.policy_loss.loss_mode
         if correction.loss_type == "reinforce" and loss_mode != "vanilla":

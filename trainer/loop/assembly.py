@@ -19,7 +19,7 @@ import json
 import logging
 import os
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -262,8 +262,12 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         undo.callback(stop_servers, user_servers)
         # The engines load while the rewards and the trainer ranks start (not beside ranks
         # on the same GPUs: vLLM sizes its memory from what is free when it starts).
+        rollout = ref.rollout
+        if config.async_training.recompute_kv_cache_after_weight_updates:
+            engine = replace(rollout.engine, recompute_kv_after_weight_update=True)
+            rollout = replace(rollout, engine=engine)
         servers, manager = start_rollout(
-            ref.rollout,
+            rollout,
             model,
             share,
             num_servers=count,

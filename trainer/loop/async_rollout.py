@@ -304,7 +304,8 @@ class AsyncRollout:
     def _push(self) -> dict[str, float]:
         """Hold the stream's turns, push the weights, go on under the new version."""
         start = time.perf_counter()
-        aborted = self.stream.pause(abort=self.partial)
+        inflight = self.partial == "inflight"
+        aborted = self.stream.pause(abort=self.partial is True, keep=inflight)
         try:
             out = self.sync.push()
         finally:
@@ -315,7 +316,7 @@ class AsyncRollout:
             if self.stream.in_flight:  # the turns could not sample meanwhile
                 self._rollout_idle_s += paused
             self._wake.notify_all()
-        out["async/turns_aborted"] = float(aborted)
+        out["async/turns_kept" if inflight else "async/turns_aborted"] = float(aborted)
         out["timing_s/pause_rollout"] = paused
         return out
 

@@ -553,3 +553,64 @@ async def test_a_turn_aborted_for_a_weight_update_resumes_and_each_token_matches
     # the resumed half is not the old policy's: the stamps matter
     stale = _hf_logprobs(old, prompt + out.token_ids[:k], out.token_ids[k:])
     assert (stored[k:] - stale).abs().mean().item() > 1e-2
+
+
+def _counter(text: str, name: str) -> float:
+    """A Prometheus counter's total over its labels."""
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
+
+
+async def test_an_in_flight_update_keeps_the_turn_running_and_stamps_both_versions(
+    server, prompt, tiny_qwen3_path
+):
+    """In-flight update: ``pause(keep=True)`` mid-turn, the new weights load between two
+    decode steps, ``resume(1)``: the same engine request runs on (no abort, no second request,
+    no prompt sent again), its tokens stamped 0 then 1 where the engine says the weights
+    changed; the first part's log-probs are the old policy's, the rest are not."""
+    original = load_file(str(tiny_qwen3_path / "model.safetensors"))
+    old = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
+    torch.manual_seed(321)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    manager = AsyncLLMServerManager([server])
+    await manager.generate(turn_of("warm", prompt_ids=prompt, sampling_params={"max_tokens": 4}))
+    text = await server.metrics_text.remote()
+    prompts_before = _counter(text, "agentloop_prompt_tokens_total")
+    requests_before = _counter(text, "agentloop_requests_total")
+    budget = MAX_MODEL_LEN - len(prompt) - 8
+    params = {"max_tokens": budget, "temperature": 1.0, "ignore_eos": True}
+    task = asyncio.ensure_future(
+        manager.generate(turn_of("inflight-1", prompt_ids=prompt, sampling_params=params))
+    )
+    deadline = time.monotonic() + 60
+    while not await _running(server):
+        assert time.monotonic() < deadline, "the request never started"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    assert await manager.pause(keep=True) == 1  # returns at once: the turn keeps running
+    await load_named(server, list(new.state_dict().items()), 1 << 20)
+    manager.resume(1)
+    try:
+        out = await asyncio.wait_for(task, timeout=120)
+    finally:
+        await load_named(server, list(original.items()))
+
+    assert out.finish_reason == "length" and len(out.token_ids) == budget
+    assert out.versions is not None and out.log_probs is not None
+    k = out.versions.count(0)
+    assert 0 < k < budget and out.versions == [0] * k + [1] * (budget - k)
+    assert (manager.kept_turns, manager.resumed_turns, manager.reprefilled_tokens) == (1, 0, 0)
+    text = await server.metrics_text.remote()
+    assert _counter(text, "agentloop_requests_total") == requests_before + 1  # one request
+    assert _counter(text, "agentloop_prompt_tokens_total") == prompts_before + len(prompt)
+    stored = torch.tensor(out.log_probs)
+    before = _hf_logprobs(old, prompt, out.token_ids[:k])
+    assert (stored[:k] - before).abs().max().item() < 1e-3
+    stale = _hf_logprobs(old, prompt + out.token_ids[:k], out.token_ids[k:])
+    assert (stored[k:] - stale).abs().mean().item() > 1e-2  # the new weights sampled these

@@ -227,6 +227,64 @@ async def test_pause_with_abort_continues_the_turn_from_its_tokens_under_the_new
     assert 0 < k < 20 and out.versions == [0] * k + [1] * (20 - k)
     assert server.requests[1][:2] == [100, 101] and len(server.requests[1]) == 2 + k
     assert other.versions == [1, 1] and manager.resumed_turns == 1
+    assert manager.reprefilled_tokens == 2 + k  # the continuation's context, sent again
+
+
+class SwappingFakeServer(StreamingFakeServer):
+    """Loads weights under running requests, as ``servers.inflight`` does: each running
+    request's token count at the load comes back in its ``weight_swaps``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[str, list[int]] = {}
+        self.swaps: dict[str, list[int]] = {}
+
+    async def generate(self, request):
+        tokens = self.live[request.request_id] = []
+        swaps = self.swaps[request.request_id] = []
+        while len(tokens) < request.sampling_params.max_tokens:
+            await asyncio.sleep(0.01)
+            tokens.append(len(tokens))
+        del self.live[request.request_id]
+        return TokenOutput(tokens, [-1.0] * len(tokens), "length", weight_swaps=swaps or None)
+
+    def load(self) -> None:
+        for rid, tokens in self.live.items():
+            self.swaps[rid].append(len(tokens))
+
+
+async def test_in_flight_updates_keep_turns_running_and_stamp_each_tokens_version():
+    """``pause(keep=True)`` returns at once with the turns kept; each update that lands under
+    a turn switches its stamps at the engine's count, to that update's version (versions may
+    jump: a push every few steps); a turn that ends before the update's resume waits for its
+    version; new turns wait at the gate."""
+    server = SwappingFakeServer()
+    manager = AsyncLLMServerManager([server])
+    long = asyncio.ensure_future(manager.generate(req("t", [1], {"max_tokens": 30})))
+    short = asyncio.ensure_future(manager.generate(req("s", [2], {"max_tokens": 6})))
+    await asyncio.sleep(0.04)
+    assert await manager.pause(keep=True) == 2
+    held = asyncio.ensure_future(manager.generate(req("u", [7], {"max_tokens": 2})))
+    server.load()
+    await asyncio.sleep(0.1)  # the short turn ends before the update's resume
+    assert not short.done() and not held.done()  # waits for its stamps; new turns held
+    manager.resume(3)
+    out_short, out_new = await short, await held
+    await asyncio.sleep(0.04)
+    assert await manager.pause(keep=True) == 1
+    server.load()
+    manager.resume(4)
+    out = await long
+    (a,), (b, c) = server.swaps[_rid(server, "s")], server.swaps[_rid(server, "t")]
+    assert 0 < a < 6 and out_short.versions == [0] * a + [3] * (6 - a)
+    assert 0 < b < c < 30 and out.versions == [0] * b + [3] * (c - b) + [4] * (30 - c)
+    assert out_new.versions == [3, 3] and out.finish_reason == "length"
+    assert (manager.kept_turns, manager.resumed_turns, manager.reprefilled_tokens) == (2, 0, 0)
+    assert len(server.swaps) == 3  # three engine requests: none was sent again
+
+
+def _rid(server: SwappingFakeServer, session: str) -> str:
+    return next(rid for rid in server.swaps if rid.startswith(f"{session}-"))
 
 
 async def test_pause_without_abort_lets_running_turns_finish_on_their_version():
