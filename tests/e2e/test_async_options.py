@@ -4,8 +4,9 @@ on one vLLM CPU server, Ray local, one trainer rank, ``agentloop-train`` as a us
 Staleness 2 with a push every 3 steps (the setting that used to wait forever at step 4, once
 the push made every untrained group newer than the old cap), ``filter_groups`` (the reward
 scores every sample of an even prompt alike, so its group is dropped and refilled),
-``use_rollout_log_probs`` (no recompute), ``partial_rollout=False`` (no turn aborted at a
-push), and ``require_batches=1`` with ``total_epochs=2`` (the step count follows the step's
+``use_rollout_log_probs`` (no recompute; the loss reports the engine/trainer mismatch),
+``partial_rollout=inflight`` (running turns stay in the engine through a push: none aborted,
+none prefilled again; ``partial_rollout=False`` is unit-tested), and ``require_batches=1`` with ``total_epochs=2`` (the step count follows the step's
 group count: 2 epochs x 8 prompts / 2 per step = 8 steps, where it used to be 4).
 
 Validation every 4 steps runs while the stream generates: step 4 falls between pushes, so the
@@ -91,7 +92,7 @@ def run(tmp_path_factory) -> tuple[Path, str]:
         f"async_training.trigger_parameter_sync_step={PUSH_EVERY}",
         "async_training.require_batches=1",
         "async_training.use_rollout_log_probs=True",
-        "async_training.partial_rollout=False",
+        "async_training.partial_rollout=inflight",
         "algorithm.filter_groups.enable=True",
     ]
     output = _run(command, run_dir / "val_answers.jsonl")
@@ -140,7 +141,11 @@ def test_every_step_runs_with_pushes_every_3_steps_within_the_bound(run):
     pushed = [int(m["training/global_step"]) for m in steps if "timing_s/weight_sync" in m]
     assert pushed == [3, 4, 6, 8]  # every 3 steps, before step 4's validation, after the last
     assert max(m["rollout/staleness_max"] for m in steps) <= STALENESS
-    assert all(m["async/turns_aborted"] == 0 for m in steps if "async/turns_aborted" in m)
+    assert any("async/turns_kept" in m for m in steps)  # in-flight pushes
+    assert not any("async/turns_aborted" in m for m in steps)
+    assert all(m["rollout/reprefilled_tokens"] == 0 for m in steps)
+    assert all(m["rollout/resumed_turns"] == 0 for m in steps)
+    assert all("rollout_corr/kl" in m for m in steps)  # from the loss, in bypass mode
     assert not any("timing_s/old_log_prob" in m for m in steps)  # the engine's log-probs
     for line in (run_dir / "trained_prompts.jsonl").read_text().splitlines():
         entry = json.loads(line)

@@ -337,6 +337,16 @@ def test_filter_groups_counts_sessions_and_leaves_out_weight_zero(
             "or lower trigger_parameter_sync_step",
         ),
         ({"require_batches": 0}, "async_training.require_batches must be >= 1 (or null)"),
+        (
+            {"partial_rollout": "keep"},
+            "async_training.partial_rollout='keep' is not supported; use true (abort and "
+            "continue), false (let running turns finish) or inflight",
+        ),
+        (
+            {"recompute_kv_cache_after_weight_updates": True},
+            "async_training.recompute_kv_cache_after_weight_updates=True acts on the turns an "
+            "in-flight update keeps running: set async_training.partial_rollout=inflight",
+        ),
     ],
 )
 def test_bad_async_keys_are_start_up_errors(kwargs, message):
@@ -367,6 +377,26 @@ def _config(tmp_path: Path, tokenizer: Any, **changes: Any) -> Config:
             "async_training.use_rollout_log_probs=True makes the old policy the engine's, so "
             "algorithm.rollout_correction.mode=tis's importance weights have nothing to correct "
             "(every weight is 1): set one of them off",
+        ),
+        (
+            {
+                "async_training__enable": True,
+                "async_training__partial_rollout": "inflight",
+                "actor_rollout_ref__rollout__engine__backend": "sglang",
+            },
+            "async_training.partial_rollout=inflight loads weights under running vLLM requests; "
+            "rollout.name=sglang cannot: set actor_rollout_ref.rollout.name=vllm, or "
+            "partial_rollout=true",
+        ),
+        (
+            {
+                "async_training__enable": True,
+                "async_training__partial_rollout": "inflight",
+                "actor_rollout_ref__rollout__engine__weight_transfer": "nccl",
+            },
+            "async_training.partial_rollout=inflight loads the host route's buckets between "
+            "decode steps; actor_rollout_ref.rollout.weight_transfer=nccl cannot pause there: "
+            "set weight_transfer=host, or partial_rollout=true",
         ),
         (
             {"algorithm__filter_groups__enable": True},
