@@ -6,8 +6,9 @@ the push made every untrained group newer than the old cap), ``filter_groups`` (
 scores every sample of an even prompt alike, so its group is dropped and refilled),
 ``use_rollout_log_probs`` (no recompute; the loss reports the engine/trainer mismatch),
 ``partial_rollout=inflight`` (running turns stay in the engine through a push: none aborted,
-none prefilled again; ``partial_rollout=False`` is unit-tested), and ``require_batches=1`` with ``total_epochs=2`` (the step count follows the step's
-group count: 2 epochs x 8 prompts / 2 per step = 8 steps, where it used to be 4).
+none prefilled again; ``partial_rollout=False`` is unit-tested), and ``require_batches=1``
+with ``total_epochs=2`` (the step count follows the step's group count: 2 epochs x 8
+prompts / 2 per step = 8 steps, where it used to be 4).
 
 Validation every 4 steps runs while the stream generates: step 4 falls between pushes, so the
 step's weights are pushed first, and its greedy answers equal ``agentloop-rollout +split=val``
