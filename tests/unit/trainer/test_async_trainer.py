@@ -115,7 +115,7 @@ class ScriptedStream:
             out.append(FinishedGroup(key, batch, outputs))
         return out
 
-    def pause(self, *, abort: bool) -> int:
+    def pause(self, *, abort: bool, keep: bool = False) -> int:
         self.pauses.append(abort)
         return 0
 
