@@ -307,38 +307,51 @@ class Gateway:
         )
 
     async def _reward(self, request: web.Request) -> web.Response:
-        try:
-            session = self._session(request)
-            body = await _body(request)
-            reward = body.get("reward") if isinstance(body, dict) else None
+        def check(body: dict[str, Any]) -> None:
+            reward = body.get("reward")
             if isinstance(reward, bool) or not isinstance(reward, (int, float)):
                 raise GatewayInputError("reward must be a number", "reward")
-        except UnknownSession as exc:
-            return _error(404, f"no session {exc.args[0]!r} on this gateway", "sid")
-        except SessionEnded as exc:
-            return _error(409, f"session {exc.args[0]!r} has ended", "sid")
-        except (GatewayInputError, json.JSONDecodeError) as exc:
-            return _error(400, str(exc), getattr(exc, "param", None))
-        if body.get("call_id") is not None:
-            session.step_rewards[str(body["call_id"])] = float(reward)
-        else:
-            session.reward = float(reward)
-        return _json({"ok": True})
+
+        async def apply(session: Session, body: dict[str, Any]) -> None:
+            if body.get("call_id") is not None:
+                session.step_rewards[str(body["call_id"])] = float(body["reward"])
+            else:
+                session.reward = float(body["reward"])
+
+        return await self._session_post(request, check, apply)
 
     async def _state(self, request: web.Request) -> web.Response:
+        def check(body: dict[str, Any]) -> None:
+            key = body.get("state_key")
+            if not isinstance(key, str) or not key:
+                raise GatewayInputError("state_key must be a non-empty string", "state_key")
+
+        async def apply(session: Session, body: dict[str, Any]) -> None:
+            session.state_key = body["state_key"]
+
+        return await self._session_post(request, check, apply)
+
+    async def _session_post(
+        self,
+        request: web.Request,
+        check: Callable[[dict[str, Any]], None],
+        apply: Callable[[Session, dict[str, Any]], Awaitable[None]],
+    ) -> web.Response:
+        """A POST on an open session's route: its JSON body ``check``-ed (a
+        ``GatewayInputError`` names the field), then ``apply``-ed; 404 / 409 / 400 otherwise."""
         try:
             session = self._session(request)
             body = await _body(request)
-            key = body.get("state_key") if isinstance(body, dict) else None
-            if not isinstance(key, str) or not key:
-                raise GatewayInputError("state_key must be a non-empty string", "state_key")
+            if not isinstance(body, dict):
+                body = {}
+            check(body)
         except UnknownSession as exc:
             return _error(404, f"no session {exc.args[0]!r} on this gateway", "sid")
         except SessionEnded as exc:
             return _error(409, f"session {exc.args[0]!r} has ended", "sid")
         except (GatewayInputError, json.JSONDecodeError) as exc:
             return _error(400, str(exc), getattr(exc, "param", None))
-        session.state_key = key
+        await apply(session, body)
         return _json({"ok": True})
 
     async def _end(self, request: web.Request) -> web.Response:

@@ -505,45 +505,60 @@ async def _running(server) -> bool:
     return float(line.split()[1]) >= 1
 
 
-async def test_a_turn_aborted_for_a_weight_update_resumes_and_each_token_matches_its_version(
-    server, prompt, tiny_qwen3_path
-):
-    """Partial rollout: ``pause(abort=True)`` mid-turn, new weights, ``resume(1)``: the turn
-    continues from the tokens it had, each stamped with the version that sampled it, and
-    each stored log-prob is the trainer's at that version."""
-    original = load_file(str(tiny_qwen3_path / "model.safetensors"))
-    old = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
-    new = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
+def _old_and_new(path):
+    """The original state dict, its model, and a perturbed copy (the next version)."""
+    original = load_file(str(path / "model.safetensors"))
+    old = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     torch.manual_seed(321)
     with torch.no_grad():
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    manager = AsyncLLMServerManager([server])
-    await manager.generate(turn_of("warm", prompt_ids=prompt, sampling_params={"max_tokens": 4}))
-    budget = MAX_MODEL_LEN - len(prompt) - 8  # about 4.5 s of decoding at full speed
+    return original, old, new
+
+
+async def _through_an_update(server, manager, prompt, session, new, original, **pause):
+    """A turn of ``session`` as long as the model allows (about 4.5 s of decoding at full
+    speed); once the (warm) engine has run it for a second (some tokens, far from the end,
+    however long it took to start under load) the manager pauses (``pause``), ``new``'s
+    weights load as version 1 and it resumes; ``original`` goes back after.
+    Returns the finished turn, stamped 0 then 1, and how many tokens version 0 sampled."""
+    budget = MAX_MODEL_LEN - len(prompt) - 8
     params = {"max_tokens": budget, "temperature": 1.0, "ignore_eos": True}
     task = asyncio.ensure_future(
-        manager.generate(turn_of("partial-1", prompt_ids=prompt, sampling_params=params))
+        manager.generate(turn_of(session, prompt_ids=prompt, sampling_params=params))
     )
-    # Pause once the (warm) engine has run the request for a second: some tokens, far from
-    # the end, however long the request took to reach it under load.
     deadline = time.monotonic() + 60
     while not await _running(server):
         assert time.monotonic() < deadline, "the request never started"
         await asyncio.sleep(0.05)
     await asyncio.sleep(1.0)
-    assert await manager.pause(abort=True) == 1
+    assert await manager.pause(**pause) == 1
     await load_named(server, list(new.state_dict().items()), 1 << 20)
     manager.resume(1)
     try:
         out = await asyncio.wait_for(task, timeout=120)
     finally:
         await load_named(server, list(original.items()))
-
     assert out.finish_reason == "length" and len(out.token_ids) == budget
     assert out.versions is not None and out.log_probs is not None
     k = out.versions.count(0)
     assert 0 < k < budget and out.versions == [0] * k + [1] * (budget - k)
+    return out, k
+
+
+async def test_a_turn_aborted_for_a_weight_update_resumes_and_each_token_matches_its_version(
+    server, prompt, tiny_qwen3_path
+):
+    """Partial rollout: ``pause(abort=True)`` mid-turn, new weights, ``resume(1)``: the turn
+    continues from the tokens it had, each stamped with the version that sampled it, and
+    each stored log-prob is the trainer's at that version."""
+    original, old, new = _old_and_new(tiny_qwen3_path)
+    manager = AsyncLLMServerManager([server])
+    await manager.generate(turn_of("warm", prompt_ids=prompt, sampling_params={"max_tokens": 4}))
+    out, k = await _through_an_update(
+        server, manager, prompt, "partial-1", new, original, abort=True
+    )
     assert manager.resumed_turns == 1
     stored = torch.tensor(out.log_probs)
     before = _hf_logprobs(old, prompt, out.token_ids[:k])
@@ -571,40 +586,16 @@ async def test_an_in_flight_update_keeps_the_turn_running_and_stamps_both_versio
     decode steps, ``resume(1)``: the same engine request runs on (no abort, no second request,
     no prompt sent again), its tokens stamped 0 then 1 where the engine says the weights
     changed; the first part's log-probs are the old policy's, the rest are not."""
-    original = load_file(str(tiny_qwen3_path / "model.safetensors"))
-    old = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
-    new = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, dtype=torch.float32).eval()
-    torch.manual_seed(321)
-    with torch.no_grad():
-        for p in new.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    original, old, new = _old_and_new(tiny_qwen3_path)
     manager = AsyncLLMServerManager([server])
     await manager.generate(turn_of("warm", prompt_ids=prompt, sampling_params={"max_tokens": 4}))
     text = await server.metrics_text.remote()
     prompts_before = _counter(text, "agentloop_prompt_tokens_total")
     requests_before = _counter(text, "agentloop_requests_total")
-    budget = MAX_MODEL_LEN - len(prompt) - 8
-    params = {"max_tokens": budget, "temperature": 1.0, "ignore_eos": True}
-    task = asyncio.ensure_future(
-        manager.generate(turn_of("inflight-1", prompt_ids=prompt, sampling_params=params))
+    # pause(keep=True) returns at once: the turn keeps running in the engine
+    out, k = await _through_an_update(
+        server, manager, prompt, "inflight-1", new, original, keep=True
     )
-    deadline = time.monotonic() + 60
-    while not await _running(server):
-        assert time.monotonic() < deadline, "the request never started"
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(1.0)
-    assert await manager.pause(keep=True) == 1  # returns at once: the turn keeps running
-    await load_named(server, list(new.state_dict().items()), 1 << 20)
-    manager.resume(1)
-    try:
-        out = await asyncio.wait_for(task, timeout=120)
-    finally:
-        await load_named(server, list(original.items()))
-
-    assert out.finish_reason == "length" and len(out.token_ids) == budget
-    assert out.versions is not None and out.log_probs is not None
-    k = out.versions.count(0)
-    assert 0 < k < budget and out.versions == [0] * k + [1] * (budget - k)
     assert (manager.kept_turns, manager.resumed_turns, manager.reprefilled_tokens) == (1, 0, 0)
     text = await server.metrics_text.remote()
     assert _counter(text, "agentloop_requests_total") == requests_before + 1  # one request
