@@ -48,17 +48,36 @@ ALL_RUNS = {
         "async_training.staleness_threshold=1",
     ],
 }
-# The correction sweep (issue 38): async at staleness 1 and 2 with each rollout correction,
-# on shared cores; BENCH_ASYNC_RUNS=corrections runs these six (not part of the default four).
+# The correction sweep (issues 38 and 57): async at staleness 1 and 2 with each rollout
+# correction, on shared cores; BENCH_ASYNC_RUNS=corrections runs these (not part of the default
+# four). The presets, and verl's geometric rejection with the veto.
+CORRECTIONS = {
+    mode: [f"algorithm.rollout_correction.mode={mode}"]
+    for mode in ("none", "tis", "decoupled", "icepop", "seq_mask_tis")
+} | {
+    "geo_rs": [
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=1.05",
+        "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
+    ]
+}
 CORRECTION_RUNS = {
     f"a_shared/async_s{s}_{mode}": [
         "async_training.enable=True",
         f"async_training.staleness_threshold={s}",
-        f"algorithm.rollout_correction.mode={mode}",
+        *keys,
     ]
     for s in (1, 2)
-    for mode in ("none", "tis", "decoupled")
+    for mode, keys in CORRECTIONS.items()
 }
+# Weight pushes under running turns (issue 57): abort-and-continue (a_shared/async) against
+# in-flight updates; BENCH_ASYNC_RUNS=a_shared/async,a_shared/async_inflight.
+ALL_RUNS["a_shared/async_inflight"] = [
+    *ALL_RUNS["a_shared/async"],
+    "async_training.partial_rollout=inflight",
+]
+DEFAULT_RUNS = ("a_shared/sync", "a_shared/async", "b_pinned/sync", "b_pinned/async")
 # BENCH_ASYNC_RUNS="a_shared/sync,a_shared/async" runs a subset (each run is ~10 minutes).
 _chosen = os.environ.get("BENCH_ASYNC_RUNS")
 if _chosen == "corrections":
@@ -66,7 +85,7 @@ if _chosen == "corrections":
 elif _chosen is not None:
     RUNS = {k: {**ALL_RUNS, **CORRECTION_RUNS}[k] for k in _chosen.split(",")}
 else:
-    RUNS = ALL_RUNS
+    RUNS = {k: ALL_RUNS[k] for k in DEFAULT_RUNS}
 WORKLOADS = {
     "trainer_bound": {"median_s": 1.0, "sigma": 1.0, "cap_s": 10.0},
     "rollout_bound": {"median_s": 4.0, "sigma": 1.0, "cap_s": 30.0},
@@ -135,6 +154,10 @@ def _summary(run_dir: Path) -> dict[str, float]:
         "trainer_idle_frac": mean("async/trainer_idle_frac"),
         "rollout_idle_frac": mean("async/rollout_idle_frac"),
         "tool_calls": mean("agent_loop/tool_calls/mean"),
+        "reprefilled_tokens": mean("rollout/reprefilled_tokens"),
+        "kept_turns": mean("rollout/kept_turns"),
+        "kl": mean("rollout_corr/kl"),
+        "rs_masked": mean("rollout_corr/rollout_rs_masked_fraction"),
     }
 
 
@@ -190,10 +213,19 @@ def test_bench_async_vs_sync_training(tmp_path, smollm2_path, workload):
             f"{asyn['step_s'] / limit:.2f} (target <= 1.15); accuracy "
             f"{asyn['accuracy'] - sync['accuracy']:+.1%} (target within 3 points)"
         )
+    if "a_shared/async" in results and "a_shared/async_inflight" in results:
+        abort, kept = results["a_shared/async"], results["a_shared/async_inflight"]
+        lines.append(
+            f"  weight pushes under running turns: abort-and-continue {abort['step_s']:.1f} "
+            f"s/step, {abort['reprefilled_tokens']:.0f} tokens re-prefilled/step; in flight "
+            f"{kept['step_s']:.1f} s/step ({abort['step_s'] / kept['step_s']:.2f}x), "
+            f"{kept['reprefilled_tokens']:.0f} re-prefilled, {kept['kept_turns']:.1f} turns "
+            "kept/step (target: 0 re-prefilled, step time no worse)"
+        )
     for staleness in (1, 2):
         swept = {
             mode: results[f"a_shared/async_s{staleness}_{mode}"]
-            for mode in ("none", "tis", "decoupled")
+            for mode in CORRECTIONS
             if f"a_shared/async_s{staleness}_{mode}" in results
         }
         if swept:
@@ -201,7 +233,8 @@ def test_bench_async_vs_sync_training(tmp_path, smollm2_path, workload):
                 f"  corrections at staleness {staleness}: "
                 + ", ".join(
                     f"{mode} {r['accuracy']:.1%} held-out (train reward {r['reward']:.3f}, "
-                    f"staleness {r['staleness_mean']:.2f})"
+                    f"staleness {r['staleness_mean']:.2f}, kl {r['kl']:.4f}, rejected "
+                    f"{r['rs_masked']:.1%})"
                     for mode, r in swept.items()
                 )
             )
