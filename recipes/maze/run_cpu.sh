@@ -9,6 +9,8 @@
 #   MODEL (smollm2-135m-instruct)  DATA (data/maze)  RUN (checkpoints/maze)
 #   CREDIT (gigpo)  TALK (0)  SFT_STEPS (16; 0 skips the warm start)  SFT_LR (1e-4)
 # Extra key=value arguments go to agentloop-train, e.g. trainer.total_training_steps=2.
+# Micro-batches hold at most 3072 tokens (two long trajectories): four per micro-batch took
+# 10 GB per trainer rank and the machine (23 GB) killed one.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."  # the repository root: MODEL, DATA, RUN are from there
 source recipes/overrides.sh  # CPU_OVERRIDES: the small-CPU-run keys every CPU script sets
@@ -64,6 +66,8 @@ $PY -m trainer.cli.train \
   "${CREDIT_KEYS[@]}" \
   actor_rollout_ref.model.path="$MODEL" \
   actor_rollout_ref.rollout.response_length=1024 \
+  actor_rollout_ref.actor.use_dynamic_bsz=True \
+  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3072 \
   actor_rollout_ref.rollout.multi_turn.max_assistant_turns=13 \
   actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent \
   custom_reward_function.path=recipes/maze/reward.py \
