@@ -23,6 +23,7 @@ file for the template text (``trainer.models.resolve``); written out below."""
 NOT_FLAGS = {
     "http": "agentloop-serve always starts the HTTP front",
     "weight_transfer": "no trainer sends weights to a standalone server",
+    "recompute_kv_after_weight_update": "no trainer pushes weights under its running requests",
 }
 """ServerConfig fields agentloop-serve does not offer, and why."""
 
