@@ -14,6 +14,7 @@ from typing import Any
 
 from servers.config import ServerConfig
 from servers.core import ServerCore
+from servers.delta import DeltaBase
 from servers.engines import make_engine
 from servers.http import HttpFront, build_app
 from servers.shm import SHM, engine_shm
@@ -22,6 +23,7 @@ from servers.updates import (
     UPDATE_KINDS,
     AdapterUpdate,
     BucketUpdate,
+    DeltaUpdate,
     StagedUpdate,
     TransferUpdate,
     WeightUpdate,
@@ -42,8 +44,10 @@ class AsyncServer:
         import_external_lib(self.config.external_lib)
         self.core = ServerCore(self.config, make_engine(self.config))
         self._http: HttpFront | None = None
-        self._loads = {"staged": 0, "buckets": 0, "adapter": 0, "transfer": 0}
+        self._loads = {"staged": 0, "buckets": 0, "adapter": 0, "transfer": 0, "delta": 0}
         """Weight updates this server loaded, by route (``weight_loads``)."""
+        self._delta = DeltaBase()
+        """Delta weight sync: the weights last loaded by a ``DeltaUpdate``, and their id."""
 
     async def start(self) -> dict[str, Any]:
         """Start the engine (and HTTP front); returns ``health()``."""
@@ -70,21 +74,26 @@ class AsyncServer:
         """Load a weight update of a kind this server accepts (``weight_sync_info().updates``):
         ``BucketUpdate`` -> the bucket's bytes (the tensors loaded at ``finish``),
         ``StagedUpdate`` -> tensors loaded, ``AdapterUpdate`` -> the adapter version now
-        served, ``TransferUpdate`` -> 0. A kind the engine does not take raises
+        served, ``TransferUpdate`` -> 0, ``DeltaUpdate`` -> the bucket's bytes (at ``finish``
+        the checksum of the weights now served). A kind the engine does not take raises
         ``NotImplementedError`` naming the kinds it does."""
         engine = self.core.engine
-        if update.kind not in engine.weight_updates:
+        if update.kind not in self._kinds():
             raise NotImplementedError(
                 f"{self.config.backend} servers take no {update.kind} weight updates (they "
-                f"take {', '.join(sorted(engine.weight_updates))}): send the weights as "
+                f"take {', '.join(sorted(self._kinds()))}): send the weights as "
                 "BucketUpdate buckets"
             )
+        if update.kind in ("buckets", "staged", "transfer"):
+            self._delta.id = None  # the served weights leave the delta base: next one whole
         match update:
             case BucketUpdate():
                 return await self._apply_bucket(update)
             case TransferUpdate():
                 await self._apply_transfer(update)
                 return 0
+            case DeltaUpdate():
+                return await self._apply_delta(update)
             case StagedUpdate():
                 self._check_writer(update.writer_node)
                 loaded = await engine.load_staged(update.buckets)
@@ -102,6 +111,31 @@ class AsyncServer:
             loaded = await engine.finish_weight_update()
             self._loads["buckets"] += 1
         return loaded
+
+    def _kinds(self) -> frozenset[str]:
+        """The engine's kinds, and ``delta`` where it loads staged files (the base is
+        kept in them)."""
+        kinds = self.core.engine.weight_updates
+        return kinds | {"delta"} if "staged" in kinds else kinds
+
+    async def _apply_delta(self, update: DeltaUpdate) -> int:
+        """Establish or change the delta base, then (``finish``) load it whole; returns the
+        bucket's bytes, or at ``finish`` the checksum of the weights now served."""
+        import asyncio
+
+        base = self._delta
+        if update.begin:
+            base.begin(update.base, update.target)
+        if update.base is None:
+            done = await asyncio.to_thread(base.stage, update.named) if update.named else 0
+        else:
+            done = await asyncio.to_thread(base.apply, update.entries)
+        if update.finish:
+            await self.core.engine.load_staged(base.wire())
+            base.finish()
+            self._loads["delta"] += 1
+            return await asyncio.to_thread(base.checksum)
+        return done
 
     async def _apply_transfer(self, update: TransferUpdate) -> None:
         """vLLM's weight-transfer API: a trainer drives these through vLLM's trainer-side
@@ -136,17 +170,18 @@ class AsyncServer:
 
     def weight_sync_info(self) -> WeightSyncInfo:
         """The serving dtype, the weight updates the engine takes, and this server's node."""
-        engine = self.core.engine
+        kinds = self._kinds()
         return dataclasses.replace(
-            engine.weight_sync_info(),
-            updates=tuple(k for k in UPDATE_KINDS if k in engine.weight_updates),
+            self.core.engine.weight_sync_info(),
+            updates=tuple(k for k in UPDATE_KINDS if k in kinds),
             node_id=_node_id(),
+            delta_base=self._delta.id,
         )
 
     def weight_loads(self) -> dict[str, int]:
         """Weight updates loaded so far by kind: ``staged`` (a shared-memory file written on
         this node), ``buckets`` (Ray objects), ``adapter`` (LoRA), ``transfer`` (vLLM's
-        NCCL/IPC)."""
+        NCCL/IPC), ``delta`` (delta weight sync)."""
         return dict(self._loads)
 
     async def sleep(self) -> None:
@@ -184,6 +219,7 @@ class AsyncServer:
             await self._http.stop()
             self._http = None
         self.core.engine.shutdown()
+        self._delta.close()
 
 
 def _node_id() -> str | None:

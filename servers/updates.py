@@ -9,6 +9,8 @@ A sender asks a server what it accepts (``WeightSyncInfo.updates``, from the eng
 - ``AdapterUpdate``: a LoRA adapter, served as the next adapter version (vLLM with LoRA).
 - ``TransferUpdate``: one step of vLLM's weight-transfer API (``weight_transfer=nccl|ipc``):
   the tensors travel GPU to GPU, sent by vLLM's trainer-side engine, never through here.
+- ``DeltaUpdate``: delta weight sync (``servers.delta``): the whole weights once, then only
+  what changed since the base the server holds; any server that loads staged files takes it.
 
 Send one update to many servers through one Ray object (``ray.put(update)``): a top-level
 object ref reaches each server as the update, serialized once.
@@ -22,11 +24,13 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
+from servers.delta import DeltaEntry
 from servers.weights import bucketize
 
 __all__ = [
     "AdapterUpdate",
     "BucketUpdate",
+    "DeltaUpdate",
     "StagedUpdate",
     "TransferUpdate",
     "UPDATE_KINDS",
@@ -35,8 +39,8 @@ __all__ = [
     "bucket_updates",
 ]
 
-UpdateKind = Literal["buckets", "staged", "adapter", "transfer"]
-UPDATE_KINDS: tuple[UpdateKind, ...] = ("buckets", "staged", "adapter", "transfer")
+UpdateKind = Literal["buckets", "staged", "adapter", "transfer", "delta"]
+UPDATE_KINDS: tuple[UpdateKind, ...] = ("buckets", "staged", "adapter", "transfer", "delta")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +94,23 @@ class TransferUpdate:
     info: dict[str, Any] | None = None
 
 
-WeightUpdate = BucketUpdate | StagedUpdate | AdapterUpdate | TransferUpdate
+@dataclass(frozen=True, slots=True)
+class DeltaUpdate:
+    """One bucket of a delta weight sync to the base ``target``: whole tensors (``named``)
+    establishing it when ``base`` is None, else ``entries`` changing the base ``base`` the
+    server must hold. ``apply_weights`` returns the bucket's bytes, or at ``finish`` the
+    ``weights_checksum`` of what the server now serves."""
+
+    kind: ClassVar[UpdateKind] = "delta"
+    target: str
+    base: str | None = None
+    named: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    entries: list[DeltaEntry] = field(default_factory=list)
+    begin: bool = False
+    finish: bool = False
+
+
+WeightUpdate = BucketUpdate | StagedUpdate | AdapterUpdate | TransferUpdate | DeltaUpdate
 
 
 def bucket_updates(

@@ -124,6 +124,9 @@ class WeightSyncInfo:
     """The kinds of weight update the server's engine takes (``servers.updates``:
     ``buckets``, ``staged``, ``adapter``, ``transfer``); ``AsyncServer.weight_sync_info``
     fills it from the engine's ``weight_updates``."""
+    delta_base: str | None = None
+    """Delta weight sync: the id of the weights the server last loaded by a ``DeltaUpdate``
+    (what a delta must be against); None: none (a new or restarted server), send them whole."""
 
 
 def shm_dir() -> Path:

@@ -6,7 +6,9 @@ the push made every untrained group newer than the old cap), ``filter_groups`` (
 scores every sample of an even prompt alike, so its group is dropped and refilled),
 ``use_rollout_log_probs`` (no recompute; the loss reports the engine/trainer mismatch),
 ``partial_rollout=inflight`` (running turns stay in the engine through a push: none aborted,
-none prefilled again; ``partial_rollout=False`` is unit-tested), and ``require_batches=1``
+none prefilled again; ``partial_rollout=False`` is unit-tested), delta weight sync (the
+weights whole at the first push and every third, only what changed between, the server's
+checksum equal to the trainer's at each), and ``require_batches=1``
 with ``total_epochs=2`` (the step count follows the step's group count: 2 epochs x 8
 prompts / 2 per step = 8 steps, where it used to be 4).
 
@@ -95,6 +97,8 @@ def run(tmp_path_factory) -> tuple[Path, str]:
         "async_training.use_rollout_log_probs=True",
         "async_training.partial_rollout=inflight",
         "algorithm.filter_groups.enable=True",
+        "trainer.weight_sync_delta.enable=True",
+        "trainer.weight_sync_delta.full_every=3",
     ]
     output = _run(command, run_dir / "val_answers.jsonl")
     # The sync side: the step-4 export validated alone, by agentloop-rollout +split=val.
@@ -141,6 +145,9 @@ def test_every_step_runs_with_pushes_every_3_steps_within_the_bound(run):
     assert [m["training/global_step"] for m in steps] == list(range(1, STEPS + 1))
     pushed = [int(m["training/global_step"]) for m in steps if "timing_s/weight_sync" in m]
     assert pushed == [3, 4, 6, 8]  # every 3 steps, before step 4's validation, after the last
+    pushes = [m for m in steps if "timing_s/weight_sync" in m]
+    assert all(m["weight_sync/servers_delta"] == 1 for m in pushes)
+    assert [m["weight_sync/whole_servers"] for m in pushes] == [1, 0, 0, 1]  # full_every=3
     assert max(m["rollout/staleness_max"] for m in steps) <= STALENESS
     assert any("async/turns_kept" in m for m in steps)  # in-flight pushes
     assert not any("async/turns_aborted" in m for m in steps)

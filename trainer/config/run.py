@@ -21,6 +21,7 @@ __all__ = [
     "RayKwargsConfig",
     "RunConfig",
     "TrainerConfig",
+    "WeightSyncDeltaConfig",
 ]
 
 
@@ -231,6 +232,41 @@ class AlgorithmConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class WeightSyncDeltaConfig:
+    """``trainer.weight_sync_delta``: delta weight sync for full fine-tuning (verl's
+    ``checkpoint_engine.backend=delta_sharded``; docs/async-training.md). Each server gets the
+    weights whole once (and after a restart), then only what changed since the weights it
+    holds, with a checksum per push on both sides."""
+
+    enable: bool = False
+    """Send every server that takes it (vLLM) only what changed; False: the whole weights
+    each push (by shared-memory files on the trainer's node, else buckets)."""
+    encoding: Literal["indices", "bf16_diff"] = "indices"
+    """``indices``: the positions whose bits changed and their new values, exact (verl's
+    name; small in bf16, where an RL step changes few elements); ``bf16_diff``: float32
+    weights as bf16 differences (half the bytes; the rounding is carried to the next push)."""
+    full_every: int = 10
+    """The weights whole to every server every this many pushes (0: only when a server
+    holds no base)."""
+    min_change: float = 0.0
+    """Skip a tensor whose relative change since what the servers hold is at most this
+    (L2); 0: send every changed tensor."""
+    checksum: bool = True
+    """Check after each push that every server's weights equal the trainer's (an error
+    names the server that differs)."""
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ("indices", "bf16_diff"):
+            raise ValueError(
+                f"trainer.weight_sync_delta.encoding={self.encoding!r}: use indices or bf16_diff"
+            )
+        if self.full_every < 0:
+            raise ValueError("trainer.weight_sync_delta.full_every must be >= 0 (0: never)")
+        if self.min_change < 0:
+            raise ValueError("trainer.weight_sync_delta.min_change must be >= 0")
+
+
+@dataclass(kw_only=True, slots=True)
 class TrainerConfig(RunConfig):
     """``trainer``: the run keys, plus those of the RL loop alone."""
 
@@ -248,6 +284,7 @@ class TrainerConfig(RunConfig):
     shares in batch order."""
     weight_sync_bucket_mb: int = 256
     """MiB of weights per bucket when the actor's weights are sent to the servers."""
+    weight_sync_delta: WeightSyncDeltaConfig = field(default_factory=WeightSyncDeltaConfig)
     worker_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     """Level at which Ray workers (servers, agent-loop workers, trainer ranks) log to this
     console, vLLM's engine logs included; INFO shows the engines' start-up."""

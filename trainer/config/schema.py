@@ -296,6 +296,7 @@ class Config:
             )
         self.check_critic()
         self.check_async()
+        self.check_delta_sync()
         self.actor_rollout_ref.check_cpu_cores()
         if self.data.val_files:
             for message in rollout.val_kwargs.warnings():
@@ -344,6 +345,23 @@ class Config:
             raise ValueError(
                 f"critic.ppo_max_token_len_per_gpu={budget} is below one full sample "
                 f"({context} = prompt_length + response_length): raise it"
+            )
+
+    def check_delta_sync(self) -> None:
+        """Delta weight sync sends a full fine-tune's weights over the host route."""
+        if not self.trainer.weight_sync_delta.enable:
+            return
+        key = "trainer.weight_sync_delta.enable=True"
+        if self.actor_rollout_ref.model.use_lora:
+            raise ValueError(
+                f"{key} is for full fine-tuning; a LoRA actor sends only its adapter already: "
+                "drop it, or set actor_rollout_ref.model.lora_rank=0"
+            )
+        transfer = self.actor_rollout_ref.rollout.engine.weight_transfer
+        if transfer != "host":
+            raise ValueError(
+                f"{key} sends over the host route; actor_rollout_ref.rollout.weight_transfer="
+                f"{transfer} sends every weight GPU to GPU: set weight_transfer=host, or drop it"
             )
 
     def check_async(self) -> None:

@@ -47,7 +47,7 @@ from trainer.launch.rollout import (
     wait_for_servers,
 )
 from trainer.loop.checkpoint import CheckpointManager, checkpoint_bytes
-from trainer.loop.weight_sync import WeightSync
+from trainer.loop.weight_sync import WeightSync, delta_spec
 from trainer.metrics.trace_tags import TraceTagger
 from trainer.metrics.tracking import Tracking
 from trainer.models.resolve import resolve_model
@@ -311,6 +311,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
             servers,
             bucket_mb=config.trainer.weight_sync_bucket_mb,
             colocated=colocated,
+            delta=delta_spec(config.trainer.weight_sync_delta),
             # a starting LoRA adapter the servers do not load: they get merged weights first
             starts_ahead=model.lora_adapter_path is not None and not serves_lora(ref.rollout, lora),
         )

@@ -7,7 +7,9 @@ shared-memory file the ranks wrote their shards into; a server on another node g
 all-gathered buckets of ``bucket_bytes`` (Ray objects) from rank 0, which it stages and loads;
 with servers started for vLLM's NCCL or CUDA IPC weight transfer, vLLM's trainer-side engine
 sends them GPU to GPU. The route each server got is in the step's metrics
-(``weight_sync/server_<i>/<route>`` = 1, ``weight_sync/servers_<route>``).
+(``weight_sync/server_<i>/<route>`` = 1, ``weight_sync/servers_<route>``). With delta sync
+(``trainer.weight_sync_delta``) the servers get only what changed since the weights they hold;
+``weight_sync/whole_servers`` counts those that got them whole.
 
 On GPU with colocated servers (``hybrid_engine``) the servers sleep during the update and are
 woken before the push; on CPU sleep/wake are no-ops.
@@ -19,7 +21,7 @@ import logging
 import time
 from typing import Any
 
-__all__ = ["WeightSync", "route_metrics"]
+__all__ = ["WeightSync", "delta_spec", "route_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +35,12 @@ class WeightSync:
         bucket_mb: int,
         colocated: bool,
         starts_ahead: bool = False,
+        delta: Any = None,
     ):
         self.workers, self.servers = workers, servers
         self.bucket_bytes = bucket_mb << 20
+        self.delta = delta
+        """``trainer.workers.weight_delta.DeltaSpec``, or None: whole weights each push."""
         self.colocated = colocated
         self.version = 0
         self.starts_ahead = starts_ahead
@@ -47,7 +52,7 @@ class WeightSync:
         """Before the first rollout of a fresh run: the actor's starting weights to servers
         that do not start with them (``starts_ahead``); the version stays 0."""
         if self.starts_ahead:
-            sent = self.workers.push_weights(self.servers, self.bucket_bytes)
+            sent = self._send(self.servers)
             logger.info("starting weights: %.1f MB to the servers", sent["bytes"] / 1e6)
 
     def release_servers(self) -> None:
@@ -63,7 +68,7 @@ class WeightSync:
         if self.version == 0 and not self.starts_ahead:
             return
         start = time.perf_counter()
-        sent = self.workers.push_weights(servers, self.bucket_bytes)
+        sent = self._send(servers)
         logger.warning(
             "weights v%d pushed to %d restarted server(s) (%s): %.1f MB in %.2f s",
             self.version,
@@ -80,7 +85,7 @@ class WeightSync:
         start = time.perf_counter()
         if self.colocated:
             ray.get([s.wake_up.remote() for s in self.servers])
-        sent = self.workers.push_weights(self.servers, self.bucket_bytes)
+        sent = self._send(self.servers)
         seconds = time.perf_counter() - start
         self.version += 1
         logger.info(
@@ -91,12 +96,29 @@ class WeightSync:
             len(self.servers),
             seconds,
         )
-        return {
+        out = {
             "timing_s/weight_sync": seconds,
             "weight_sync/mb": sent["bytes"] / 1e6,
             "weight_sync/version": float(self.version),
             **route_metrics(sent["routes"]),
         }
+        if "whole_servers" in sent:
+            out["weight_sync/whole_servers"] = sent["whole_servers"]
+        return out
+
+    def _send(self, servers: list[Any]) -> dict[str, Any]:
+        if self.delta is None:
+            return self.workers.push_weights(servers, self.bucket_bytes)
+        return self.workers.push_weights(servers, self.bucket_bytes, None, self.delta)
+
+
+def delta_spec(config: Any) -> Any:
+    """``trainer.weight_sync_delta`` as the ranks take it (a ``DeltaSpec``); None when off."""
+    from trainer.workers.weight_delta import DeltaSpec
+
+    if not config.enable:
+        return None
+    return DeltaSpec(config.encoding, config.full_every, config.min_change, config.checksum)
 
 
 def route_metrics(routes: list[str]) -> dict[str, float]:

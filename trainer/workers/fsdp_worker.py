@@ -261,19 +261,20 @@ class FSDPWorker:
 
     # ---- weights out ----------------------------------------------------------------------
     def push_weights(
-        self, servers: list[Any], bucket_bytes: int, route: str | None = None
+        self, servers: list[Any], bucket_bytes: int, route: str | None = None, delta: Any = None
     ) -> dict[str, Any]:
         """Send the current weights to every server in the dtype they serve in (collective:
         every rank takes part, rank 0 talks to the servers). The route of each server (shards
         written into shared memory, Ray buckets, or vLLM's NCCL/IPC transfer) is
         ``weight_send``'s choice unless ``route`` names one. Returns tensors and bytes sent
-        and each server's route."""
+        and each server's route. ``delta``: a ``DeltaSpec``, delta sync to the servers that
+        take it (``trainer.workers.weight_delta``)."""
         from trainer.workers.weight_send import WeightSender  # Ray, servers, vLLM: only where used
 
         assert self.model is not None
         if self._sender is None:
             self._sender = WeightSender(self.model)
-        return self._sender.push(servers, bucket_bytes, route)
+        return self._sender.push(servers, bucket_bytes, route, delta)
 
     def full_state_dict(
         self, skip_tied_head: bool = False, critic: bool = False

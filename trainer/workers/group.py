@@ -248,11 +248,11 @@ class WorkerGroup:
         return self._scatter(FSDPWorker.update_sft, batch, *args)[0]
 
     def push_weights(
-        self, servers: list[Any], bucket_bytes: int, route: str | None = None
+        self, servers: list[Any], bucket_bytes: int, route: str | None = None, delta: Any = None
     ) -> dict[str, Any]:
         """The current weights to ``servers`` (``FSDPWorker.push_weights``): tensors, bytes
-        and each server's route."""
-        return self._each(FSDPWorker.push_weights, servers, bucket_bytes, route)[0]
+        and each server's route; ``delta``: a ``DeltaSpec`` (delta sync)."""
+        return self._each(FSDPWorker.push_weights, servers, bucket_bytes, route, delta)[0]
 
     def full_state_dict(self, critic: bool = False) -> dict[str, torch.Tensor]:
         """The whole model under transformers' names (a LoRA actor's merged), float32;

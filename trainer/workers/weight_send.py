@@ -24,6 +24,11 @@ with the update kind the server declares it takes (``WeightSyncInfo.updates``).
 Floating-point weights always travel in the dtype the servers serve in, cast on the trainer's
 device first: bf16 on GPU is half the bytes of the float32 master weights.
 
+- ``delta`` (``trainer.weight_sync_delta.enable``): every host-route server that takes delta
+  updates. Rank 0 gathers the tensors like ``buckets`` and sends each server either the
+  weights whole or only what changed since the weights it holds, then checks each server's
+  checksum (``trainer.workers.weight_delta``).
+
 A LoRA actor (``actor_rollout_ref.model.lora_rank > 0``) sends only its adapter:
 
 - ``adapter``: the ranks all-gather the adapter weights (megabytes, not gigabytes); rank 0
@@ -42,7 +47,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from servers.updates import AdapterUpdate, BucketUpdate, StagedUpdate, TransferUpdate
+from servers.updates import (
+    AdapterUpdate,
+    BucketUpdate,
+    DeltaUpdate,
+    StagedUpdate,
+    TransferUpdate,
+)
 from servers.weights import (
     StagedBucket,
     WeightSyncInfo,
@@ -53,6 +64,7 @@ from servers.weights import (
 )
 from trainer.workers.dist import this_rank, world_size
 from trainer.workers.fsdp import free_port, full_tensors, shard_pieces
+from trainer.workers.weight_delta import DeltaSender, DeltaSpec
 
 __all__ = [
     "FullTensorSource",
@@ -90,22 +102,33 @@ class WeightSender:
         self._transfer: tuple[tuple[str, ...], Any] | None = None
         self._last_routes: list[str] | None = None
         self._nodes: set[str] | None = None  # every rank's Ray node
+        self._delta: DeltaSender | None = None  # rank 0, delta sync: what the servers hold
         from servers.lora import adapter_rank
         from trainer.workers.lora import adapter_config, is_lora
 
         self._lora_rank = adapter_rank(adapter_config(model)) if is_lora(model) else 0
 
     def push(
-        self, servers: list[Any], bucket_bytes: int, route: str | None = None
+        self,
+        servers: list[Any],
+        bucket_bytes: int,
+        route: str | None = None,
+        delta: DeltaSpec | None = None,
     ) -> dict[str, Any]:
         """Send the current weights to every server; returns tensors and bytes sent and
-        ``routes``: the route each server got them by, in order. ``route`` forces one route
-        for all (benchmarks, tests); None picks per server."""
+        ``routes``: the route each server got them by, in order (and with ``delta``, how many
+        got the weights whole). ``route`` forces one route for all (benchmarks, tests); None
+        picks per server. ``delta``: delta sync for every host-route server that takes it."""
         import ray
 
         infos: list[WeightSyncInfo] = ray.get([s.weight_sync_info.remote() for s in servers])
         dtype = serving_dtype(infos)
-        routes = [route] * len(servers) if route else self._routes(infos)
+        routes = [route] * len(servers) if route else self._routes(infos, delta is not None)
+        if "delta" in routes and self.rank == 0:
+            if self._delta is None:
+                self._delta = DeltaSender(delta or DeltaSpec())
+            elif delta is not None:
+                self._delta.spec = delta
         if self._lora_rank and set(routes) - {"adapter", "merged"}:
             raise ValueError(
                 f"a LoRA actor sends its adapter or merged weights (route adapter or merged), "
@@ -125,11 +148,14 @@ class WeightSender:
         out: dict[str, Any] = {"tensors": 0.0, "bytes": 0.0, "routes": routes}
         for each in dict.fromkeys(routes):  # in order of first use; the same on every rank
             picked = [k for k, r in enumerate(routes) if r == each]
-            sent = self._push_route(
-                each, [servers[k] for k in picked], [infos[k] for k in picked], dtype, bucket_bytes
-            )
-            out["tensors"] = max(out["tensors"], sent["tensors"])
-            out["bytes"] += sent["bytes"]
+            chosen = [servers[k] for k in picked]
+            their = [infos[k] for k in picked]
+            if each == "delta":
+                sent = self._push_delta(chosen, their, picked, dtype, bucket_bytes)
+            else:
+                sent = self._push_route(each, chosen, their, dtype, bucket_bytes)
+            for key, value in sent.items():
+                out[key] = max(out[key], value) if key == "tensors" else out.get(key, 0.0) + value
         return out
 
     def _push_route(
@@ -151,15 +177,16 @@ class WeightSender:
         if route in ("nccl", "ipc"):
             return self._push_transfer(servers, infos, dtype, route)
         raise ValueError(
-            f"route must be staged, buckets, nccl, ipc, adapter or merged, got {route!r}"
+            f"route must be staged, buckets, delta, nccl, ipc, adapter or merged, got {route!r}"
         )
 
-    def _routes(self, infos: list[WeightSyncInfo]) -> list[str]:
+    def _routes(self, infos: list[WeightSyncInfo], delta: bool = False) -> list[str]:
         """The route of each server. A LoRA actor: ``adapter`` where every server loads its
-        rank, else ``merged``; vLLM's transfer where the servers were started for it; else
-        ``staged`` for a server that loads shared-memory files on the node of every trainer
-        rank (each rank writes its shard into a file on its own node), ``buckets`` for the
-        others. Chosen by Ray node id, so the same on every rank."""
+        rank, else ``merged``; vLLM's transfer where the servers were started for it; with
+        ``delta``, ``delta`` for every server that takes it; else ``staged`` for a server that
+        loads shared-memory files on the node of every trainer rank (each rank writes its
+        shard into a file on its own node), ``buckets`` for the others. Chosen by Ray node id,
+        so the same on every rank."""
         if self._lora_rank:
             fits = all(i.lora_rank >= self._lora_rank for i in infos)
             return ["adapter" if fits else "merged"] * len(infos)
@@ -168,6 +195,8 @@ class WeightSender:
             raise ValueError(f"the rollout servers use different weight_transfer: {transfers}")
         if transfers != {"host"}:
             return [transfers.pop()] * len(infos)
+        if delta:
+            return ["delta" if "delta" in i.updates else "buckets" for i in infos]
         rank_nodes = self._rank_nodes()
         return [
             "staged" if i.loads_staged and rank_nodes == {i.node_id} else "buckets" for i in infos
@@ -201,23 +230,11 @@ class WeightSender:
         self, servers: list[Any], dtype: torch.dtype, bucket_bytes: int, merged: bool = False
     ) -> dict[str, float]:
         """``merged``: a LoRA actor's weights with the adapter merged in."""
-        import ray
 
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = sent = tensors = 0
-        first = True
+        def update(named: list, begin: bool, finish: bool) -> BucketUpdate:
+            return BucketUpdate(named, begin=begin, finish=finish)
 
-        def flush(last: bool = False) -> None:
-            """Send the bucket so far (one Ray object for every server); the first begins
-            the update, the last (maybe empty) finishes it."""
-            nonlocal bucket, size, sent, first
-            if self.rank == 0 and (bucket or last):
-                ref = ray.put(BucketUpdate(bucket, begin=first, finish=last))
-                ray.get([s.apply_weights.remote(ref) for s in servers])
-                sent += size
-                first = False
-            bucket, size = [], 0
-
+        stream = _Stream(servers if self.rank == 0 else [], update, bucket_bytes)
         # Tied embeddings: the server copies the embedding into its head.
         if merged:
             from trainer.workers.lora import merged_tensors
@@ -225,15 +242,72 @@ class WeightSender:
             source = merged_tensors(self.model, dtype=dtype, skip_tied_head=True)
         else:
             source = full_tensors(self.model, dtype=dtype, skip_tied_head=True)
+        tensors = 0
         for name, tensor in source:
             tensors += 1
-            if self.rank == 0:
-                bucket.append((name, tensor))
-                size += tensor.numel() * tensor.element_size()
-                if size >= bucket_bytes:
-                    flush()
-        flush(last=True)
-        return {"tensors": float(tensors), "bytes": float(sent)}
+            stream.add((name, tensor), tensor.numel() * tensor.element_size())
+        stream.flush(last=True)
+        return {"tensors": float(tensors), "bytes": float(stream.sent)}
+
+    # ---- delta: only what changed since the weights each server holds --------------------
+    def _push_delta(
+        self,
+        servers: list[Any],
+        infos: list[WeightSyncInfo],
+        indices: list[int],
+        dtype: torch.dtype,
+        bucket_bytes: int,
+    ) -> dict[str, float]:
+        """Gathered like ``buckets``; rank 0 sends the servers that hold no base (or another)
+        the weights whole and the others ``DeltaEntry`` items, then checks their checksums.
+        Returns tensors, bytes (all servers' streams) and ``whole_servers``."""
+        state = self._delta
+        whole: list[bool] = [False] * len(servers)
+        base, target = None, ""
+        if state is not None:
+            whole, base, target = state.begin([i.delta_base for i in infos])
+
+        def update(base_id: str | None):
+            def make(items: list, begin: bool, finish: bool) -> DeltaUpdate:
+                key = "named" if base_id is None else "entries"
+                return DeltaUpdate(target, base_id, begin=begin, finish=finish, **{key: items})
+
+            return make
+
+        pairs = list(zip(servers, whole, strict=True)) if state is not None else []
+        full = _Stream([s for s, w in pairs if w], update(None), bucket_bytes)
+        part = _Stream([s for s, w in pairs if not w], update(base), bucket_bytes)
+        tensors = 0
+        for name, tensor in full_tensors(self.model, dtype=dtype, skip_tied_head=True):
+            tensors += 1
+            if state is None:
+                continue
+            if full.servers:
+                full.add((name, tensor), tensor.numel() * tensor.element_size())
+            if not part.servers:
+                state.keep(name, tensor)
+            elif (entry := state.encode(name, tensor)) is not None:
+                part.add(entry, entry.nbytes)
+        if state is None:
+            return {"tensors": float(tensors), "bytes": 0.0}
+        answers = full.flush(last=True) + part.flush(last=True)
+        expected = state.finish(target)
+        order = [k for k, w in enumerate(whole) if w] + [k for k, w in enumerate(whole) if not w]
+        if expected is not None:
+            for k, got in zip(order, answers, strict=True):
+                if got != expected:
+                    raise RuntimeError(
+                        f"weight sync: server {indices[k]} ({_actor_name(servers[k])}) holds "
+                        f"weights with checksum {got:#010x} after delta push {target}, but "
+                        f"the trainer's are {expected:#010x}: its copy of the weights is not "
+                        "the trainer's (a base file changed outside the sync?); restart it "
+                        "and it gets the weights whole"
+                    )
+        return {
+            "tensors": float(tensors),
+            "bytes": float(full.sent * len(full.servers) + part.sent * len(part.servers)),
+            "whole_servers": float(sum(whole)),
+        }
 
     # ---- adapter: a LoRA actor's adapter, loaded as the servers' next version -------------
     def _push_adapter(self, servers: list[Any], dtype: torch.dtype) -> dict[str, float]:
@@ -288,6 +362,44 @@ class WeightSender:
             self._file.close()
             self._file = None
         self._close_transfer()
+
+
+class _Stream:
+    """Items in buckets of about ``bucket_bytes`` to ``servers`` (rank 0's; empty on the
+    others): each bucket one Ray object for every server; ``make(items, begin, finish)``
+    builds the update; the first begins it, the last (maybe empty) finishes it."""
+
+    def __init__(self, servers: list[Any], make: Any, bucket_bytes: int) -> None:
+        self.servers, self.make, self.bucket_bytes = servers, make, bucket_bytes
+        self.items: list[Any] = []
+        self.size = self.sent = 0
+        self.first = True
+
+    def add(self, item: Any, nbytes: int) -> None:
+        if not self.servers:
+            return
+        self.items.append(item)
+        self.size += nbytes
+        if self.size >= self.bucket_bytes:
+            self.flush()
+
+    def flush(self, last: bool = False) -> list[Any]:
+        """Send the bucket so far; returns each server's answer (empty if nothing sent)."""
+        import ray
+
+        answers: list[Any] = []
+        if self.servers and (self.items or last):
+            ref = ray.put(self.make(self.items, self.first, last))
+            answers = ray.get([s.apply_weights.remote(ref) for s in self.servers])
+            self.sent += self.size
+            self.first = False
+        self.items, self.size = [], 0
+        return answers
+
+
+def _actor_name(server: Any) -> str:
+    actor = getattr(server, "_actor_id", None)
+    return f"actor {actor.hex()[:12]}" if actor is not None else type(server).__name__
 
 
 def stage_shards(

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from servers.actor import AsyncServer
+from servers.delta import DeltaBase, DeltaEntry, weights_checksum
 from servers.updates import (
     AdapterUpdate,
     BucketUpdate,
+    DeltaUpdate,
     StagedUpdate,
     TransferUpdate,
     bucket_updates,
@@ -71,7 +73,8 @@ def server_with(engine: RecordingEngine, backend: str = "vllm") -> AsyncServer:
     server = AsyncServer.__new__(AsyncServer)  # no engine process: the adapter is the fake
     server.config = SimpleNamespace(backend=backend)
     server.core = SimpleNamespace(engine=engine)
-    server._loads = {"staged": 0, "buckets": 0, "adapter": 0, "transfer": 0}
+    server._loads = {"staged": 0, "buckets": 0, "adapter": 0, "transfer": 0, "delta": 0}
+    server._delta = DeltaBase()
     return server
 
 
@@ -114,7 +117,13 @@ def test_every_kind_reaches_its_engine_method_and_is_counted_once_loaded():
         ("update", {"step": "update"}),
         ("transfer_finish",),
     ]
-    assert server.weight_loads() == {"staged": 1, "buckets": 1, "adapter": 1, "transfer": 1}
+    assert server.weight_loads() == {
+        "staged": 1,
+        "buckets": 1,
+        "adapter": 1,
+        "transfer": 1,
+        "delta": 0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -123,6 +132,7 @@ def test_every_kind_reaches_its_engine_method_and_is_counted_once_loaded():
         (AdapterUpdate({}, {"r": 8}), "adapter"),
         (TransferUpdate("start"), "transfer"),
         (StagedUpdate([]), "staged"),
+        (DeltaUpdate("v1"), "delta"),
     ],
 )
 def test_a_kind_the_engine_does_not_take_is_refused_before_it_is_called(update, kind):
@@ -139,6 +149,36 @@ def test_a_kind_the_engine_does_not_take_is_refused_before_it_is_called(update, 
 
 def test_weight_sync_info_declares_the_kinds_the_engine_takes():
     server = server_with(RecordingEngine({"transfer", "buckets", "staged"}))
-    assert server.weight_sync_info().updates == ("buckets", "staged", "transfer")
+    assert server.weight_sync_info().updates == ("buckets", "staged", "transfer", "delta")
     assert server_with(RecordingEngine({"buckets"})).weight_sync_info().updates == ("buckets",)
     assert BucketUpdate().kind == "buckets"
+
+
+def test_a_delta_base_is_loaded_as_staged_files_changed_in_place_and_dropped_by_other_routes():
+    """Any engine that loads staged files takes delta updates: the base is staged, loaded
+    whole, answered with its checksum; a later delta changes it in place; a bucket update
+    leaves the server with no base (its next delta push is whole)."""
+    engine = RecordingEngine({"buckets", "staged"})
+    server = server_with(engine)
+    named = [("w", torch.arange(6, dtype=torch.float32)), ("b", torch.ones(2))]
+
+    async def run() -> tuple[int, int]:
+        first = await server.apply_weights(DeltaUpdate("s-1", None, named, begin=True, finish=True))
+        assert server.weight_sync_info().delta_base == "s-1"
+        poke = DeltaEntry("w", torch.tensor([9.0]), index=torch.tensor([2], dtype=torch.int32))
+        update = DeltaUpdate("s-2", "s-1", entries=[poke], begin=True, finish=True)
+        return first, await server.apply_weights(update)
+
+    try:
+        first, second = asyncio.run(run())
+        assert first == weights_checksum(named)
+        changed = dict(named, w=torch.tensor([0.0, 1, 9, 3, 4, 5]))
+        assert second == weights_checksum(changed.items())
+        assert [c[0] for c in engine.calls] == ["staged", "staged"]
+        assert server.weight_sync_info().delta_base == "s-2"
+        assert server.weight_loads()["delta"] == 2
+        for update in bucket_updates(named, 64):
+            asyncio.run(server.apply_weights(update))
+        assert server.weight_sync_info().delta_base is None
+    finally:
+        server._delta.close()

@@ -143,6 +143,17 @@ RULES: tuple[KeyRule, ...] = (
         f"{ARR}.rollout.checkpoint_engine.update_weights_bucket_megabytes",
         "trainer.weight_sync_bucket_mb",
     ),
+    _r(
+        f"{ARR}.rollout.checkpoint_engine.backend",
+        "each server's weight route is picked by its node and engine here (shared-memory files "
+        "on the trainer's node, else buckets; rollout.weight_transfer=nccl|ipc for vLLM's); "
+        "for delta_sharded set trainer.weight_sync_delta.enable=True",
+        "naive",
+    ),
+    _a(
+        f"{ARR}.rollout.checkpoint_engine.engine_kwargs.delta_sharded.encoding",
+        "trainer.weight_sync_delta.encoding",
+    ),
     # ---- data ---------------------------------------------------------------------------------
     _w(
         "data.truncation",
