@@ -46,6 +46,7 @@ __all__ = [
     "Rejection",
     "correct",
     "mismatch_metrics",
+    "token_mismatch",
     "weight_metrics",
 ]
 
@@ -210,6 +211,19 @@ def _log(value: float) -> float:
     return math.log(value) if value > 0 else -math.inf
 
 
+def token_mismatch(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The per-token terms of the token-level mismatch metrics, for sampled tokens'
+    ``log_ratio`` = log pi - log pi_rollout: ``kl`` (-log_ratio), ``k3_kl`` (r - log r - 1) and
+    ``chi2_token`` (r^2 - 1), the log-ratio bounded to +-``BOUND`` in the last two. Their
+    means are the metrics; a loss that sums them over micro-batches divides later."""
+    bounded = log_ratio.clamp(-BOUND, BOUND)
+    return {
+        "rollout_corr/kl": -log_ratio,
+        "rollout_corr/k3_kl": torch.exp(bounded) - bounded - 1,
+        "rollout_corr/chi2_token": torch.exp(2 * bounded) - 1,
+    }
+
+
 def mismatch_metrics(
     log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
@@ -223,8 +237,7 @@ def mismatch_metrics(
         return {}
     lp, rp = log_probs.double(), rollout_log_probs.double()
     log_ratio = (lp - rp).masked_fill(~m, 0.0)
-    tokens = log_ratio[m]
-    bounded = tokens.clamp(-BOUND, BOUND)
+    tokens = token_mismatch(log_ratio[m])
     rows = m.any(-1)
     count = m.sum(-1).clamp(min=1)
     log_ppl = -(lp.masked_fill(~m, 0.0).sum(-1) / count)[rows]
@@ -232,8 +245,7 @@ def mismatch_metrics(
     diff = rollout_log_ppl - log_ppl
     seq = log_ratio.sum(-1)[rows].clamp(-BOUND, BOUND)
     return {
-        "rollout_corr/kl": float((-tokens).mean()),
-        "rollout_corr/k3_kl": float((torch.exp(bounded) - bounded - 1).mean()),
+        **{key: float(terms.mean()) for key, terms in tokens.items()},
         "rollout_corr/training_ppl": float(torch.exp(log_ppl).mean()),
         "rollout_corr/rollout_ppl": float(torch.exp(rollout_log_ppl).mean()),
         "rollout_corr/training_log_ppl": float(log_ppl.mean()),
@@ -243,7 +255,6 @@ def mismatch_metrics(
         "rollout_corr/log_ppl_abs_diff": float(diff.abs().mean()),
         "rollout_corr/log_ppl_diff_max": float(diff.max()),
         "rollout_corr/log_ppl_diff_min": float(diff.min()),
-        "rollout_corr/chi2_token": float((torch.exp(2 * bounded)).mean() - 1),
         "rollout_corr/chi2_seq": float(torch.exp(2 * seq).mean() - 1),
     }
 

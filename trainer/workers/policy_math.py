@@ -24,7 +24,7 @@ from trainer.algos import (
     kl_penalty,
     loss_for,
 )
-from trainer.algos.correction import CorrectionSpec, correct
+from trainer.algos.correction import CorrectionSpec, correct, token_mismatch
 from trainer.config.actor import ActorConfig
 from trainer.workers.batch import TrainBatch
 from trainer.workers.dist import (
@@ -407,11 +407,8 @@ def _corrected(
         token_losses = token_losses * done.accepted
     if corr.bypass:
         m = mask.bool()
-        ratio = (proximal - behaviour).float()[m]
-        bounded = ratio.clamp(-20.0, 20.0)
-        stats["rollout_corr/kl"] = float((-ratio).sum())
-        stats["rollout_corr/k3_kl"] = float((torch.exp(bounded) - bounded - 1).sum())
-        stats["rollout_corr/chi2_token"] = float((torch.exp(2 * bounded) - 1).sum())
+        for key, terms in token_mismatch((proximal - behaviour).float()[m]).items():
+            stats[key] = float(terms.sum())
         if done.weights is not None:
             stats["rollout_corr/rollout_is_mean"] = float(done.weights.float()[m].sum())
         if corr.rejects:
