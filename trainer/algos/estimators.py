@@ -277,19 +277,19 @@ def compute_advantages(
     greedy responses' scores (``remax``); ``turns``, ``step_advantage_w``, ``gigpo_mode``:
     ``gigpo``'s."""
     inputs = AdvantageInputs(
-        scores,
-        mask,
-        group_ids,
-        token_rewards,
-        weights,
-        norm_by_std,
-        gamma,
-        values,
-        lam,
-        baselines,
-        turns,
-        step_advantage_w,
-        gigpo_mode,
+        scores=scores,
+        mask=mask,
+        group_ids=group_ids,
+        token_rewards=token_rewards,
+        weights=weights,
+        norm_by_std=norm_by_std,
+        gamma=gamma,
+        values=values,
+        lam=lam,
+        baselines=baselines,
+        turns=turns,
+        step_advantage_w=step_advantage_w,
+        gigpo_mode=gigpo_mode,
     )
     out = estimator_for(estimator)(inputs)
     if out.shape != mask.shape:
