@@ -305,7 +305,7 @@ class WeightSender:
                     )
         return {
             "tensors": float(tensors),
-            "bytes": float(full.sent * len(full.servers) + part.sent * len(part.servers)),
+            "bytes": float(full.sent + part.sent),  # each bucket once, as on other routes
             "whole_servers": float(sum(whole)),
         }
 
