@@ -82,10 +82,11 @@ class DeltaSender:
 
     def encode(self, name: str, new: torch.Tensor) -> DeltaEntry | None:
         """The entry that brings a server from the shadow to ``new`` (None: send nothing),
-        and the shadow updated to what that server will hold. ``new`` is kept, not copied."""
+        and the shadow updated to what that server will hold (a copy: with one rank, or an
+        entry that is not sharded, ``new`` is the live parameter, which the optimizer moves)."""
         old = self.shadow.get(name)
         if old is None or old.shape != new.shape or old.dtype != new.dtype:
-            self.shadow[name] = new
+            self.keep(name, new)
             return DeltaEntry(name, new)
         exact = self._exact
         if not exact and self.spec.min_change > 0 and new.is_floating_point():
@@ -100,18 +101,24 @@ class DeltaSender:
             apply_entry(old, entry)  # the shadow: what the server computes
             return entry
         where = changed_positions(old, new)
-        self.shadow[name] = new
         if where.numel() == 0:
             return None
         index = where.to(torch.int32 if new.numel() < 2**31 else torch.int64)
         sparse = where.numel() * (index.element_size() + new.element_size())
         if sparse >= new.numel() * new.element_size():
+            old.copy_(new)
             return DeltaEntry(name, new)
-        return DeltaEntry(name, new.reshape(-1)[where], index=index)
+        values = new.reshape(-1)[where]
+        old.view(-1)[where] = values
+        return DeltaEntry(name, values, index=index)
 
     def keep(self, name: str, new: torch.Tensor) -> None:
-        """A push with no delta to send: the servers get ``new`` whole."""
-        self.shadow[name] = new
+        """The servers get ``new`` whole: the shadow takes a copy."""
+        old = self.shadow.get(name)
+        if old is not None and old.shape == new.shape and old.dtype == new.dtype:
+            old.copy_(new)
+        else:
+            self.shadow[name] = new.detach().clone()
 
     def finish(self, target: str) -> int | None:
         """The push is done: the servers hold ``target``; returns the shadow's checksum

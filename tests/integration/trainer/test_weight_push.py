@@ -94,6 +94,64 @@ def test_after_a_push_the_server_serves_the_trainers_weights(
     assert gap.max().item() < 1e-3, gap.max().item()
 
 
+def test_delta_sync_sends_what_changed_and_a_server_off_the_trainers_weights_is_named(
+    setup, tiny_qwen3_path, trainer_model_path
+):
+    """Delta sync on the real server: the weights whole first (it holds no base), nothing when
+    nothing changed, bf16 differences after a training step (half the bytes, and the server
+    serves the trained weights), an error naming the server whose weights were changed
+    behind the trainer's back, and the weights whole again once it lost its base. Runs before
+    the LoRA test (which leaves the server serving an adapter); the step it trains moves the
+    module's actor by ~1e-6, far below that test's tolerances."""
+    from servers.delta import DeltaEntry
+    from servers.updates import DeltaUpdate
+    from tests.integration.trainer.test_fsdp_workers import make_batch
+    from trainer.workers.weight_delta import DeltaSpec
+
+    server, group = setup
+    original = load_file(str(tiny_qwen3_path / "model.safetensors"))
+    load_named_sync(server, list(original.items()))  # buckets: the server holds no delta base
+    assert ray.get(server.weight_sync_info.remote()).delta_base is None
+    model = AutoModelForCausalLM.from_pretrained(trainer_model_path, dtype=torch.float32)
+    full = sum(v.numel() * 4 for k, v in model.state_dict().items() if k != "lm_head.weight")
+    exact = DeltaSpec(full_every=0)
+
+    first = group.push_weights([server], 1 << 20, None, exact)
+    assert (first["routes"], first["whole_servers"], first["bytes"]) == (["delta"], 1.0, full)
+    base = ray.get(server.weight_sync_info.remote()).delta_base
+    assert base is not None
+    nothing = group.push_weights([server], 1 << 20, None, exact)
+    assert (nothing["whole_servers"], nothing["bytes"]) == (0.0, 0.0)
+
+    batch = make_batch()
+    batch.old_log_probs = group.compute_log_prob(batch)[0]
+    group.update_actor(batch, samples_per_mini_batch=len(batch), seed=0)
+    diff = group.push_weights([server], 1 << 20, None, DeltaSpec(encoding="bf16_diff"))
+    assert diff["whole_servers"] == 0.0 and diff["bytes"] == full / 2
+    trained = group.full_state_dict()
+    model.load_state_dict(trained, strict=False)
+    sampled = ray.get(
+        server.generate.remote(
+            req(PROMPT, {"max_tokens": 24, "temperature": 1.0, "seed": 3, "ignore_eos": True})
+        )
+    )
+    gap = (torch.tensor(sampled.log_probs) - _hf_logprobs(model.eval(), sampled.token_ids)).abs()
+    assert gap.max().item() < 1e-3, gap.max().item()
+
+    # a base file changed outside the sync: the next push's checksums differ
+    held = ray.get(server.weight_sync_info.remote()).delta_base
+    name = "model.norm.weight"
+    poke = DeltaEntry(name, torch.tensor([5.0]), index=torch.tensor([0], dtype=torch.int32))
+    update = DeltaUpdate(held, held, entries=[poke], begin=True, finish=True)
+    ray.get(server.apply_weights.remote(update))
+    with pytest.raises(RuntimeError, match=r"weight sync: server 0 \(actor [0-9a-f]{12}\) holds"):
+        group.push_weights([server], 1 << 20, None, exact)
+
+    load_named_sync(server, list(original.items()))  # another route: the base is gone
+    again = group.push_weights([server], 1 << 20, None, exact)
+    assert (again["whole_servers"], again["bytes"]) == (1.0, full)
+
+
 def test_a_lora_actor_sends_its_adapter_or_merged_weights_and_the_server_serves_them(
     setup, trainer_model_path, tmp_path
 ):
@@ -156,60 +214,3 @@ def test_a_lora_actor_sends_its_adapter_or_merged_weights_and_the_server_serves_
             lora.push_weights([server], 1 << 20, "staged")
     finally:
         lora.shutdown()
-
-
-def test_delta_sync_sends_what_changed_and_a_server_off_the_trainers_weights_is_named(
-    setup, tiny_qwen3_path, trainer_model_path
-):
-    """Delta sync on the real server: the weights whole first (it holds no base), nothing when
-    nothing changed, bf16 differences after a training step (half the bytes, and the server
-    serves the trained weights), an error naming the server whose weights were changed
-    behind the trainer's back, and the weights whole again once it lost its base. Runs last:
-    it trains the module's actor."""
-    from servers.delta import DeltaEntry
-    from servers.updates import DeltaUpdate
-    from tests.integration.trainer.test_fsdp_workers import make_batch
-    from trainer.workers.weight_delta import DeltaSpec
-
-    server, group = setup
-    original = load_file(str(tiny_qwen3_path / "model.safetensors"))
-    load_named_sync(server, list(original.items()))  # buckets: the server holds no delta base
-    assert ray.get(server.weight_sync_info.remote()).delta_base is None
-    model = AutoModelForCausalLM.from_pretrained(trainer_model_path, dtype=torch.float32)
-    full = sum(v.numel() * 4 for k, v in model.state_dict().items() if k != "lm_head.weight")
-    exact = DeltaSpec(full_every=0)
-
-    first = group.push_weights([server], 1 << 20, None, exact)
-    assert (first["routes"], first["whole_servers"], first["bytes"]) == (["delta"], 1.0, full)
-    base = ray.get(server.weight_sync_info.remote()).delta_base
-    assert base is not None
-    nothing = group.push_weights([server], 1 << 20, None, exact)
-    assert (nothing["whole_servers"], nothing["bytes"]) == (0.0, 0.0)
-
-    batch = make_batch()
-    batch.old_log_probs = group.compute_log_prob(batch)[0]
-    group.update_actor(batch, samples_per_mini_batch=len(batch), seed=0)
-    diff = group.push_weights([server], 1 << 20, None, DeltaSpec(encoding="bf16_diff"))
-    assert diff["whole_servers"] == 0.0 and diff["bytes"] == full / 2
-    trained = group.full_state_dict()
-    model.load_state_dict(trained, strict=False)
-    sampled = ray.get(
-        server.generate.remote(
-            req(PROMPT, {"max_tokens": 24, "temperature": 1.0, "seed": 3, "ignore_eos": True})
-        )
-    )
-    gap = (torch.tensor(sampled.log_probs) - _hf_logprobs(model.eval(), sampled.token_ids)).abs()
-    assert gap.max().item() < 1e-3, gap.max().item()
-
-    # a base file changed outside the sync: the next push's checksums differ
-    held = ray.get(server.weight_sync_info.remote()).delta_base
-    name = "model.norm.weight"
-    poke = DeltaEntry(name, torch.tensor([5.0]), index=torch.tensor([0], dtype=torch.int32))
-    update = DeltaUpdate(held, held, entries=[poke], begin=True, finish=True)
-    ray.get(server.apply_weights.remote(update))
-    with pytest.raises(RuntimeError, match=r"weight sync: server 0 \(actor [0-9a-f]{12}\) holds"):
-        group.push_weights([server], 1 << 20, None, exact)
-
-    load_named_sync(server, list(original.items()))  # another route: the base is gone
-    again = group.push_weights([server], 1 << 20, None, exact)
-    assert (again["whole_servers"], again["bytes"]) == (1.0, full)

@@ -229,3 +229,15 @@ def test_bad_delta_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError) as info:
         WeightSyncDeltaConfig(**kwargs)
     assert str(info.value) == message
+
+
+def test_the_shadow_is_a_copy_so_a_live_parameter_moved_in_place_is_seen_as_changed():
+    """With one rank (or an unsharded entry) the gathered tensor is the live parameter; the
+    optimizer then moves it in place, and the next push must still send the change."""
+    sender, server = DeltaSender(DeltaSpec(full_every=0)), {}
+    live = {"w": torch.zeros(8)}
+    _push(sender, server, live)
+    live["w"][3] = 1.0  # an optimizer step, in place
+    _, entries, checksum = _push(sender, server, live)
+    assert [(e.name, e.index.tolist(), e.values.tolist()) for e in entries] == [("w", [3], [1.0])]
+    assert torch.equal(server["w"], live["w"]) and checksum == weights_checksum(live.items())
