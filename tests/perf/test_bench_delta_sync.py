@@ -3,8 +3,10 @@ demo's RL learning rate (1e-5, Adam) on 2 FSDP2 trainer ranks, 10 training steps
 by a push of the weights to two vLLM CPU servers started alike: one gets them whole (route
 ``buckets``: all-gathered, Ray objects, staged and loaded), the other by delta sync (route
 ``delta``: only what changed since its base, applied to its base and loaded, checksums
-compared). The first delta push is whole (the server holds no base); the figures are over the
-nine after it, both sides from the same steps.
+compared). A warm-up push before the steps gives each server its weights (the delta server's
+base, whole); the figures are the ten pushes after the steps, both sides from the same steps,
+in alternating order. On one machine no byte crosses a network, so the seconds show the cost
+of encoding and applying, not what fewer bytes save on a link.
 
 Two serving dtypes, one after the other: bfloat16 (as on GPU; ``indices``: the elements whose
 bits changed) and float32 (vLLM's CPU default; ``bf16_diff``: differences in bf16). Prints
@@ -20,10 +22,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import ray
 import torch
 
-from servers import ServerConfig, launch_servers
+from servers import ServerConfig, launch_servers, stop_servers
 from tests.integration.cluster.helpers import cpu_spec
 from trainer.config.actor import OptimConfig
 from trainer.models import prepare
@@ -73,9 +74,7 @@ def _run(group: WorkerGroup, path: Path, dtype: str, spec: DeltaSpec) -> dict:
                 rows[f"{side}_s"].append(time.perf_counter() - t)
                 rows[f"{side}_mb"].append(sent["bytes"] / 1e6)
     finally:
-        for server in (whole_server, delta_server):
-            ray.get(server.shutdown.remote())
-            ray.kill(server)
+        stop_servers([whole_server, delta_server])
     return {
         "serving_dtype": dtype,
         "encoding": spec.encoding,
