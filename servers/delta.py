@@ -20,6 +20,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -125,8 +126,6 @@ class DeltaBase:
         return weights_checksum(iter_buckets(self.buckets))
 
     def close(self) -> None:
-        from pathlib import Path
-
         self._views = {}
         for path in self._files:
             Path(path).unlink(missing_ok=True)

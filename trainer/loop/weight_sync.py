@@ -107,8 +107,6 @@ class WeightSync:
         return out
 
     def _send(self, servers: list[Any]) -> dict[str, Any]:
-        if self.delta is None:
-            return self.workers.push_weights(servers, self.bucket_bytes)
         return self.workers.push_weights(servers, self.bucket_bytes, None, self.delta)
 
 

@@ -14,6 +14,10 @@ readable: a test cluster's nodes share one machine's ``/dev/shm``):
 - ``buckets``: the other servers (on another node, or SGLang). The ranks all-gather one entry
   at a time in the serving dtype; rank 0 sends buckets of ``bucket_bytes`` as Ray objects,
   which each server stages and loads.
+- ``delta`` (``trainer.weight_sync_delta.enable``): every host-route server that takes delta
+  updates. Rank 0 gathers the tensors like ``buckets`` and sends each server either the
+  weights whole or only what changed since the weights it holds, then checks each server's
+  checksum (``trainer.workers.weight_delta``).
 - ``nccl`` / ``ipc``: servers started with ``weight_transfer=nccl|ipc`` (vLLM, GPU). vLLM's
   trainer-side weight-transfer engine sends the full tensors from the GPUs (an NCCL broadcast
   from rank 0, or CUDA IPC handles to engines on the ranks' own GPUs), never through the host.
@@ -23,11 +27,6 @@ with the update kind the server declares it takes (``WeightSyncInfo.updates``).
 
 Floating-point weights always travel in the dtype the servers serve in, cast on the trainer's
 device first: bf16 on GPU is half the bytes of the float32 master weights.
-
-- ``delta`` (``trainer.weight_sync_delta.enable``): every host-route server that takes delta
-  updates. Rank 0 gathers the tensors like ``buckets`` and sends each server either the
-  weights whole or only what changed since the weights it holds, then checks each server's
-  checksum (``trainer.workers.weight_delta``).
 
 A LoRA actor (``actor_rollout_ref.model.lora_rank > 0``) sends only its adapter:
 
@@ -262,10 +261,10 @@ class WeightSender:
         the weights whole and the others ``DeltaEntry`` items, then checks their checksums.
         Returns tensors, bytes (all servers' streams) and ``whole_servers``."""
         state = self._delta
-        whole: list[bool] = [False] * len(servers)
-        base, target = None, ""
-        if state is not None:
-            whole, base, target = state.begin([i.delta_base for i in infos])
+        if state is None:  # not rank 0: take part in the gathers only
+            tensors = sum(1 for _ in full_tensors(self.model, dtype=dtype, skip_tied_head=True))
+            return {"tensors": float(tensors), "bytes": 0.0}
+        whole, base, target = state.begin([i.delta_base for i in infos])
 
         def update(base_id: str | None):
             def make(items: list, begin: bool, finish: bool) -> DeltaUpdate:
@@ -274,22 +273,17 @@ class WeightSender:
 
             return make
 
-        pairs = list(zip(servers, whole, strict=True)) if state is not None else []
+        pairs = list(zip(servers, whole, strict=True))
         full = _Stream([s for s, w in pairs if w], update(None), bucket_bytes)
         part = _Stream([s for s, w in pairs if not w], update(base), bucket_bytes)
         tensors = 0
         for name, tensor in full_tensors(self.model, dtype=dtype, skip_tied_head=True):
             tensors += 1
-            if state is None:
-                continue
-            if full.servers:
-                full.add((name, tensor), tensor.numel() * tensor.element_size())
+            full.add((name, tensor), tensor.numel() * tensor.element_size())  # no-op if none
             if not part.servers:
                 state.keep(name, tensor)
             elif (entry := state.encode(name, tensor)) is not None:
                 part.add(entry, entry.nbytes)
-        if state is None:
-            return {"tensors": float(tensors), "bytes": 0.0}
         answers = full.flush(last=True) + part.flush(last=True)
         expected = state.finish(target)
         order = [k for k, w in enumerate(whole) if w] + [k for k, w in enumerate(whole) if not w]
