@@ -142,7 +142,9 @@ def test_with_every_server_dead_turns_wait_for_the_restarts(rollout):
     assert batch.metrics["rollout/server_restarts"] == 2
     assert batch.metrics["rollout/requests_retried"] >= 2
     assert not set(group.handles) & set(victims)
-    assert pushed[-2:] == group.handles
+    # both new servers were handed the weights; the order is the order the health checks
+    # found the deaths (server 1 first in one CI run on a loaded machine), not their indices
+    assert len(pushed[-2:]) == 2 and set(pushed[-2:]) == set(group.handles)
 
 
 def test_a_death_past_the_restart_budget_fails_the_batch_clearly(rollout):
