@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0+cpu
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: install bubblewrap harnesses test test-heavy test-fast lint format config demo bench traces clean-venv
+.PHONY: install bubblewrap harnesses verifiers test test-heavy test-fast lint format config demo bench traces clean-venv
 
 install: $(STAMP)
 
@@ -50,6 +50,14 @@ bubblewrap:
 harnesses:
 	@command -v npm >/dev/null 2>&1 || { echo "make harnesses needs npm (Debian/Ubuntu: apt-get install npm)"; exit 1; }
 	npm ci --prefix harnesses --ignore-scripts --no-audit --no-fund
+
+# Prime Intellect's verifiers (the classic environment API of 0.3) in its own venv: it pins
+# mcp<2, which this stack's MCP support cannot use. Its environments run there as processes
+# (agentloop/envs/verifiers_env.py; docs/environments.md); the verifiers tests skip without it.
+VERIFIERS_VENV ?= .venv-verifiers
+verifiers: install
+	@test -x $(VERIFIERS_VENV)/bin/python || "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip install -q "verifiers==0.3.1"
 
 # Every test but gpu and the benchmarks: the unit folder on two xdist workers (147 s against
 # 247 s serially on 2 cores), then integration, reliability and e2e on two workers too, grouped

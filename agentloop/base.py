@@ -126,6 +126,10 @@ class AgentLoopContext:
     """Shared by every sample of a worker (worker-wide tool concurrency limits)."""
     gateway: Any = None
     """The worker's session gateway (``agentloop.gateway``), started by its first session."""
+    resources: dict[str, Any] = field(default_factory=dict)
+    """Per-worker objects a loop kind shares across its samples (an OpenEnv loop's
+    environment servers), made by its first sample; each one's ``close()`` is awaited when
+    the worker closes (``AgentLoopWorker.close_workspaces``)."""
     interactions: Mapping[str, Any] = field(default_factory=dict)
     """Simulated users by name (``multi_turn.interaction_config_path``), one instance per
     worker shared by its samples (verl's ``BaseInteraction`` API; ``agentloop.interactions``)."""
@@ -373,7 +377,10 @@ class AgentLoopSpec:
 
 _REGISTRY: dict[str, AgentLoopSpec] = {}
 # Built-in loops whose module is imported on first use (LangGraph is a heavy import).
-_LAZY: dict[str, str] = {"react_agent": "agentloop.langgraph.react_agent"}
+_LAZY: dict[str, str] = {
+    "react_agent": "agentloop.langgraph.react_agent",
+    "verifiers": "agentloop.envs.verifiers_loop",
+}
 
 
 def register(name: str):
@@ -403,8 +410,11 @@ def get_agent_loop(name: str) -> AgentLoopSpec:
     return spec
 
 
-def load_agent_loop_config(path: str | Path) -> list[str]:
-    """Register the loops of a YAML list ``[{name, _target_, ...kwargs}]``; returns names."""
+def load_agent_loop_config(path: str | Path, *, probe: bool = False) -> list[str]:
+    """Register the loops of a YAML list ``[{name, _target_, ...kwargs}]``; returns names.
+    Each entry is checked (its class's ``check_config(**kwargs)``); with ``probe`` (the
+    driver, once per run) also against what it reaches (``probe(**kwargs)``: an environment
+    installed, a server answering)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"agent.agent_loop_config_path {str(path)!r} does not exist")
@@ -422,11 +432,15 @@ def load_agent_loop_config(path: str | Path) -> list[str]:
                 f"{path}: agent loop {entry['name']!r}: {entry['_target_']} is not an "
                 "AgentLoopBase subclass"
             )
-        check = getattr(cls, "check_config", None)  # e.g. a harness CLI that is not installed
-        if check is not None:
+        checks = [getattr(cls, "check_config", None)]  # e.g. a harness CLI not installed
+        if probe:
+            checks.append(getattr(cls, "probe", None))
+        for check in checks:
+            if check is None:
+                continue
             try:
                 check(**kwargs)
-            except ValueError as e:
+            except (ValueError, RuntimeError) as e:
                 raise ValueError(f"{path}: agent loop {entry['name']!r}: {e}") from e
         _REGISTRY[entry["name"]] = AgentLoopSpec(entry["name"], cls, kwargs)
         names.append(entry["name"])

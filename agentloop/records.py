@@ -100,6 +100,10 @@ class SampleRecord:
     """Every call that ran (or failed to start), in order."""
     tool_rewards: dict[str, float] = field(default_factory=dict)
     """Each used tool's ``calc_reward`` at the end of the sample, by tool name."""
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    """The environment's own named reward functions' scores (unweighted; a verifiers
+    rubric's), when the loop's reward is their weighted sum; logged as
+    ``reward/env/<name>``."""
     turn_scores: list[float] = field(default_factory=list)
     """A score of each model turn, in order (e.g. a simulated user's): turn-level rewards
     placed on the last token of their turn (``turn_ends``); empty: none."""

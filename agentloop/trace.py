@@ -199,6 +199,24 @@ class SampleTrace:
         except Exception:  # noqa: BLE001
             self.tracer.failed("compaction span")
 
+    def environment(
+        self, name: str, outputs: dict[str, Any], attributes: dict[str, Any], start_ns: int = 0
+    ) -> None:
+        """An environment's part of the sample (a verifiers rubric's scores, an OpenEnv
+        step's reward): one span with its outputs and state numbers as attributes."""
+        try:
+            now = time.time_ns()
+            span = self._child(
+                name,
+                "EVALUATOR",
+                start_ns or now,
+                inputs={},
+                attributes={k: str(v) for k, v in attributes.items()},
+            )
+            span.end(outputs=outputs, end_time_ns=now)
+        except Exception:  # noqa: BLE001
+            self.tracer.failed("environment span")
+
     def agent_error(self, error: str) -> None:
         """The agent of a gateway session failed: its traceback as an error span."""
         try:

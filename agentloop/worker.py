@@ -169,10 +169,14 @@ class AgentLoopWorker:
             return self._workspaces
 
     async def close_workspaces(self) -> None:
-        """Remove this worker's workspace copies and run folder (before it is stopped)."""
+        """Remove this worker's workspace copies and run folder, and close what its loops
+        share (environment servers), before it is stopped."""
         if self._workspaces is not None:
             await self._workspaces.close()
             self._workspaces = None
+        resources, self.context.resources = dict(self.context.resources), {}
+        for resource in resources.values():
+            await resource.close()
 
     def flush_traces(self) -> None:
         """Wait until every trace of this worker is in the store (before it is stopped)."""

@@ -45,6 +45,9 @@ ONLY_IN_EXTRAS = {
 UNDECLARED_OPTIONAL = {
     "verl": "agentloop/tools/verl_adapter.py uses verl's schema class only when the user's "
     "verl tools brought verl; otherwise a stand-in",
+    "verifiers": "agentloop/envs/verifiers_runner.py and examples/verifiers/ run in verifiers' "
+    "own venv (`make verifiers`: it pins mcp<2, this stack needs mcp 2)",
+    "datasets": "examples/verifiers/ build their datasets in verifiers' own venv, which has it",
 }
 
 # Declared but imported nowhere, and why each is still needed (pyproject says the same).

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentloop.config import RolloutConfig
 from trainer.algos import GROUPED
@@ -30,6 +31,7 @@ __all__ = [
     "Config",
     "CustomClsConfig",
     "DataConfig",
+    "EnvDatasetConfig",
     "ModelConfig",
     "SamplerConfig",
 ]
@@ -61,6 +63,42 @@ class SamplerConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class EnvDatasetConfig:
+    """Rows from an environment's own dataset (a verifiers environment's), used where
+    ``data.train_files`` / ``data.val_files`` is unset (``trainer.data.env_rows``)."""
+
+    verifiers: str | None = None
+    """The verifiers environment id whose dataset gives the rows (None: none)."""
+    env_args: dict[str, Any] = field(default_factory=dict)
+    """Its ``load_environment`` keyword arguments (the rows carry them to the loop)."""
+    paths: list[str] = field(default_factory=list)
+    """Folders first on its ``PYTHONPATH`` (an environment that is not an installed package)."""
+    python: str | None = None
+    """Its interpreter (default ``$AGENTLOOP_VERIFIERS_PYTHON`` or ``.venv-verifiers``)."""
+    agent_name: str = "verifiers"
+    """The agent loop of its rows (the built-in ``verifiers`` loop reads the row's env)."""
+    train_split: str = "train"
+    """The environment's split for training rows: ``train`` (its dataset) or ``eval``."""
+    train_size: int = -1
+    """Training rows taken (-1: all)."""
+    val_split: str = "eval"
+    """The split for validation rows."""
+    val_size: int = 0
+    """Validation rows taken when ``data.val_files`` is unset (0: no validation rows from
+    the environment; -1: all)."""
+
+    def __post_init__(self) -> None:
+        for key in ("train_split", "val_split"):
+            if getattr(self, key) not in ("train", "eval"):
+                raise ValueError(
+                    f"data.env_dataset.{key} must be train or eval, got {getattr(self, key)!r}"
+                )
+        for key in ("train_size", "val_size"):
+            if getattr(self, key) < -1:
+                raise ValueError(f"data.env_dataset.{key} must be -1 (all), 0 or a row count")
+
+
+@dataclass(kw_only=True, slots=True)
 class DataConfig:
     train_files: list[str] | str | None = None
     """Parquet or jsonl file(s) in the verl row layout."""
@@ -84,6 +122,8 @@ class DataConfig:
     """A dataset class that reads the files (verl's contract: ``cls(data_files=, tokenizer=,
     processor=None, config=, max_samples=-1)``, ``len`` and ``[i]`` giving row dicts); its
     rows go through the same checks as file rows (docs/data.md)."""
+    env_dataset: EnvDatasetConfig = field(default_factory=EnvDatasetConfig)
+    """An environment whose own dataset gives the rows where the files are unset."""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     """A sampler class picking the row order (verl's contract: ``cls(data_source=,
     data_config=)`` iterating dataset indices; ``update(batch)`` after each step when it has

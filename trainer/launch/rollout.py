@@ -71,7 +71,7 @@ def prepare_rollout(config: Config) -> RolloutSetup:
     model = resolve_model_config(config.actor_rollout_ref.model, "actor_rollout_ref.model")
     check_engine_kwargs(rollout)
     if rollout.agent.agent_loop_config_path:
-        load_agent_loop_config(rollout.agent.agent_loop_config_path)
+        load_agent_loop_config(rollout.agent.agent_loop_config_path, probe=True)
     get_agent_loop(rollout.default_agent_loop)
     path = rollout.multi_turn.tool_config_path
     tools = load_tool_config(path) if path else {}
@@ -138,8 +138,15 @@ def load_split(config: Config, setup: RolloutSetup, split: str) -> list[dict[str
     from trainer.data.rows import load_rows
 
     files = config.data.files(config.data.val_files if split == "val" else config.data.train_files)
+    if not files:  # the environment's own dataset, when one is configured
+        from trainer.data.env_rows import environment_rows
+
+        files = environment_rows(config.data.env_dataset, split, config.trainer.default_local_dir)
     if not files:
-        raise ValueError(f"set data.{'val' if split == 'val' else 'train'}_files")
+        raise ValueError(
+            f"set data.{'val' if split == 'val' else 'train'}_files (or data.env_dataset: an "
+            "environment that brings its dataset)"
+        )
     rollout = config.actor_rollout_ref.rollout
     rows = load_rows(
         files,

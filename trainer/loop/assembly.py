@@ -153,7 +153,9 @@ def plan_run(config: Config) -> RunPlan:
     config.actor_rollout_ref.warn_cpu_noops(device)
     setup = prepare_rollout(config)
     train_rows = load_split(config, setup, "train")
-    val_rows = load_split(config, setup, "val") if config.data.val_files else []
+    env = config.data.env_dataset
+    has_val = config.data.val_files or (env.verifiers is not None and env.val_size != 0)
+    val_rows = load_split(config, setup, "val") if has_val else []
     data, run = config.data, config.trainer
     sampler = build_sampler(train_rows, data)
     checkpoints = CheckpointManager(

@@ -5,7 +5,9 @@ For each sample: ``reward = sum_k weight_k * reward_k`` over the named rewards t
 one background event loop. Logged per step: ``reward/{mean,max,min}`` of the sum,
 ``reward/<name>`` (mean of each reward), ``reward/<name>/<key>`` (numeric keys of dict
 results, and the counters of the judge/verify components), ``reward/errors`` and
-``reward/<name>/errors`` (calls that raised or timed out: scored 0, the step goes on).
+``reward/<name>/errors`` (calls that raised or timed out: scored 0, the step goes on),
+``reward/env/<name>`` (an environment's own named reward functions, e.g. a verifiers rubric's,
+whose weighted sum the loop set as the sample's reward).
 
 A sample whose agent loop set ``reward_score`` keeps it as its ``rule`` reward (each row of
 a gateway session's segments carries the session's reward); a sample without one, segment or
@@ -233,6 +235,7 @@ class RewardManager:
                 metrics[f"reward/{name}/{key}"] = sum(vals) / len(vals)
             for key, value in component.metrics().items():
                 metrics[f"reward/{name}/{key}"] = value
+        metrics |= _env_parts(batch.records, per_component)
         metrics |= {
             "reward/mean": float(total.mean()) if n else 0.0,
             "reward/max": float(total.max()) if n else 0.0,
@@ -301,3 +304,19 @@ def _add_extra_info(out: dict[str, list[Any]], values: list[Any], n: int) -> Non
             column = out.setdefault(key, [None] * n)
             if column[i] is None:
                 column[i] = v
+
+
+def _env_parts(
+    records: list[SampleRecord], per_component: dict[str, list[float]]
+) -> dict[str, float]:
+    """``reward/env/<name>``: the mean of an environment's named reward function over the
+    samples that have it (``SampleRecord.reward_parts``); a name every sample has is also a
+    component ``env/<name>`` of the per-sample scores."""
+    parts = [r.reward_parts for r in records]
+    metrics = {}
+    for name in dict.fromkeys(k for p in parts for k in p):
+        values = [p[name] for p in parts if name in p]
+        metrics[f"reward/env/{name}"] = sum(values) / len(values)
+        if len(values) == len(parts):
+            per_component[f"env/{name}"] = values
+    return metrics
