@@ -158,6 +158,10 @@ class AgentLoopBase(abc.ABC):
     uses_tools_kwargs: ClassVar[bool] = True
     """Whether the row's ``tools_kwargs`` create configured tools (False for gateway agents,
     which bring their own: start-up then does not check the names against the config)."""
+    sets_reward: ClassVar[bool] = False
+    """Whether every sample's reward comes from the loop itself (an environment that scores
+    its episodes: a verifiers rubric, OpenEnv step rewards): start-up then asks no reward
+    function for its rows' data sources."""
 
     runs_in_workspace: bool = True
     """Whether a row with a workspace task runs this loop inside a fresh copy of its

@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 class OpenEnvAgentLoop(AgentLoopBase):
     offers_tools = False  # the environment's action is the only tool
     uses_tools_kwargs = False
+    sets_reward = True  # step rewards
 
     def __init__(self, context: AgentLoopContext, *, openenv: dict[str, Any]) -> None:
         super().__init__(context)

@@ -15,8 +15,9 @@ Which environment: an agent-loop entry ::
 
 or the row's own ``verifiers`` field (``{env_id, env_args, example}``, as the rows
 ``data.env_dataset`` makes from the environment's dataset carry it) with ``agent_name:
-verifiers``. The example the environment scores against is the row's ``verifiers.example``,
-else the row's ``raw_prompt``, ``reward_model.ground_truth`` (its answer) and ``extra_info``.
+verifiers``. The example the environment scores against is the row's ``verifiers.example``
+(or its ``verifiers`` mapping itself, when it names no env), else the row's ``raw_prompt``,
+``reward_model.ground_truth`` (its answer) and ``extra_info``.
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ __all__ = ["VerifiersAgentLoop", "example_of"]
 def example_of(row: dict[str, Any]) -> dict[str, Any]:
     """The environment's example of a row: its ``verifiers.example``, else built from the
     row's prompt, ground truth and extra info."""
-    given = (row.get("verifiers") or {}).get("example")
-    if given is not None:
-        return dict(given)
+    given = row.get("verifiers")
+    if isinstance(given, dict):
+        if isinstance(given.get("example"), dict):
+            return dict(given["example"])
+        if "env_id" not in given:  # the environment's own row, as its dataset gave it
+            return dict(given)
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     return {
         "prompt": row.get("raw_prompt") or [],
@@ -59,6 +63,8 @@ def example_of(row: dict[str, Any]) -> dict[str, Any]:
 
 @register("verifiers")
 class VerifiersAgentLoop(GatewayAgentLoop):
+    sets_reward = True  # the environment's rubric
+
     def __init__(
         self,
         context: AgentLoopContext,

@@ -92,7 +92,9 @@ def scored_records(
     unscored: frozenset[str | None] = frozenset(),
 ) -> list[dict]:
     """``trajectory_records`` of a batch, each with ``score`` (the configured reward, the
-    weighted sum training would use) and ``scores`` (each named reward before weighting);
+    weighted sum training would use, turn-level rewards added) and ``scores`` (each named
+    reward before weighting, ``turns`` the turn rewards' sum where there are any,
+    ``env/<name>`` an environment's own reward functions where the loop kept them);
     samples whose data_source is in ``unscored`` get ``score`` None and no ``scores``."""
     records = trajectory_records(batch, tokenizer)
     scored = [i for i, r in enumerate(records) if (r["data_source"] or None) not in unscored]
@@ -101,9 +103,14 @@ def scored_records(
     if not scored:
         return records
     reward = rewards.score(batch if len(scored) == len(records) else batch.select(scored))
+    turns = None if reward.turn_rewards is None else reward.turn_rewards.sum(-1).tolist()
     for j, i in enumerate(scored):
-        records[i]["score"] = float(reward.scores[j])
+        records[i]["score"] = float(reward.scores[j]) + (turns[j] if turns else 0.0)
         records[i]["scores"] = {name: values[j] for name, values in reward.components.items()}
+        if turns:
+            records[i]["scores"]["turns"] = turns[j]
+        parts = batch.records[i].reward_parts  # an environment's own reward functions
+        records[i]["scores"].update({f"env/{k}": v for k, v in parts.items()})
     return records
 
 

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from agentloop import get_agent_loop
 from agentloop.workspace import has_workspace_task
 from servers import stop_servers
 from trainer.config.schema import Config
@@ -70,11 +71,25 @@ def unscored_sources(config: Config, rows: list[dict[str, Any]]) -> list[tuple[s
     rows without one): with the built-in scorer as the ``rule`` reward, those no built-in
     scorer handles. Empty without a rule reward (judge or verify only) or with
     ``custom_reward_function.path`` (a user's function scores every row). A row with a
-    workspace task needs no scorer: its loop sets the check's score as its ``rule`` reward."""
+    workspace task needs no scorer: its loop sets the check's score as its ``rule`` reward; nor
+    does a row whose loop is an environment that scores itself (``AgentLoopBase.sets_reward``:
+    a verifiers rubric, OpenEnv step rewards)."""
     if "rule" not in config.reward_model.components() or config.custom_reward_function.path:
         return []
-    counts = Counter(row.get("data_source") or None for row in rows if not has_workspace_task(row))
+    default = config.actor_rollout_ref.rollout.default_agent_loop
+    counts = Counter(
+        row.get("data_source") or None
+        for row in rows
+        if not has_workspace_task(row) and not _loop_sets_reward(row, default)
+    )
     return [(s, n) for s, n in counts.items() if builtin_scorer(s) is None]
+
+
+def _loop_sets_reward(row: Mapping[str, Any], default: str) -> bool:
+    try:
+        return get_agent_loop(row.get("agent_name") or default).cls.sets_reward
+    except ValueError:  # an unknown loop: the row checks say so
+        return False
 
 
 def describe_sources(sources: list[tuple[str | None, int]]) -> str:

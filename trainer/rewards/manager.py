@@ -235,7 +235,7 @@ class RewardManager:
                 metrics[f"reward/{name}/{key}"] = sum(vals) / len(vals)
             for key, value in component.metrics().items():
                 metrics[f"reward/{name}/{key}"] = value
-        metrics |= _env_parts(batch.records, per_component)
+        metrics |= _env_parts(batch.records)
         metrics |= {
             "reward/mean": float(total.mean()) if n else 0.0,
             "reward/max": float(total.max()) if n else 0.0,
@@ -306,17 +306,12 @@ def _add_extra_info(out: dict[str, list[Any]], values: list[Any], n: int) -> Non
                 column[i] = v
 
 
-def _env_parts(
-    records: list[SampleRecord], per_component: dict[str, list[float]]
-) -> dict[str, float]:
+def _env_parts(records: list[SampleRecord]) -> dict[str, float]:
     """``reward/env/<name>``: the mean of an environment's named reward function over the
-    samples that have it (``SampleRecord.reward_parts``); a name every sample has is also a
-    component ``env/<name>`` of the per-sample scores."""
+    samples that have it (``SampleRecord.reward_parts``)."""
     parts = [r.reward_parts for r in records]
     metrics = {}
     for name in dict.fromkeys(k for p in parts for k in p):
         values = [p[name] for p in parts if name in p]
         metrics[f"reward/env/{name}"] = sum(values) / len(values)
-        if len(values) == len(parts):
-            per_component[f"env/{name}"] = values
     return metrics

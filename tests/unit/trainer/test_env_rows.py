@@ -1,0 +1,55 @@
+"""``data.env_dataset``: rows from a verifiers environment's own dataset where the data files
+are unset, each carrying its environment for the ``verifiers`` loop; bad keys say what to set."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agentloop.envs.verifiers_env import verifiers_python
+from trainer.config.schema import EnvDatasetConfig
+from trainer.data.env_rows import environment_rows
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = str(REPO / "examples" / "verifiers")
+HAS_VERIFIERS = (
+    Path(verifiers_python()).is_relative_to(REPO / ".venv-verifiers")
+    or "AGENTLOOP_VERIFIERS_PYTHON" in os.environ
+)
+
+
+def test_bad_keys_say_what_to_set():
+    with pytest.raises(ValueError, match="data.env_dataset.train_split must be train or eval"):
+        EnvDatasetConfig(train_split="test")
+    with pytest.raises(ValueError, match=r"data.env_dataset.val_size must be -1 \(all\), 0"):
+        EnvDatasetConfig(val_size=-2)
+
+
+def test_no_environment_or_no_validation_rows_gives_no_files(tmp_path):
+    assert environment_rows(EnvDatasetConfig(), "train", tmp_path) == []
+    assert environment_rows(EnvDatasetConfig(verifiers="vf-calc"), "val", tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VERIFIERS, reason="`make verifiers` makes .venv-verifiers")
+def test_rows_carry_their_environment_and_example(tmp_path):
+    config = EnvDatasetConfig(
+        verifiers="vf-calc", env_args={"num_examples": 8}, paths=[EXAMPLES], val_size=3
+    )
+    (path,) = environment_rows(config, "val", tmp_path)
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    assert Path(path) == tmp_path / "env_rows" / "val.jsonl" and len(rows) == 3
+    for row in rows:
+        assert row["agent_name"] == "verifiers" and row["data_source"] == "verifiers/vf-calc"
+        env = row["verifiers"]
+        assert (env["env_id"], env["env_args"], env["paths"]) == (
+            "vf-calc",
+            {"num_examples": 8},
+            [EXAMPLES],
+        )
+        assert env["example"]["prompt"] == row["raw_prompt"]
+        assert row["reward_model"]["ground_truth"] == env["example"]["answer"]
+        assert row["raw_prompt"][0]["role"] == "system"  # the environment's own system prompt
