@@ -208,13 +208,17 @@ def rollout_metrics(outputs: list[AgentLoopOutput], wall_s: float) -> dict[str, 
     turn, length and tool counts over training samples (each output and its ``segments``,
     the rows of the batch); sessions, samples and segments per session; with context
     compaction on, ``agent_loop/compactions`` (the step's count), the share of sessions
-    compacted and the samples stopped ``context_full``.
-    ``timing_s/gen`` is the wall time of the whole rollout."""
+    compacted and the samples stopped ``context_full``; ``agent_loop/env/<key>/mean``: an
+    environment's state numbers (turns, tool calls, steps, return) over the sessions that
+    report them. ``timing_s/gen`` is the wall time of the whole rollout."""
     if not outputs:
         return {"timing_s/gen": wall_s}
     metrics = {"timing_s/gen": wall_s}
     for key in ("generate_s", "tool_s", "total_s"):
         metrics |= _spread(f"agent_loop/{key}", [o.metrics.get(key, 0.0) for o in outputs])
+    for key in dict.fromkeys(k for o in outputs for k in o.metrics if k.startswith("env/")):
+        values = [o.metrics[key] for o in outputs if key in o.metrics]  # an environment's state
+        metrics[f"agent_loop/{key}/mean"] = float(np.mean(values))
     samples = session_samples(outputs)
     metrics["agent_loop/sessions"] = float(len(outputs))
     metrics["agent_loop/samples"] = float(len(samples))

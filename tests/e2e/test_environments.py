@@ -162,3 +162,7 @@ def test_one_grpo_step_trains_on_every_environment(run):
     assert step["training/global_step"] == 1
     assert "actor/pg_loss" in step
     assert {"reward/env/correct_answer", "reward/env/solved"} <= set(step)
+    # the environments' state: verifiers' turns and tool calls, the grid's steps and return
+    state = {"turns", "tool_calls", "steps", "return"}
+    assert {f"agent_loop/env/{k}/mean" for k in state} <= set(step)
+    assert step["agent_loop/env/steps/mean"] >= 1

@@ -197,3 +197,40 @@ def test_bad_entries_say_what_to_change():
         OpenEnvSpec.of({"command": "python serve.py"})
     with pytest.raises(ValueError, match=r"unknown keys \['moves'\]"):
         OpenEnvSpec.of({"url": "http://x", "moves": 3})
+
+
+async def test_each_step_is_traced_with_its_action_and_reward(tokenizer, tmp_path):
+    import mlflow
+    import yaml
+
+    from agentloop import TraceContext
+    from agentloop.config import AgentConfig, TraceConfig
+    from agentloop.worker import AgentLoopWorker
+
+    loops = tmp_path / "loops.yaml"
+    entry = {"name": "grid", "_target_": "agentloop.envs.OpenEnvAgentLoop"}
+    loops.write_text(yaml.safe_dump([{**entry, "openenv": {"command": COMMAND, "max_steps": 6}}]))
+    store = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    config = RolloutConfig(
+        prompt_length=1024,
+        response_length=1024,
+        trace=TraceConfig(backend="mlflow", tracking_uri=store, experiment_name="openenv"),
+        agent=AgentConfig(default_agent_loop="grid", agent_loop_config_path=str(loops)),
+    )
+    moves = path_to_goal(6)
+    server = ScriptedServer(tokenizer, [act(m) for m in moves])
+    worker = AgentLoopWorker(config, server, tokenizer)
+    previous = mlflow.get_tracking_uri()
+    try:
+        row = {"raw_prompt": PROMPT, "uid": "u1", "rollout_n": 0, "index": 6}
+        (out,) = await worker.generate_sequences([row], None, TraceContext(step=1))
+        worker.tracer.flush()
+        spans = mlflow.get_trace(out.record.trace_id).data.spans
+    finally:
+        await worker.close_workspaces()  # stops the worker's environment server
+        mlflow.set_tracking_uri(previous)
+    steps = sorted((s for s in spans if s.name == "openenv.step"), key=lambda s: s.start_time_ns)
+    assert [s.outputs["action"] for s in steps] == [{"move": m} for m in moves]
+    assert [s.outputs["reward"] for s in steps] == pytest.approx(replay(6, moves))
+    assert steps[-1].attributes["done"] == "True"
+    assert worker.context.resources == {}

@@ -129,3 +129,39 @@ def test_an_environment_that_is_not_installed_is_a_start_up_error(tmp_path):
         f"{path}: agent loop 'vf': verifiers environment 'vf-nope' is not installed in {python}: "
         f"install it with `{python} -m pip install vf-nope`"
     )
+
+
+async def test_the_rubric_and_state_are_in_the_sample_trace(tokenizer, tmp_path):
+    import mlflow
+
+    from agentloop import TraceContext
+    from agentloop.config import AgentConfig, TraceConfig
+    from agentloop.worker import AgentLoopWorker
+
+    s = spec("vf-calc", num_examples=8)
+    (row,) = env_rows(tmp_path, s, 1)
+    truth = row["reward_model"]["ground_truth"]
+    store = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    config = RolloutConfig(
+        prompt_length=1024,
+        response_length=1024,
+        trace=TraceConfig(backend="mlflow", tracking_uri=store, experiment_name="verifiers"),
+        agent=AgentConfig(default_agent_loop="verifiers"),
+    )
+    config.gateway.log_dir = str(tmp_path / "gateway")
+    server = ScriptedServer(tokenizer, [f"It is {truth}."])
+    worker = AgentLoopWorker(config, server, tokenizer)
+    previous = mlflow.get_tracking_uri()
+    try:
+        (out,) = await worker.generate_sequences([{**row, "uid": "u"}], None, TraceContext(step=1))
+        worker.tracer.flush()
+        spans = mlflow.get_trace(out.record.trace_id).data.spans
+    finally:
+        await worker.context.gateway.stop()
+        mlflow.set_tracking_uri(previous)
+    (env,) = [x for x in spans if x.name == "verifiers:vf-calc"]
+    assert env.outputs["reward"] == pytest.approx(1.0)  # right answer, no tool used
+    assert env.outputs["scores"]["correct_answer"] == 1.0
+    assert env.outputs["scores"]["used_tools"] == 0.0
+    assert env.outputs["weights"]["used_tools"] == 0.2
+    assert env.attributes["turns"] == "1.0" and env.attributes["tool_calls"] == "0.0"
