@@ -8,17 +8,24 @@ there as ``agentloop/envs/verifiers_runner.py``, a script that imports nothing o
 
 - ``check``: the environment loads (else exit 3: not installed);
 - ``dataset``: the environment's own rows as our JSONL rows (``trainer.data.env_rows``);
-- ``rollout``: one sample, the environment's own rollout against the session gateway's OpenAI
-  endpoint, scored by its rubric; the result is a JSON file (``VerifiersResult``);
+- ``serve``: a long-lived process per worker (``VerifiersRunner``) taking rollouts as JSON lines:
+  each the environment's own rollout against a session gateway's OpenAI endpoint, scored by its
+  rubric (``VerifiersResult``); environments are loaded once, not per sample (a process start
+  costs seconds of imports);
+- ``rollout``: the same for one sample in a process of its own (by hand, for debugging);
 - ``score``: the rubric's score of a given completion (its own evaluation, for comparison).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +35,7 @@ __all__ = [
     "RUNNER",
     "VerifiersNotInstalled",
     "VerifiersResult",
+    "VerifiersRunner",
     "VerifiersSpec",
     "check_installed",
     "runner_argv",
@@ -180,8 +188,7 @@ class VerifiersResult:
     """The environment's state, numbers only (turns, tool calls, ...)."""
 
     @classmethod
-    def read(cls, path: Path) -> VerifiersResult:
-        data = json.loads(path.read_text())
+    def of(cls, data: dict[str, Any]) -> VerifiersResult:
         state = {
             k: float(v)
             for k, v in (data.get("state") or {}).items()
@@ -193,3 +200,104 @@ class VerifiersResult:
             {k: float(v) for k, v in (data.get("weights") or {}).items()},
             state,
         )
+
+
+class VerifiersRunner:
+    """One worker's long-lived runner (``verifiers_runner.py serve``) for one interpreter and
+    path list: rollouts are sent as JSON lines and answered by id, concurrently. A runner that
+    exits fails the rollouts it was running (with the end of its log) and is started again by
+    the next one; ``close`` ends it."""
+
+    def __init__(self, spec: VerifiersSpec) -> None:
+        self.spec = spec
+        self.log = Path(tempfile.mkdtemp(prefix="verifiers-runner-")) / "runner.log"
+        self._proc: asyncio.subprocess.Process | None = None
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self.starts = 0
+
+    async def _ensure(self) -> asyncio.subprocess.Process:
+        async with self._lock:
+            if self._proc is None or self._proc.returncode is not None:
+                with self.log.open("ab") as log:
+                    self._proc = await asyncio.create_subprocess_exec(
+                        *runner_argv(self.spec.interpreter, "serve"),
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=log,
+                        env={**os.environ, **self.spec.child_env()},
+                        limit=1 << 26,  # a result line holds the whole completion
+                        start_new_session=True,
+                    )
+                self.starts += 1
+                self._reader = asyncio.create_task(self._read(self._proc))
+            return self._proc
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            message = json.loads(line)
+            future = self._pending.pop(str(message.get("id")), None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        code = await proc.wait()
+        tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(
+                    RuntimeError(f"the verifiers runner exited with {code}; its log:\n{tail}")
+                )
+        self._pending.clear()
+
+    @staticmethod
+    def key(spec: VerifiersSpec) -> str:
+        """Samples whose specs have equal keys share a runner (environments of one venv)."""
+        return f"verifiers:{spec.interpreter}:{os.pathsep.join(spec.paths)}"
+
+    async def rollout(
+        self, spec: VerifiersSpec, row: dict[str, Any], base_url: str, api_key: str, model: str
+    ) -> dict[str, Any]:
+        """The result JSON of one rollout of ``row`` (its ``verifiers.example``) in ``spec``'s
+        environment (loaded once by the runner); raises
+        ``VerifiersNotInstalled`` or RuntimeError (with the runner's traceback)."""
+        proc = await self._ensure()
+        assert proc.stdin is not None
+        rid = uuid.uuid4().hex
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        request = {
+            "id": rid,
+            "env_id": spec.env_id,
+            "env_args": spec.env_args,
+            "row": row,
+            "base_url": base_url,
+            "api_key": api_key,
+            "model": model,
+        }
+        try:
+            proc.stdin.write((json.dumps(request, default=str) + "\n").encode())
+            await proc.stdin.drain()
+            message = await future
+        finally:
+            self._pending.pop(rid, None)
+        if message.get("not_installed"):
+            raise VerifiersNotInstalled(message["error"])
+        if "error" in message:
+            raise RuntimeError(message["error"])
+        return dict(message["result"])
+
+    async def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=10)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        if self._reader is not None:
+            await self._reader

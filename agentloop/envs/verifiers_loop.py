@@ -1,12 +1,13 @@
 """``verifiers``: a dataset row rolled out by a verifiers environment, unchanged.
 
 The environment runs its own rollout (its tools, its multi-turn replies, its turn limit) in its
-own interpreter (``agentloop.envs.verifiers_env``), one process per sample, against the session
-gateway's OpenAI endpoint: every model call is a gateway call, token-exact and segmented as for
-any gateway agent. Its rubric scores the rollout there; the sample's reward is the rubric's
-weighted sum, each named reward function's score is kept (``SampleRecord.reward_parts``, logged
-as ``reward/env/<name>``) and the environment's state numbers (turns, tool calls) become the
-sample's ``env/<key>`` metrics and trace outputs.
+own interpreter (``agentloop.envs.verifiers_env``: one long-lived runner per worker, the
+environment loaded once) against the sample's session gateway OpenAI endpoint: every model call
+is a gateway call, token-exact and segmented as for any gateway agent. Its rubric scores the
+rollout there; the sample's reward is the rubric's weighted sum, each named reward function's
+score is kept (``SampleRecord.reward_parts``, logged as ``reward/env/<name>``) and the
+environment's state numbers (turns, tool calls) become the sample's ``env/<key>`` metrics and
+trace attributes.
 
 Which environment: an agent-loop entry ::
 
@@ -22,18 +23,18 @@ verifiers``. The example the environment scores against is the row's ``verifiers
 
 from __future__ import annotations
 
+import json
 import time
-from pathlib import Path
 from typing import Any
 
 from agentloop.base import AgentLoopContext, AgentLoopOutput, register
 from agentloop.envs.verifiers_env import (
     VerifiersResult,
+    VerifiersRunner,
     VerifiersSpec,
     check_installed,
-    runner_argv,
 )
-from agentloop.gateway.command import run_command, session_log_dir
+from agentloop.gateway.command import session_log_dir
 from agentloop.gateway.endpoint import AgentFailed, LLMEndpoint
 from agentloop.gateway.loop import GatewayAgentLoop
 from agentloop.gateway.server import Gateway
@@ -72,8 +73,8 @@ class VerifiersAgentLoop(GatewayAgentLoop):
         verifiers: str | dict[str, Any] | None = None,
     ) -> None:
         self.spec = None if verifiers is None else VerifiersSpec.of(verifiers, "verifiers loop")
-        # the command is the runner under the environment's interpreter (set per sample)
-        super().__init__(context, command=["verifiers-runner"])
+        # a command agent to the gateway: the worker's runner process (``_run_agent``)
+        super().__init__(context, command=["verifiers_runner.py", "serve"])
         self.result: VerifiersResult | None = None
 
     @classmethod
@@ -106,16 +107,21 @@ class VerifiersAgentLoop(GatewayAgentLoop):
         self, gateway: Gateway, session: Session, llm: LLMEndpoint, row: dict[str, Any]
     ) -> Any:
         spec = self.spec_of(row)
-        folder = session_log_dir(self.config.gateway, llm.session_id)
-        result_file = folder / "verifiers_result.json"
+        key = VerifiersRunner.key(spec)
+        runner = self.context.resources.get(key)
+        if runner is None:
+            runner = self.context.resources[key] = VerifiersRunner(spec)
         row = {**row, "verifiers": {**spec.as_row_field(), "example": example_of(row)}}
-        env = {**spec.child_env(), "AGENTLOOP_RESULT": str(result_file)}
         start = time.perf_counter()
-        await run_command(
-            runner_argv(spec.interpreter, "rollout"), llm, row, self.config.gateway, env=env
-        )
-        self.metrics["env_s"] = time.perf_counter() - start
-        self.result = _read(result_file)
+        try:
+            data = await runner.rollout(spec, row, llm.base_url, llm.api_key, llm.model)
+        except (RuntimeError, ValueError) as exc:
+            raise AgentFailed(f"verifiers environment {spec.env_id!r}: {exc}") from exc
+        finally:
+            self.metrics["env_s"] = time.perf_counter() - start
+        folder = session_log_dir(self.config.gateway, llm.session_id)
+        (folder / "verifiers_result.json").write_text(json.dumps(data))  # as the runner said
+        self.result = VerifiersResult.of(data)
         return {"reward": self.result.reward}
 
     async def run(self, sampling_params: dict[str, Any], **row: Any) -> AgentLoopOutput:
@@ -133,12 +139,3 @@ class VerifiersAgentLoop(GatewayAgentLoop):
                 result.state,
             )
         return out
-
-
-def _read(path: Path) -> VerifiersResult:
-    try:
-        return VerifiersResult.read(path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise AgentFailed(
-            f"the verifiers runner wrote no readable result at {path}: {exc}"
-        ) from exc

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextvars
 import copy
 import importlib.util
 import inspect
@@ -207,24 +208,35 @@ def _count_tool_calls(completion: Any) -> tuple[int, int]:
     return calls, tool_msgs
 
 
-def _count_call_tool(env: Any) -> dict | None:
-    """Wrap an async ``env.call_tool`` (ToolEnv and kin) to count successful tool runs."""
+_TOOL_COUNTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "tool_counts", default=None
+)
+
+
+def _count_call_tool(env: Any) -> bool:
+    """Wrap an async ``env.call_tool`` (ToolEnv and kin), once per env, to count the tool
+    runs of the rollout that made them (its task's counts, so rollouts may share the env)."""
     original = getattr(env, "call_tool", None)
+    if getattr(env, "_agentloop_counted", False):
+        return True
     if not inspect.iscoroutinefunction(original):
-        return None
-    counts = {"ok": 0, "failed": 0}
+        return False
 
     async def call_tool(*args, **kwargs):
+        counts = _TOOL_COUNTS.get()
         try:
             result = await original(*args, **kwargs)
         except Exception:
-            counts["failed"] += 1
+            if counts is not None:
+                counts["failed"] += 1
             raise
-        counts["ok"] += 1
+        if counts is not None:
+            counts["ok"] += 1
         return result
 
     env.call_tool = call_tool
-    return counts
+    env._agentloop_counted = True
+    return True
 
 
 def state_summary(env: Any, state: Any, tool_counts: dict | None) -> dict:
@@ -280,28 +292,29 @@ def _is_infra_error(err: Any) -> bool:
 # ---------------------------------------------------------------- subcommands
 
 
-async def _rollout() -> int:
+async def run_one(
+    env: Any,
+    row: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    base_url: str,
+    api_key: str,
+    model: str,
+) -> tuple[dict, bool]:
+    """One rollout of ``row``'s example against the endpoint, scored as the env's evaluation
+    scores it: (the result JSON, whether it failed for an infrastructure reason)."""
     import verifiers as vf
     from openai import AsyncOpenAI
 
-    spec = json.loads(os.environ["AGENTLOOP_VERIFIERS"])
-    with open(os.environ["AGENTLOOP_ROW"], encoding="utf-8") as f:
-        row = json.load(f)
-    result_path = os.environ["AGENTLOOP_RESULT"]
-    model = os.environ["OPENAI_MODEL"]
-
-    env = load_env(spec["env_id"], spec.get("env_args"))
     example = rollout_input(row)
     # what Environment.generate does: the env's defaults, then the caller's (shallow update)
     sampling_args = copy.deepcopy(env.sampling_args)
     sampling_args.update(spec.get("sampling_args") or {})
-
     oai = AsyncOpenAI(
-        base_url=os.environ["OPENAI_BASE_URL"],
-        api_key=os.environ.get("OPENAI_API_KEY") or "EMPTY",
-        **(spec.get("client_args") or {}),
+        base_url=base_url, api_key=api_key or "EMPTY", **(spec.get("client_args") or {})
     )
-    tool_counts = _count_call_tool(env)
+    counted = _count_call_tool(env)
+    tool_counts = {"ok": 0, "failed": 0}
+    _TOOL_COUNTS.set(tool_counts)
     try:
         client = vf.OpenAIChatCompletionsClient(oai)
         state = await env.rollout(example, client, model, sampling_args)
@@ -311,19 +324,81 @@ async def _rollout() -> int:
         await env.rubric.cleanup(state)
     finally:
         await oai.close()
-
     err = state.get("error")
     result = score_json(env, state)
     result.update(
-        state=state_summary(env, state, tool_counts),
+        state=state_summary(env, state, tool_counts if counted else None),
         completion=messages_to_openai(state.get("completion")),
         stop_condition=state.get("stop_condition"),
         error=None if err is None else error_text(err),
     )
-    _write_json(result_path, result)
-    if err is not None and _is_infra_error(err):
-        sys.stderr.write(f"rollout failed: {error_text(err)}\n")
+    return result, err is not None and _is_infra_error(err)
+
+
+async def _rollout() -> int:
+    spec = json.loads(os.environ["AGENTLOOP_VERIFIERS"])
+    with open(os.environ["AGENTLOOP_ROW"], encoding="utf-8") as f:
+        row = json.load(f)
+    env = load_env(spec["env_id"], spec.get("env_args"))
+    result, infra = await run_one(
+        env,
+        row,
+        spec,
+        os.environ["OPENAI_BASE_URL"],
+        os.environ.get("OPENAI_API_KEY", ""),
+        os.environ["OPENAI_MODEL"],
+    )
+    _write_json(os.environ["AGENTLOOP_RESULT"], result)
+    if infra:
+        sys.stderr.write(f"rollout failed: {result['error']}\n")
         return EXIT_FAIL
+    return EXIT_OK
+
+
+async def _serve() -> int:
+    """Rollouts for as long as stdin is open: one JSON request a line (``{"id", "env_id",
+    "env_args", "row", "base_url", "api_key", "model"}``), answered in any order on the
+    protocol stream, one JSON line each (``{"id", "result"}`` or ``{"id", "error",
+    "not_installed"?}``); environments loaded once per (id, args). What the libraries print
+    goes to stderr: the protocol keeps the original stdout to itself."""
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 26)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    envs: dict[str, Any] = {}
+    running: set[asyncio.Task] = set()
+
+    def answer(message: dict) -> None:
+        out.write(json.dumps(message, ensure_ascii=False) + "\n")
+        out.flush()
+
+    async def handle(req: dict) -> None:
+        try:
+            key = json.dumps([req["env_id"], req.get("env_args") or {}], sort_keys=True)
+            if key not in envs:
+                envs[key] = load_env(req["env_id"], req.get("env_args"))
+            result, infra = await run_one(
+                envs[key], req["row"], req, req["base_url"], req.get("api_key", ""), req["model"]
+            )
+            message = {"id": req["id"], "result": result}
+            if infra:
+                message["error"] = f"rollout failed: {result['error']}"
+        except EnvNotInstalled as e:
+            message = {"id": req["id"], "error": str(e), "not_installed": True}
+        except Exception:  # noqa: BLE001 - this request's failure, not the server's
+            message = {"id": req["id"], "error": traceback.format_exc()}
+        answer(message)
+
+    sys.stderr.write("verifiers runner serving\n")
+    while line := await reader.readline():
+        if line.strip():
+            task = asyncio.create_task(handle(json.loads(line)))
+            running.add(task)
+            task.add_done_callback(running.discard)
+    if running:
+        await asyncio.wait(running)
     return EXIT_OK
 
 
@@ -406,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("rollout", help="one rollout, configured by environment variables")
+    sub.add_parser("serve", help="rollouts requested as JSON lines on stdin, until it closes")
     for name in ("dataset", "score", "check"):
         s = sub.add_parser(name)
         s.add_argument("--env-id", required=True)
@@ -424,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "rollout":
             return asyncio.run(_rollout())
+        if args.cmd == "serve":
+            return asyncio.run(_serve())
         if args.cmd == "dataset":
             return asyncio.run(_dataset(args))
         if args.cmd == "score":

@@ -49,16 +49,46 @@ def env_rows(tmp_path: Path, s: VerifiersSpec, n: int) -> list[dict]:
     ]
 
 
+CALC = spec("vf-calc", num_examples=8)
+GUESS = spec("vf-guess", num_examples=8, max_turns=5)
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory) -> dict[str, list[dict]]:
+    """Two rows of each environment's eval split, made once (a runner process each)."""
+    tmp = tmp_path_factory.mktemp("rows")
+    return {s.env_id: env_rows(tmp, s, 2) for s in (CALC, GUESS)}
+
+
+@pytest.fixture(scope="module")
+async def runners():
+    """The module's samples share runners, as a worker's do; closed at the end."""
+    resources: dict = {}
+    yield resources
+    for runner in resources.values():
+        await runner.close()
+
+
 def call(name: str, **arguments) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-async def run_row(tokenizer, tmp_path, row: dict, turns: list[str]):
+async def run_row(tokenizer, tmp_path, row: dict, turns: list[str], resources=None):
+    """One sample on a scripted engine; the runner is closed after it unless ``resources``
+    (a worker's, shared across samples) is given."""
     server = ScriptedServer(tokenizer, turns)
     config = RolloutConfig(prompt_length=1024, response_length=1024)
     config.gateway.log_dir = str(tmp_path / "gateway")
-    loop = VerifiersAgentLoop(AgentLoopContext(server, tokenizer, config))
-    out = await loop.run(SAMPLING, **row)
+    context = AgentLoopContext(server, tokenizer, config)
+    if resources is not None:
+        context.resources = resources
+    loop = VerifiersAgentLoop(context)
+    try:
+        out = await loop.run(SAMPLING, **row)
+    finally:
+        if resources is None:
+            for runner in context.resources.values():
+                await runner.close()
     return loop, out, server
 
 
@@ -70,12 +100,13 @@ def own_score(s: VerifiersSpec, tmp_path: Path, row: dict, result: dict) -> dict
     return json.loads(s.run("score", *args))
 
 
-async def test_tool_environment_scores_the_session_as_its_own_evaluation(tokenizer, tmp_path):
-    s = spec("vf-calc", num_examples=8)
-    (row,) = env_rows(tmp_path, s, 1)
+async def test_tool_environment_scores_the_session_as_its_own_evaluation(
+    tokenizer, tmp_path, rows, runners
+):
+    s, row = CALC, rows["vf-calc"][0]
     truth = row["reward_model"]["ground_truth"]
     turns = [call("multiply", a=2, b=3), f"The answer is {truth}."]
-    loop, out, server = await run_row(tokenizer, tmp_path, row, turns)
+    loop, out, server = await run_row(tokenizer, tmp_path, row, turns, runners)
 
     assert "agent_error" not in out.extra, out.extra.get("agent_error")
     result = json.loads(
@@ -93,9 +124,8 @@ async def test_tool_environment_scores_the_session_as_its_own_evaluation(tokeniz
     assert out.record.assistant_turns == 2
 
 
-async def test_multi_turn_environment_replies_until_solved(tokenizer, tmp_path):
-    s = spec("vf-guess", num_examples=8, max_turns=5)
-    (row,) = env_rows(tmp_path, s, 1)
+async def test_multi_turn_environment_replies_until_solved(tokenizer, tmp_path, rows, runners):
+    row = rows["vf-guess"][0]
     secret = int(row["reward_model"]["ground_truth"])
     low, high, guesses = 1, 16, []
     while True:  # binary search, the env's "higher"/"lower" replies are scripted ahead
@@ -104,7 +134,7 @@ async def test_multi_turn_environment_replies_until_solved(tokenizer, tmp_path):
         if guess == secret:
             break
         low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
-    _, out, _ = await run_row(tokenizer, tmp_path, row, [str(g) for g in guesses])
+    _, out, _ = await run_row(tokenizer, tmp_path, row, [str(g) for g in guesses], runners)
 
     assert "agent_error" not in out.extra, out.extra.get("agent_error")
     assert out.record.reward_parts["solved"] == 1.0
@@ -112,6 +142,40 @@ async def test_multi_turn_environment_replies_until_solved(tokenizer, tmp_path):
     assert out.reward_score == pytest.approx(1.0 + 0.5 * efficiency)
     assert out.metrics["env/turns"] == len(guesses)
     assert out.record.assistant_turns == len(guesses) and out.record.user_turns == len(guesses) - 1
+
+
+async def test_a_runner_that_dies_fails_its_sample_alone_and_starts_again(
+    tokenizer, tmp_path, rows
+):
+    guess = rows["vf-guess"]
+    resources: dict = {}
+    try:
+        _, warm, _ = await run_row(tokenizer, tmp_path, guess[0], ["1", "2", "3"], resources)
+        assert "agent_error" not in warm.extra
+        (runner,) = resources.values()
+
+        class Killing(ScriptedServer):
+            async def generate(self, request):  # the runner dies during the session's call
+                runner._proc.kill()
+                await runner._proc.wait()
+                return await super().generate(request)
+
+        server = Killing(tokenizer, ["4"])
+        config = RolloutConfig(prompt_length=1024, response_length=1024)
+        config.gateway.log_dir = str(tmp_path / "gateway")
+        context = AgentLoopContext(server, tokenizer, config)
+        context.resources = resources
+        out = await VerifiersAgentLoop(context).run(SAMPLING, **guess[1])
+        assert out.record.stop_reason == "agent_error"
+        assert (
+            "verifiers environment 'vf-guess': the verifiers runner exited with -9"
+            in (out.extra["agent_error"])
+        )
+        _, again, _ = await run_row(tokenizer, tmp_path, guess[1], ["5", "6", "7"], resources)
+        assert "agent_error" not in again.extra and runner.starts == 2
+    finally:
+        for r in resources.values():
+            await r.close()
 
 
 def test_an_environment_that_is_not_installed_is_a_start_up_error(tmp_path):
@@ -131,15 +195,14 @@ def test_an_environment_that_is_not_installed_is_a_start_up_error(tmp_path):
     )
 
 
-async def test_the_rubric_and_state_are_in_the_sample_trace(tokenizer, tmp_path):
+async def test_the_rubric_and_state_are_in_the_sample_trace(tokenizer, tmp_path, rows):
     import mlflow
 
     from agentloop import TraceContext
     from agentloop.config import AgentConfig, TraceConfig
     from agentloop.worker import AgentLoopWorker
 
-    s = spec("vf-calc", num_examples=8)
-    (row,) = env_rows(tmp_path, s, 1)
+    row = rows["vf-calc"][1]
     truth = row["reward_model"]["ground_truth"]
     store = f"sqlite:///{tmp_path / 'mlruns.db'}"
     config = RolloutConfig(
@@ -158,6 +221,7 @@ async def test_the_rubric_and_state_are_in_the_sample_trace(tokenizer, tmp_path)
         spans = mlflow.get_trace(out.record.trace_id).data.spans
     finally:
         await worker.context.gateway.stop()
+        await worker.close_workspaces()  # ends the worker's verifiers runner
         mlflow.set_tracking_uri(previous)
     (env,) = [x for x in spans if x.name == "verifiers:vf-calc"]
     assert env.outputs["reward"] == pytest.approx(1.0)  # right answer, no tool used
