@@ -53,3 +53,42 @@ def test_rows_carry_their_environment_and_example(tmp_path):
         assert env["example"]["prompt"] == row["raw_prompt"]
         assert row["reward_model"]["ground_truth"] == env["example"]["answer"]
         assert row["raw_prompt"][0]["role"] == "system"  # the environment's own system prompt
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VERIFIERS, reason="`make verifiers` makes .venv-verifiers")
+def test_the_documented_overrides_make_train_and_validation_rows(tmp_path, monkeypatch):
+    """docs/environments.md step 2, as written (its train command's data keys)."""
+    from trainer.config import load_config
+
+    monkeypatch.chdir(REPO)
+    config, _ = load_config(
+        [
+            "actor_rollout_ref.model.path=tiny-qwen3",
+            "data.env_dataset.verifiers=vf-calc",
+            "data.env_dataset.paths=[examples/verifiers]",
+            "+data.env_dataset.env_args.num_examples=64",
+            "data.env_dataset.val_size=16",
+        ]
+    )
+    env = config.data.env_dataset
+    assert (env.verifiers, env.env_args, env.paths) == (
+        "vf-calc",
+        {"num_examples": 64},
+        ["examples/verifiers"],
+    )
+    (train,) = environment_rows(env, "train", tmp_path)
+    (val,) = environment_rows(env, "val", tmp_path)
+    assert len(Path(train).read_text().splitlines()) == 64  # train_size -1: all
+    assert len(Path(val).read_text().splitlines()) == 16
+
+
+@pytest.mark.slow
+def test_an_environment_that_is_not_installed_fails_the_rows_naming_it(tmp_path):
+    from agentloop.envs.verifiers_env import VerifiersNotInstalled, VerifiersSpec
+
+    with pytest.raises(VerifiersNotInstalled, match="verifiers environment 'vf-nope' is not "):
+        environment_rows(EnvDatasetConfig(verifiers="vf-nope"), "train", tmp_path)
+    missing = VerifiersSpec(env_id="vf-calc", python=str(tmp_path / "python"))
+    with pytest.raises(VerifiersNotInstalled, match=r"does not exist: run `make verifiers`"):
+        missing.run("check", "--env-id", "vf-calc")

@@ -234,3 +234,60 @@ async def test_each_step_is_traced_with_its_action_and_reward(tokenizer, tmp_pat
     assert [s.outputs["reward"] for s in steps] == pytest.approx(replay(6, moves))
     assert steps[-1].attributes["done"] == "True"
     assert worker.context.resources == {}
+
+
+HEALTH_SERVER = """
+import http.server, sys
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+POOL_OWNER = """
+import asyncio, sys
+from agentloop.envs.openenv_servers import OpenEnvServers
+
+async def main():
+    pool = OpenEnvServers(command=sys.argv[1], servers=1)
+    await pool.start()
+    print(pool.servers[0].proc.pid, flush=True)
+    await asyncio.sleep(300)
+
+asyncio.run(main())
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_a_command_server_ends_when_the_worker_that_started_it_dies(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "health.py").write_text(HEALTH_SERVER)
+    command = f"{sys.executable} {tmp_path / 'health.py'} {{port}}"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", POOL_OWNER, command], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pid = int(owner.stdout.readline())
+        assert _alive(pid)
+        os.kill(owner.pid, signal.SIGKILL)  # no close(): the worker is gone
+        owner.wait()
+        deadline = time.monotonic() + 20
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)
+    finally:
+        owner.kill()
