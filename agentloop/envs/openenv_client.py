@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from agentloop.envs.openenv_servers import OpenEnvServers
+from agentloop.envs.openenv_servers import OpenEnvServerError, OpenEnvServers
 from servers.user_code import load_object
 
 __all__ = ["EnvConnection", "EnvStep", "OpenEnvSpec", "connect"]
@@ -134,10 +134,13 @@ class OpenEnvSpec:
 
     async def action_tool(self, url: str) -> dict[str, Any]:
         """The environment's action schema (``GET /schema``) as one tool."""
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10.0)) as http:
-            async with http.get(url + "/schema") as reply:
-                reply.raise_for_status()
-                schema = dict((await reply.json())["action"])
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10.0)) as http:
+                async with http.get(url + "/schema") as reply:
+                    reply.raise_for_status()
+                    schema = dict((await reply.json())["action"])
+        except (aiohttp.ClientError, KeyError, ValueError) as exc:
+            raise OpenEnvServerError(f"no action schema at {url}/schema: {exc}") from exc
         props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
         params: dict[str, Any] = {"type": "object", "properties": props}
         required = [k for k in schema.get("required") or [] if k != "metadata"]

@@ -75,14 +75,16 @@ class OpenEnvAgentLoop(AgentLoopBase):
         self, sampling_params: dict[str, Any], *, raw_prompt: list[dict[str, Any]], **row: Any
     ) -> AgentLoopOutput:
         servers = await self._servers()
-        if self.spec.action == "tool" and not self.schemas:
-            self.schemas = [await self.spec.action_tool(servers.servers[0].url)]
         server = servers.acquire()
         episode = _Episode()
         conn: EnvConnection | None = None
         error: str | None = None
         traj: Trajectory | None = None
         try:
+            if self.spec.action == "tool":  # the action schema, read once per worker
+                if servers.action_tool is None:
+                    servers.action_tool = await self.spec.action_tool(server.url)
+                self.schemas = [servers.action_tool]
             conn = await connect(self.spec, server.url)
             first = await conn.reset(self.spec.reset_kwargs(row))
             traj = await self._play(conn, first, raw_prompt, sampling_params, episode)

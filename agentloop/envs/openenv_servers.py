@@ -128,6 +128,8 @@ class OpenEnvServers:
         )
         self._started = False
         self._start_lock = asyncio.Lock()
+        self.action_tool: dict | None = None
+        """The environment's action schema as a tool (read by the first sample that needs it)."""
 
     async def start(self) -> None:
         """Start (or check) every server; raises OpenEnvServerError naming the one that did

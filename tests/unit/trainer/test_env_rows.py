@@ -14,7 +14,6 @@ from trainer.config.schema import EnvDatasetConfig
 from trainer.data.env_rows import environment_rows
 
 REPO = Path(__file__).resolve().parents[3]
-EXAMPLES = str(REPO / "examples" / "verifiers")
 HAS_VERIFIERS = (
     Path(verifiers_python()).is_relative_to(REPO / ".venv-verifiers")
     or "AGENTLOOP_VERIFIERS_PYTHON" in os.environ
@@ -35,30 +34,9 @@ def test_no_environment_or_no_validation_rows_gives_no_files(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VERIFIERS, reason="`make verifiers` makes .venv-verifiers")
-def test_rows_carry_their_environment_and_example(tmp_path):
-    config = EnvDatasetConfig(
-        verifiers="vf-calc", env_args={"num_examples": 8}, paths=[EXAMPLES], val_size=3
-    )
-    (path,) = environment_rows(config, "val", tmp_path)
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
-    assert Path(path) == tmp_path / "env_rows" / "val.jsonl" and len(rows) == 3
-    for row in rows:
-        assert row["agent_name"] == "verifiers" and row["data_source"] == "verifiers/vf-calc"
-        env = row["verifiers"]
-        assert (env["env_id"], env["env_args"], env["paths"]) == (
-            "vf-calc",
-            {"num_examples": 8},
-            [EXAMPLES],
-        )
-        assert env["example"]["prompt"] == row["raw_prompt"]
-        assert row["reward_model"]["ground_truth"] == env["example"]["answer"]
-        assert row["raw_prompt"][0]["role"] == "system"  # the environment's own system prompt
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_VERIFIERS, reason="`make verifiers` makes .venv-verifiers")
 def test_the_documented_overrides_make_train_and_validation_rows(tmp_path, monkeypatch):
-    """docs/environments.md step 2, as written (its train command's data keys)."""
+    """docs/environments.md step 2, as written (its train command's data keys): rows of
+    both splits, each carrying its environment and example."""
     from trainer.config import load_config
 
     monkeypatch.chdir(REPO)
@@ -80,7 +58,16 @@ def test_the_documented_overrides_make_train_and_validation_rows(tmp_path, monke
     (train,) = environment_rows(env, "train", tmp_path)
     (val,) = environment_rows(env, "val", tmp_path)
     assert len(Path(train).read_text().splitlines()) == 64  # train_size -1: all
-    assert len(Path(val).read_text().splitlines()) == 16
+    rows = [json.loads(line) for line in Path(val).read_text().splitlines()]
+    assert Path(val) == tmp_path / "env_rows" / "val.jsonl" and len(rows) == 16
+    for row in rows:  # each row carries its environment and the environment's own example
+        assert row["agent_name"] == "verifiers" and row["data_source"] == "verifiers/vf-calc"
+        env = row["verifiers"]
+        assert (env["env_id"], env["env_args"]) == ("vf-calc", {"num_examples": 64})
+        assert env["paths"] == ["examples/verifiers"]
+        assert env["example"]["prompt"] == row["raw_prompt"]
+        assert row["reward_model"]["ground_truth"] == env["example"]["answer"]
+        assert row["raw_prompt"][0]["role"] == "system"  # the environment's system prompt
 
 
 @pytest.mark.slow

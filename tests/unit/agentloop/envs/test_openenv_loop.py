@@ -199,7 +199,7 @@ def test_bad_entries_say_what_to_change():
         OpenEnvSpec.of({"url": "http://x", "moves": 3})
 
 
-async def test_each_step_is_traced_with_its_action_and_reward(tokenizer, tmp_path):
+async def test_each_step_is_traced_with_its_action_and_reward(tokenizer, tmp_path, shared):
     import mlflow
     import yaml
 
@@ -220,6 +220,7 @@ async def test_each_step_is_traced_with_its_action_and_reward(tokenizer, tmp_pat
     moves = path_to_goal(6)
     server = ScriptedServer(tokenizer, [act(m) for m in moves])
     worker = AgentLoopWorker(config, server, tokenizer)
+    worker.context.resources = dict(shared)  # the module's server; closing it is checked below
     previous = mlflow.get_tracking_uri()
     try:
         row = {"raw_prompt": PROMPT, "uid": "u1", "rollout_n": 0, "index": 6}
@@ -227,13 +228,15 @@ async def test_each_step_is_traced_with_its_action_and_reward(tokenizer, tmp_pat
         worker.tracer.flush()
         spans = mlflow.get_trace(out.record.trace_id).data.spans
     finally:
-        await worker.close_workspaces()  # stops the worker's environment server
+        await worker.close_workspaces()  # closes what the worker's loops shared
         mlflow.set_tracking_uri(previous)
     steps = sorted((s for s in spans if s.name == "openenv.step"), key=lambda s: s.start_time_ns)
     assert [s.outputs["action"] for s in steps] == [{"move": m} for m in moves]
     assert [s.outputs["reward"] for s in steps] == pytest.approx(replay(6, moves))
     assert steps[-1].attributes["done"] == "True"
     assert worker.context.resources == {}
+    (pool,) = shared.values()
+    assert all(s.proc.returncode is not None for s in pool.servers)  # stopped with the worker
 
 
 HEALTH_SERVER = """

@@ -195,7 +195,7 @@ def test_an_environment_that_is_not_installed_is_a_start_up_error(tmp_path):
     )
 
 
-async def test_the_rubric_and_state_are_in_the_sample_trace(tokenizer, tmp_path, rows):
+async def test_the_rubric_and_state_are_in_the_sample_trace(tokenizer, tmp_path, rows, runners):
     import mlflow
 
     from agentloop import TraceContext
@@ -214,6 +214,7 @@ async def test_the_rubric_and_state_are_in_the_sample_trace(tokenizer, tmp_path,
     config.gateway.log_dir = str(tmp_path / "gateway")
     server = ScriptedServer(tokenizer, [f"It is {truth}."])
     worker = AgentLoopWorker(config, server, tokenizer)
+    worker.context.resources = runners  # the module's runner (closed by its fixture)
     previous = mlflow.get_tracking_uri()
     try:
         (out,) = await worker.generate_sequences([{**row, "uid": "u"}], None, TraceContext(step=1))
@@ -221,7 +222,6 @@ async def test_the_rubric_and_state_are_in_the_sample_trace(tokenizer, tmp_path,
         spans = mlflow.get_trace(out.record.trace_id).data.spans
     finally:
         await worker.context.gateway.stop()
-        await worker.close_workspaces()  # ends the worker's verifiers runner
         mlflow.set_tracking_uri(previous)
     (env,) = [x for x in spans if x.name == "verifiers:vf-calc"]
     assert env.outputs["reward"] == pytest.approx(1.0)  # right answer, no tool used
