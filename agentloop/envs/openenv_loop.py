@@ -87,6 +87,8 @@ class OpenEnvAgentLoop(AgentLoopBase):
                 self.schemas = [servers.action_tool]
             conn = await connect(self.spec, server.url)
             first = await conn.reset(self.spec.reset_kwargs(row))
+            if first.error is not None:  # e.g. CAPACITY_REACHED, or the env's reset raised
+                raise OpenEnvServerError(f"reset was refused: {first.error}")
             traj = await self._play(conn, first, raw_prompt, sampling_params, episode)
         except (OSError, ConnectionError, TimeoutError, OpenEnvServerError) as exc:
             error = f"the OpenEnv server at {server.url} failed: {type(exc).__name__}: {exc}"

@@ -179,6 +179,16 @@ async def test_a_server_that_dies_fails_its_sample_alone_and_is_restarted(tokeni
     assert (await again.run(SAMPLING, raw_prompt=PROMPT, index=4)).record.stop_reason == "done"
 
 
+async def test_a_refused_reset_fails_the_sample_alone(tokenizer, shared):
+    loop, server = make_loop(tokenizer, shared, [act("up")], reset={"seed": [1, 2]})
+    out = await loop.run(SAMPLING, raw_prompt=PROMPT, index=0)
+
+    assert out.record.stop_reason == "env_error" and out.record.weight == 0.0
+    assert "failed: OpenEnvServerError: reset was refused: " in out.record.error
+    assert "(EXECUTION_ERROR)" in out.record.error
+    assert server.sampled == []  # the policy never ran
+
+
 def test_a_server_that_never_gets_healthy_is_a_start_up_error_with_its_log():
     command = f"{sys.executable} -c \"print('cannot serve on {{port}}'); raise SystemExit(2)\""
     spec = OpenEnvSpec.of({"command": command, "health_timeout_s": 20})
