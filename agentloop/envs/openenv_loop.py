@@ -171,6 +171,7 @@ class OpenEnvAgentLoop(AgentLoopBase):
             if not traj.add_template(delta):
                 ep.stop = "length"
                 return traj
+            ep.observations += 1
 
     async def _step(self, conn: EnvConnection, action: dict[str, Any], ep: _Episode) -> str | None:
         """Send the action; record it as a call of the turn (with its step reward). Returns
@@ -223,7 +224,7 @@ class OpenEnvAgentLoop(AgentLoopBase):
             finish_reasons=list(ep.finish_reasons),
             turn_ends=list(ep.ends),
             assistant_turns=len(ep.ends),
-            user_turns=max(len(ep.ends) - 1, 0) + 1,
+            user_turns=ep.observations,
             tool_calls=sum(c.ok for c in ep.calls),
             tool_errors=len(ep.errors),
             tool_error_kinds=list(ep.errors),
@@ -233,7 +234,9 @@ class OpenEnvAgentLoop(AgentLoopBase):
         )
 
     def _output(self, traj: Trajectory, ep: _Episode) -> AgentLoopOutput:
-        out = self.output(traj, num_turns=1 + 2 * len(ep.ends), record=self._record(ep))
+        out = self.output(
+            traj, num_turns=1 + len(ep.ends) + ep.observations, record=self._record(ep)
+        )
         out.reward_score = 0.0  # the return is the sum of the turn scores (step rewards)
         out.metrics["env/steps"] = float(len(ep.ends))
         out.metrics["env/return"] = float(sum(ep.scores))
@@ -253,7 +256,9 @@ class OpenEnvAgentLoop(AgentLoopBase):
         if traj is None:
             ids = await self.encode_prompt(prompt, self.schemas)
             traj = Trajectory(ids, self.config.response_length)
-        out = self.output(traj, num_turns=1 + 2 * len(ep.ends), record=self._record(ep))
+        out = self.output(
+            traj, num_turns=1 + len(ep.ends) + ep.observations, record=self._record(ep)
+        )
         out.reward_score = 0.0
         out.record.stop_reason = "env_error"
         out.record.weight = 0.0
@@ -275,6 +280,8 @@ class _Episode:
         self.states: list[str | None] = []
         self.errors: list[str] = []
         self.calls: list[ToolCallRecord] = []
+        self.observations = 0
+        """Observations appended after a model turn (the first is in the prompt)."""
         self.last = EnvStep()
         self.stop = "max_steps"
         self.done = False

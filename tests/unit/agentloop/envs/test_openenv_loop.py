@@ -89,6 +89,8 @@ async def test_episode_keeps_each_step_reward_on_its_turn_as_the_environment_sco
     assert sum(record.turn_scores) == pytest.approx(1.0 - 0.05 * (len(moves) - 1))
     assert out.reward_score == 0.0  # the return is the turn scores' sum
     assert len(record.turn_ends) == len(moves) and record.tool_errors == 0
+    assert record.user_turns == len(moves) - 1  # no observation after the last move
+    assert out.num_turns == 1 + len(moves) + len(moves) - 1
     # sampled turns are mask 1 and exactly what the engine returned; the rest is observation
     sampled = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m]
     assert sampled == [t for ids in server.sampled for t in ids]
