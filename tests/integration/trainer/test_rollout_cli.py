@@ -70,7 +70,7 @@ def run_main(capsys, *overrides: str) -> tuple[int, str]:
             [{"prompt": USER, "agent_name": "nope"}],
             [],
             "agent_name 'nope' is not a registered agent loop; registered: react_agent, "
-            "single_turn_agent, tool_agent (add yours to "
+            "single_turn_agent, tool_agent, verifiers (add yours to "
             "actor_rollout_ref.rollout.agent.agent_loop_config_path)",
         ),
         (
