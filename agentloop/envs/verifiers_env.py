@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -127,9 +128,10 @@ class VerifiersSpec:
         return row
 
     def run(self, mode: str, *args: str, timeout_s: float = 600) -> str:
-        """Run the runner in ``mode`` to its end (a blocking call: start-up and data only);
-        returns its stdout. Not installed -> ``VerifiersNotInstalled``; another failure ->
-        RuntimeError with the tail of its stderr."""
+        """Run the runner in ``mode`` (``check``, ``dataset``, ``score``) on this environment
+        to its end (a blocking call: start-up and data only), ``args`` after its id and
+        arguments; returns its stdout. Not installed -> ``VerifiersNotInstalled``; another
+        failure -> RuntimeError with the tail of its stderr."""
         python = self.interpreter
         if not Path(python).exists() and not _on_path(python):
             raise VerifiersNotInstalled(
@@ -137,7 +139,15 @@ class VerifiersSpec:
                 "exist: run `make verifiers` (or set AGENTLOOP_VERIFIERS_PYTHON)"
             )
         proc = subprocess.run(
-            runner_argv(python, mode, *args),
+            runner_argv(
+                python,
+                mode,
+                "--env-id",
+                self.env_id,
+                "--env-args",
+                json.dumps(self.env_args),
+                *args,
+            ),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -159,8 +169,6 @@ class VerifiersSpec:
 
 
 def _on_path(python: str) -> bool:
-    import shutil
-
     return shutil.which(python) is not None
 
 
@@ -171,7 +179,7 @@ def check_installed(spec: VerifiersSpec) -> None:
     """Start-up check that the environment loads (once per interpreter and id)."""
     key = (spec.interpreter, spec.env_id, spec.paths)
     if key not in _checked:
-        spec.run("check", "--env-id", spec.env_id, "--env-args", json.dumps(spec.env_args))
+        spec.run("check")
         _checked.add(key)
 
 

@@ -116,8 +116,7 @@ def own_score(d: Path, record: dict, row: dict) -> dict:
     given = d / f"score_{record['session_id']}.json"
     given.write_text(json.dumps({"row": row, "completion": result["completion"]}))
     spec = VerifiersSpec(env_id=env["env_id"], env_args=env["env_args"], paths=(EXAMPLES,))
-    args = ["--env-id", spec.env_id, "--env-args", json.dumps(spec.env_args), "--in", str(given)]
-    return json.loads(spec.run("score", *args))
+    return json.loads(spec.run("score", "--in", str(given)))
 
 
 def replay(seed: int, calls: list[dict]) -> list[float]:

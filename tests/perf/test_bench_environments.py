@@ -181,8 +181,7 @@ def test_bench_environment_paths_against_native(tiny_qwen3_path, tmp_path):
     if has_verifiers:
         spec = VerifiersSpec(env_id="vf-calc", env_args={"num_examples": 4}, paths=(EXAMPLES,))
         out = tmp_path / "rows.jsonl"
-        spec.run("dataset", "--env-id", "vf-calc", "--env-args", json.dumps(spec.env_args),
-                 "--split", "eval", "--n", "1", "--out", str(out))  # fmt: skip
+        spec.run("dataset", "--split", "eval", "--n", "1", "--out", str(out))
         row = json.loads(out.read_text().splitlines()[0])
         row["verifiers"] = {**spec.as_row_field(), "example": row["verifiers"]}
         prompt = row["raw_prompt"]

@@ -41,10 +41,6 @@ def environment_rows(config: EnvDatasetConfig, split: str, out_dir: str | Path) 
     raw = folder / f"{split}.raw.jsonl"
     spec.run(
         "dataset",
-        "--env-id",
-        spec.env_id,
-        "--env-args",
-        json.dumps(spec.env_args),
         "--split",
         env_split,
         "--n",

@@ -78,4 +78,4 @@ def test_an_environment_that_is_not_installed_fails_the_rows_naming_it(tmp_path)
         environment_rows(EnvDatasetConfig(verifiers="vf-nope"), "train", tmp_path)
     missing = VerifiersSpec(env_id="vf-calc", python=str(tmp_path / "python"))
     with pytest.raises(VerifiersNotInstalled, match=r"does not exist: run `make verifiers`"):
-        missing.run("check", "--env-id", "vf-calc")
+        missing.run("check")

@@ -40,8 +40,7 @@ def spec(env_id: str, **env_args) -> VerifiersSpec:
 
 def env_rows(tmp_path: Path, s: VerifiersSpec, n: int) -> list[dict]:
     out = tmp_path / f"{s.env_id}.jsonl"
-    args = ["--env-id", s.env_id, "--env-args", json.dumps(s.env_args), "--split", "eval"]
-    s.run("dataset", *args, "--n", str(n), "--out", str(out))
+    s.run("dataset", "--split", "eval", "--n", str(n), "--out", str(out))
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return [
         {**r, "index": i, "verifiers": {**s.as_row_field(), "example": r["verifiers"]}}
@@ -96,8 +95,7 @@ def own_score(s: VerifiersSpec, tmp_path: Path, row: dict, result: dict) -> dict
     """The environment's own evaluation of the completion the session produced."""
     given = tmp_path / "score_in.json"
     given.write_text(json.dumps({"row": row, "completion": result["completion"]}))
-    args = ["--env-id", s.env_id, "--env-args", json.dumps(s.env_args), "--in", str(given)]
-    return json.loads(s.run("score", *args))
+    return json.loads(s.run("score", "--in", str(given)))
 
 
 async def test_tool_environment_scores_the_session_as_its_own_evaluation(
