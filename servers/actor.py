@@ -202,13 +202,16 @@ class AsyncServer:
 
     def shm_footprint(self) -> dict[str, Any]:
         """``{"node_id", "names"}``: this server's Ray node (None outside Ray) and the
-        ``/dev/shm`` entries its engine's processes map, and its LoRA adapter folder, which a
-        kill would leave behind (``ServerGroup`` removes them after one)."""
+        ``/dev/shm`` entries its engine's processes map, its engine's scratch folder and its
+        LoRA adapter folder, which a kill would leave behind (``ServerGroup`` removes them
+        after one)."""
         node_id = _node_id()
         names = engine_shm()
-        adapters = self.core.engine.adapter_root  # vLLM with lora_rank; else None
-        if adapters is not None and adapters.parent == SHM:
-            names.append(adapters.name)
+        engine = self.core.engine
+        # vLLM's engine scratch folder, and its adapter folder with lora_rank; else None
+        for folder in (engine.scratch, engine.adapter_root):
+            if folder is not None and folder.parent == SHM:
+                names.append(folder.name)
         return {"node_id": node_id, "names": names}
 
     def metrics_text(self) -> str:

@@ -30,6 +30,8 @@ class EngineAdapter(Protocol):
     config does not allow them: LoRA off, ``weight_transfer=host``)."""
     adapter_root: Path | None
     """The folder the engine writes LoRA adapter versions into (None: none)."""
+    scratch: Path | None
+    """The folder the engine's processes keep their temporary files in (None: none)."""
 
     async def start(self) -> None: ...
     async def generate(self, request: GenerateRequest) -> TokenOutput:

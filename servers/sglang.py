@@ -90,6 +90,7 @@ class _BucketsOnly:
 
     weight_updates: frozenset[str] = frozenset({"buckets"})
     adapter_root: Path | None = None
+    scratch: Path | None = None
 
     def _refuse(self, kind: str) -> NotImplementedError:
         return NotImplementedError(

@@ -9,8 +9,9 @@ shutdown unlinks them; a killed engine cannot, and ``/dev/shm`` is RAM. So a ser
 what its engine's processes hold (``engine_shm``: the segments they map, and the semaphores
 named after their pids, since a semaphore maps a temporary file that is unlinked once it has
 its name) and whoever kills it removes exactly those (``remove_shm``), leaving other engines'
-entries alone. A server with LoRA on adds the folder it writes adapter versions into
-(``agentloop-lora-*``).
+entries alone. A server adds the folder its engine's temporary files go in
+(``agentloop-vllm-*``, ``servers/scratch.py``) and, with LoRA on, the folder it writes adapter
+versions into (``agentloop-lora-*``).
 """
 
 from __future__ import annotations
@@ -21,14 +22,25 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["SHM", "engine_shm", "mapped", "remove_shm", "semaphore_pid", "shm_entries"]
+__all__ = [
+    "SHM",
+    "engine_shm",
+    "mapped",
+    "owner_pid",
+    "remove_shm",
+    "semaphore_pid",
+    "shm_entries",
+]
 
 logger = logging.getLogger(__name__)
 
 SHM = Path("/dev/shm")
 _KINDS = ("psm_", "sem.")  # multiprocessing.shared_memory segments, named POSIX semaphores
-_ADAPTER_FOLDERS = "agentloop-lora-"  # a server's LoRA adapter versions (servers/weights.py)
+# a server's LoRA adapter versions (servers/weights.py), its engine's temporary files
+# (servers/scratch.py)
+_FOLDERS = ("agentloop-lora-", "agentloop-vllm-")
 _SEM_PID = re.compile(r"sem\.[A-Za-z]+-(\d+)-")  # sem.loky-<creator pid>-<random>
+_FOLDER_PID = re.compile(r"agentloop-(?:lora|vllm)-(\d+)-")  # agentloop-vllm-<owner pid>-<random>
 
 
 def _children(pid: int) -> list[int]:
@@ -51,16 +63,25 @@ def _descendants(pid: int) -> list[int]:
 
 
 def shm_entries() -> set[str]:
-    """Names of the ``psm_*`` segments and ``sem.*`` semaphores in ``/dev/shm`` now."""
+    """Names of the ``psm_*`` segments, ``sem.*`` semaphores and servers' folders
+    (``agentloop-vllm-*``, ``agentloop-lora-*``) in ``/dev/shm`` now."""
     if not SHM.is_dir():
         return set()
-    return {p.name for p in SHM.iterdir() if p.name.startswith(_KINDS)}
+    return {p.name for p in SHM.iterdir() if p.name.startswith((*_KINDS, *_FOLDERS))}
 
 
 def semaphore_pid(name: str) -> int | None:
     """The pid a ``sem.loky-<pid>-*`` semaphore is named after (its creator), else None."""
     match = _SEM_PID.match(name)
     return int(match.group(1)) if match else None
+
+
+def owner_pid(name: str) -> int | None:
+    """The pid an entry is named after: a semaphore's creator (``semaphore_pid``) or the
+    server owning an ``agentloop-vllm-<pid>-*`` / ``agentloop-lora-<pid>-*`` folder; else
+    None (a segment: who maps it is read with ``mapped``)."""
+    match = _FOLDER_PID.match(name)
+    return int(match.group(1)) if match else semaphore_pid(name)
 
 
 def mapped(pid: int) -> set[str]:
@@ -95,16 +116,16 @@ def engine_shm(pid: int | None = None) -> list[str]:
 
 
 def remove_shm(names: list[str]) -> list[str]:
-    """Unlink these ``/dev/shm`` entries (names from ``engine_shm``, or a server's adapter
-    folder); returns those removed. Processes still mapping one keep their memory until they
-    exit; the name is gone at once."""
+    """Unlink these ``/dev/shm`` entries (names from ``engine_shm``, or a server's adapter or
+    engine scratch folder); returns those removed. Processes still mapping one keep their
+    memory until they exit; the name is gone at once."""
     removed = []
     for name in names:
-        if "/" in name or name in (".", "..") or not name.startswith((*_KINDS, _ADAPTER_FOLDERS)):
+        if "/" in name or name in (".", "..") or not name.startswith((*_KINDS, *_FOLDERS)):
             raise ValueError(f"{name!r} is not a /dev/shm segment or semaphore name")
         path = SHM / name
         try:
-            if name.startswith(_ADAPTER_FOLDERS):
+            if name.startswith(_FOLDERS):
                 shutil.rmtree(path)
             else:
                 path.unlink()

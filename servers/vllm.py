@@ -24,6 +24,7 @@ from servers.cpu_layout import in_process_worker_env
 from servers.engine_args import check_known_args
 from servers.inflight import InFlight
 from servers.lora import check_adapter_rank, max_lora_rank, write_adapter
+from servers.scratch import engine_temp_dir, new_engine_scratch
 from servers.shm import engine_shm, remove_shm
 from servers.types import (
     EngineDeadError,
@@ -37,7 +38,9 @@ from servers.weights import (
     WeightSyncInfo,
     new_adapter_root,
     new_staging_file,
+    shm_dir,
     stage_bucket,
+    sweep_orphans,
 )
 
 if TYPE_CHECKING:
@@ -108,6 +111,7 @@ class VLLMEngine:
         # new requests run on, the one before it may still serve requests started on it.
         self._adapters: list[LoRARequest] = []
         self.adapter_root: Path | None = None  # the folder the versions sent are written in
+        self.scratch: Path | None = None  # the engine's temp dir (servers/scratch.py)
         self._adapter_lock = asyncio.Lock()
         self.lora_version = 0
         # generate calls running, and the weight loads they live through (in-flight updates)
@@ -172,7 +176,11 @@ class VLLMEngine:
         )
         t0 = time.perf_counter()
         before = set(engine_shm())  # another engine's, where this process runs two
-        self.engine = AsyncLLM.from_engine_args(args)
+        folder = shm_dir()
+        sweep_orphans(folder)
+        self.scratch = new_engine_scratch(folder)
+        with engine_temp_dir(self.scratch):  # its sockets and file store, removed at shutdown
+            self.engine = AsyncLLM.from_engine_args(args)
         self._engine_shm = sorted(set(engine_shm()) - before)
         model_config = self.engine.model_config
         self.vocab_size = model_config.get_vocab_size()
@@ -464,3 +472,6 @@ class VLLMEngine:
             # a killed engine leaves its shared memory behind: unlink it
             remove_shm(self._engine_shm)
             self._engine_shm = []
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None

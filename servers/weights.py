@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from servers.pids import pid_alive
+from servers.scratch import SCRATCH_PREFIX
 
 __all__ = [
     "TensorMeta",
@@ -162,10 +163,14 @@ def new_adapter_root(directory: Path | None = None) -> Path:
 
 
 def sweep_orphans(folder: Path) -> int:
-    """Remove the staging files and adapter folders whose owner process is gone; returns how
-    many were removed."""
+    """Remove the staging files, adapter folders and engine scratch folders
+    (``servers.scratch``) whose owner process is gone; returns how many were removed."""
     removed = 0
-    for prefix, pattern in ((_PREFIX, f"{_PREFIX}*.bin"), (_ADAPTER_PREFIX, f"{_ADAPTER_PREFIX}*")):
+    for prefix, pattern in (
+        (_PREFIX, f"{_PREFIX}*.bin"),
+        (_ADAPTER_PREFIX, f"{_ADAPTER_PREFIX}*"),
+        (SCRATCH_PREFIX, f"{SCRATCH_PREFIX}*"),
+    ):
         for path in folder.glob(pattern):
             owner = path.name.removeprefix(prefix).split("-", 1)[0]
             if not owner.isdigit() or pid_alive(int(owner)):

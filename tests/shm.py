@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from servers.shm import SHM, mapped, remove_shm, semaphore_pid, shm_entries
+from servers.shm import SHM, mapped, owner_pid, remove_shm, shm_entries
 
 __all__ = ["in_use", "leaked", "remove_new_segments", "shm_entries", "shm_segments"]
 
@@ -28,20 +28,21 @@ def shm_segments() -> set[Path]:
 def remove_new_segments(before: set[Path]) -> None:
     """Unlink the ``psm_*`` segments that appeared since ``before`` and no live process maps
     (another test session's running engines keep theirs), and every semaphore named after a
-    process that is gone (``sem.loky-<pid>-*``)."""
+    process that is gone (``sem.loky-<pid>-*``), or a folder of a server that is gone."""
     new = [segment.name for segment in shm_segments() - before]
     if new:
         mapped_now = in_use()
         new = [name for name in new if name not in mapped_now]
-    creators = {name: semaphore_pid(name) for name in shm_entries()}
+    creators = {name: owner_pid(name) for name in shm_entries()}
     orphans = [name for name, pid in creators.items() if pid is not None and not _alive(pid)]
     remove_shm(sorted({*new, *orphans}))
 
 
 def in_use() -> set[str]:
     """``/dev/shm`` names a running process maps, or a semaphore named after a running
-    process (``sem.loky-<pid>-*``: a semaphore's mapping does not show its name)."""
-    names = {name for name in shm_entries() if _alive(semaphore_pid(name))}
+    process (``sem.loky-<pid>-*``: a semaphore's mapping does not show its name), or a
+    folder of a running server (``agentloop-vllm-<pid>-*``)."""
+    names = {name for name in shm_entries() if _alive(owner_pid(name))}
     for maps in Path("/proc").glob("[0-9]*/maps"):
         names |= mapped(int(maps.parent.name))
     return names

@@ -77,6 +77,10 @@ ALL_RUNS["a_shared/async_inflight"] = [
     *ALL_RUNS["a_shared/async"],
     "async_training.partial_rollout=inflight",
 ]
+ALL_RUNS["b_pinned/async_inflight"] = [
+    *ALL_RUNS["b_pinned/async"],
+    "async_training.partial_rollout=inflight",
+]
 DEFAULT_RUNS = ("a_shared/sync", "a_shared/async", "b_pinned/sync", "b_pinned/async")
 # BENCH_ASYNC_RUNS="a_shared/sync,a_shared/async" runs a subset (each run is ~10 minutes).
 _chosen = os.environ.get("BENCH_ASYNC_RUNS")
@@ -149,6 +153,10 @@ def _summary(run_dir: Path) -> dict[str, float]:
         "train_s": mean("timing_s/old_log_prob")
         + mean("timing_s/update_actor")
         + mean("timing_s/weight_sync"),
+        "old_log_prob_s": mean("timing_s/old_log_prob"),
+        "update_s": mean("timing_s/update_actor"),
+        "weight_sync_s": mean("timing_s/weight_sync"),
+        "pause_s": mean("timing_s/pause_rollout"),
         "reward": mean("reward/mean"),
         "staleness_mean": mean("rollout/staleness_mean"),
         "trainer_idle_frac": mean("async/trainer_idle_frac"),
@@ -157,6 +165,8 @@ def _summary(run_dir: Path) -> dict[str, float]:
         "reprefilled_tokens": mean("rollout/reprefilled_tokens"),
         "kept_turns": mean("rollout/kept_turns"),
         "kl": mean("rollout_corr/kl"),
+        "ppl_ratio": mean("rollout_corr/ppl_ratio"),
+        "chi2_token": mean("rollout_corr/chi2_token"),
         "rs_masked": mean("rollout_corr/rollout_rs_masked_fraction"),
     }
 
@@ -213,15 +223,24 @@ def test_bench_async_vs_sync_training(tmp_path, smollm2_path, workload):
             f"{asyn['step_s'] / limit:.2f} (target <= 1.15); accuracy "
             f"{asyn['accuracy'] - sync['accuracy']:+.1%} (target within 3 points)"
         )
-    if "a_shared/async" in results and "a_shared/async_inflight" in results:
-        abort, kept = results["a_shared/async"], results["a_shared/async_inflight"]
+    for placement in ("a_shared", "b_pinned"):
+        if f"{placement}/async" not in results or f"{placement}/async_inflight" not in results:
+            continue
+        abort, kept = results[f"{placement}/async"], results[f"{placement}/async_inflight"]
         lines.append(
-            f"  weight pushes under running turns: abort-and-continue {abort['step_s']:.1f} "
+            f"  {placement} weight pushes under running turns: abort-and-continue "
+            f"{abort['step_s']:.1f} "
             f"s/step, {abort['reprefilled_tokens']:.0f} tokens re-prefilled/step; in flight "
             f"{kept['step_s']:.1f} s/step ({abort['step_s'] / kept['step_s']:.2f}x), "
             f"{kept['reprefilled_tokens']:.0f} re-prefilled, {kept['kept_turns']:.1f} turns "
             "kept/step (target: 0 re-prefilled, step time no worse)"
         )
+        for label, r in (("abort", abort), ("in flight", kept)):
+            lines.append(
+                f"    {label}: old log-probs {r['old_log_prob_s']:.1f} s, update "
+                f"{r['update_s']:.1f} s, weight sync {r['weight_sync_s']:.1f} s (rollout paused "
+                f"{r['pause_s']:.1f} s), rollout {r['rollout_s']:.1f} s per step"
+            )
     for staleness in (1, 2):
         swept = {
             mode: results[f"a_shared/async_s{staleness}_{mode}"]
@@ -233,7 +252,8 @@ def test_bench_async_vs_sync_training(tmp_path, smollm2_path, workload):
                 f"  corrections at staleness {staleness}: "
                 + ", ".join(
                     f"{mode} {r['accuracy']:.1%} held-out (train reward {r['reward']:.3f}, "
-                    f"staleness {r['staleness_mean']:.2f}, kl {r['kl']:.4f}, rejected "
+                    f"staleness {r['staleness_mean']:.2f}, kl {r['kl']:.4f}, ppl ratio "
+                    f"{r['ppl_ratio']:.4f}, chi2 {r['chi2_token']:.4f}, rejected "
                     f"{r['rs_masked']:.1%})"
                     for mode, r in swept.items()
                 )
@@ -242,7 +262,7 @@ def test_bench_async_vs_sync_training(tmp_path, smollm2_path, workload):
     bench = REPO / "bench_results"
     bench.mkdir(exist_ok=True)
     name = "async_training" + ("" if workload == "trainer_bound" else f"_{workload}")
-    if _chosen == "corrections":
+    if set(RUNS) <= set(CORRECTION_RUNS):
         name += "_corrections"
     (bench / f"{name}.json").write_text(json.dumps(results, indent=1))
     for r in results.values():

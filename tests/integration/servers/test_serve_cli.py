@@ -1,5 +1,6 @@
 """`agentloop-serve` serves one engine standalone: a hub id resolves to its snapshot in the
-hub cache (an unknown name is refused), the HTTP front answers, and SIGINT stops it cleanly."""
+hub cache (an unknown name is refused), the HTTP front answers, and SIGINT stops it cleanly,
+leaving nothing in the temp dir or in /dev/shm."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from servers.scratch import SCRATCH_PREFIX
+from servers.shm import shm_entries
 from tests.hf_cache import add_to_hf_cache, hf_env
 
 pytestmark = pytest.mark.integration
@@ -49,7 +52,8 @@ def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template_until_sig
 ):
     """``--model Qwen/Qwen3-0.6B`` with HF_HUB_OFFLINE=1 loads the cached snapshot (here
     tiny-qwen3's files), answers to the hub id, ``--chat-template`` renders chats, and SIGINT
-    stops it cleanly (exit 0)."""
+    stops it cleanly (exit 0), leaving nothing in its temp dir (vLLM's engine sockets and
+    file store went to the server's scratch folder, ``servers/scratch.py``) nor that folder."""
     snapshot = add_to_hf_cache(tmp_path / "hf", "Qwen/Qwen3-0.6B", tiny_qwen3_path)
     template = tmp_path / "chat.jinja"
     template.write_text(CUSTOM)
@@ -68,12 +72,14 @@ def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template_until_sig
         "--chat-template",
         str(template),
     ]
+    temp = tmp_path / "tmp"  # the server's temp dir, empty
+    temp.mkdir()
     proc = subprocess.Popen(
         [_script("agentloop-serve"), "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env={**os.environ, **hf_env(tmp_path / "hf")},
+        env={**os.environ, **hf_env(tmp_path / "hf"), "TMPDIR": str(temp)},
     )
     try:
         deadline = time.monotonic() + 400
@@ -103,3 +109,5 @@ def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template_until_sig
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=120)
     assert code == 0
+    assert sorted(p.name for p in temp.iterdir()) == []
+    assert not [n for n in shm_entries() if n.startswith(f"{SCRATCH_PREFIX}{proc.pid}-")]

@@ -26,6 +26,7 @@ class RecordingEngine:
     """Records each weight call; takes the kinds it is given."""
 
     adapter_root = None
+    scratch = None
 
     def __init__(self, kinds: set[str]) -> None:
         self.weight_updates = frozenset(kinds)
