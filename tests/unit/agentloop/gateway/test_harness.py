@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from agentloop import AgentLoopWorker, RolloutConfig
 from agentloop.base import load_agent_loop_config
 from agentloop.gateway import GatewayAgentLoop
 from agentloop.gateway.endpoint import LLMEndpoint
@@ -29,6 +30,7 @@ from agentloop.gateway.harness import (
 )
 from agentloop.tools.sandbox import bwrap_problem
 from tests.unit.agentloop.gateway.helpers import make_loop, stop_gateways
+from tests.unit.agentloop.scripted import ScriptedServer
 
 FAKE = Path(__file__).with_name("fake_harness.py")
 PROMPT = [{"role": "user", "content": "fix it"}]
@@ -177,6 +179,25 @@ async def test_a_harness_sample_is_scored_by_the_workspace_check(
     if name == "codex":
         config = Path(seen["env"]["CODEX_HOME"]).name
         assert config == "codex" and (logs / "home" / "codex" / "config.toml").is_file()
+
+
+async def test_a_stopping_worker_removes_the_harness_pools_copies_and_run_folder(
+    tokenizer, tmp_path, fake_binary, cleanup
+):
+    """The trainer stops its workers with ``close_workspaces``: the copies the harness runner's
+    pool prepared ahead (warm) on the worker's loop go with the pool's run folder."""
+    from agentloop.gateway import harness
+
+    loop = harness_loop(tokenizer, tmp_path, fake_binary)
+    out = await loop.run({}, **row(workspace(tmp_path, "solve")))
+    assert out.reward_score == 1.0
+    here = id(asyncio.get_running_loop())
+    [pool] = [p for key, p in harness._POOLS.items() if key[0] == here]
+    assert any(pool.run_root.iterdir())  # the warm copies for the next sample
+    worker = AgentLoopWorker(RolloutConfig(), ScriptedServer(tokenizer, []), tokenizer)
+    await worker.close_workspaces()
+    assert not pool.run_root.exists()
+    assert not [key for key in harness._POOLS if key[0] == here]
 
 
 async def test_a_crashing_harness_fails_its_sample_with_its_stderr(
