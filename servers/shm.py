@@ -22,6 +22,8 @@ import re
 import shutil
 from pathlib import Path
 
+from servers.scratch import SCRATCH_PREFIX
+
 __all__ = [
     "SHM",
     "engine_shm",
@@ -38,9 +40,10 @@ SHM = Path("/dev/shm")
 _KINDS = ("psm_", "sem.")  # multiprocessing.shared_memory segments, named POSIX semaphores
 # a server's LoRA adapter versions (servers/weights.py), its engine's temporary files
 # (servers/scratch.py)
-_FOLDERS = ("agentloop-lora-", "agentloop-vllm-")
+_FOLDERS = ("agentloop-lora-", SCRATCH_PREFIX)
 _SEM_PID = re.compile(r"sem\.[A-Za-z]+-(\d+)-")  # sem.loky-<creator pid>-<random>
-_FOLDER_PID = re.compile(r"agentloop-(?:lora|vllm)-(\d+)-")  # agentloop-vllm-<owner pid>-<random>
+# <folder prefix><owner pid>-<random>
+_FOLDER_PID = re.compile(f"(?:{'|'.join(map(re.escape, _FOLDERS))})(\\d+)-")
 
 
 def _children(pid: int) -> list[int]:
