@@ -8,6 +8,13 @@ but the newest ``compaction.keep`` with a short placeholder; the compacted messa
 once as the new segment's prompt. The segment that was full closes as a training sample of its
 own, its tokens as sampled; each compaction is a ``Compaction`` (its reason is the new
 segment's ``SampleRecord.branch_reason``, the trace shows it as a span).
+
+``summarize`` has the policy write the summary instead: the pending turn and
+``compaction.summary_prompt`` are appended to the full segment as one template delta (mask 0),
+the model's summary is sampled into it (mask 1: trained with the sample's reward), and the next
+segment's prompt is the row's prompt with the summary added as user text. A last turn whose
+outputs leave no room for the summary is summarized with them replaced by the placeholder, and
+follows the summary whole. Every model call leaves room for a summary, so one always fits.
 """
 
 from __future__ import annotations
@@ -16,7 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONTEXT_FULL", "Compaction", "context_limit", "drop_tool_outputs"]
+from agentloop.tokens import drop_think
+
+__all__ = [
+    "CONTEXT_FULL",
+    "Compaction",
+    "context_limit",
+    "drop_tool_outputs",
+    "summary_text",
+    "with_user_text",
+]
 
 CONTEXT_FULL = "context_full"
 """Stop reason of a sample whose history no compaction makes fit its context budget."""
@@ -38,16 +54,25 @@ class Compaction:
     """The full segment's context with the pending turn: prompt + response + delta."""
     after_tokens: int
     """The new segment's prompt."""
+    summary_tokens: int = 0
+    """``summarize``: the tokens the policy's summary took (0: another mode)."""
+    kept_turn: bool = False
+    """``summarize``: the last turn was too long to summarize with and follows the summary
+    whole."""
 
     @property
     def reason(self) -> str:
         """The new segment's branch reason, e.g. ``compaction: 3 tool outputs dropped,
+        5,210 -> 1,020 tokens`` or ``compaction: summarized by the policy in 87 tokens,
         5,210 -> 1,020 tokens``."""
-        outputs = "tool output" if self.dropped == 1 else "tool outputs"
-        return (
-            f"compaction: {self.dropped} {outputs} dropped, "
-            f"{self.before_tokens:,} -> {self.after_tokens:,} tokens"
-        )
+        if self.mode == "summarize":
+            what = f"summarized by the policy in {self.summary_tokens:,} tokens"
+            if self.kept_turn:
+                what += ", the last turn kept whole"
+        else:
+            outputs = "tool output" if self.dropped == 1 else "tool outputs"
+            what = f"{self.dropped} {outputs} dropped"
+        return f"compaction: {what}, {self.before_tokens:,} -> {self.after_tokens:,} tokens"
 
 
 def context_limit(max_context_tokens: int, engine_context: int, prompt: int, response: int) -> int:
@@ -73,3 +98,22 @@ def drop_tool_outputs(
         out[i] = {**out[i], "content": placeholder}
         dropped += 1
     return out, dropped
+
+
+def with_user_text(messages: Sequence[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """``messages`` with ``text`` said by the user: added to the last message when that is a
+    user message with text content (templates that require the roles to alternate refuse
+    two user messages in a row), else as a new user message. The others are the same
+    objects; a changed one is a copy."""
+    out = list(messages)
+    if out and out[-1].get("role") == "user" and isinstance(out[-1].get("content"), str):
+        out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{text}"}
+    else:
+        out.append({"role": "user", "content": text})
+    return out
+
+
+def summary_text(content: str) -> str:
+    """The summary the policy wrote: its turn's text outside tool-call blocks (``content``,
+    as the parser reads it) without reasoning blocks."""
+    return drop_think(content).strip()

@@ -58,10 +58,18 @@ class UserModelConfig:
             raise ValueError("multi_turn.user_model.max_model_len must be >= 16")
 
 
-COMPACTION_MODES = ("drop_tool_outputs",)
+COMPACTION_MODES = ("drop_tool_outputs", "summarize")
 """How ``tool_agent`` compacts a history that reached ``multi_turn.max_context_tokens``."""
 
 DROPPED_TOOL_OUTPUT = "[tool output dropped to fit the context]"
+
+SUMMARY_PROMPT = (
+    "Your context is almost full and will be cleared. Write a summary for yourself to continue "
+    "from: the task, what you found, what you changed, what failed, and what is left to do. "
+    "Do not call a tool."
+)
+
+SUMMARY_HEADER = "Summary of your work so far (your earlier context was cleared):\n"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,13 +77,24 @@ class CompactionConfig:
     """How ``tool_agent`` compacts a sample's history when its next model call would pass
     ``multi_turn.max_context_tokens`` (docs/repo-tasks.md, "Context compaction")."""
 
-    mode: Literal["drop_tool_outputs"] = "drop_tool_outputs"
+    mode: Literal["drop_tool_outputs", "summarize"] = "drop_tool_outputs"
     """``drop_tool_outputs``: every tool output but the newest ``keep`` is replaced by
-    ``placeholder`` (the model's own turns and the prompt stay as they were)."""
+    ``placeholder`` (the model's own turns and the prompt stay as they were).
+    ``summarize``: the policy itself writes a summary of the history (a model turn of the
+    segment that closes, trained like any other), and the next segment's prompt is the row's
+    prompt with ``summary_header`` + the summary added to its last user message."""
     keep: int = 1
-    """Newest tool outputs a compaction keeps whole (0: drop them all)."""
+    """``drop_tool_outputs``: newest tool outputs a compaction keeps whole (0: drop them all)."""
     placeholder: str = DROPPED_TOOL_OUTPUT
-    """The text a dropped tool output is replaced with."""
+    """The text a dropped tool output is replaced with (``summarize``: the outputs of a last
+    turn too long to summarize with, which then follow the summary whole)."""
+    summary_tokens: int = 256
+    """``summarize``: the most tokens the summary may take. Every model call leaves room for
+    it (and for ``summary_prompt``) inside ``max_context_tokens``."""
+    summary_prompt: str = SUMMARY_PROMPT
+    """``summarize``: the user message that asks the policy for its summary."""
+    summary_header: str = SUMMARY_HEADER
+    """``summarize``: the text before the summary in the next segment's prompt."""
 
     def __post_init__(self) -> None:
         if self.mode not in COMPACTION_MODES:
@@ -85,6 +104,16 @@ class CompactionConfig:
             )
         if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 0:
             raise ValueError(f"multi_turn.compaction.keep must be an int >= 0, got {self.keep!r}")
+        tokens = self.summary_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(
+                f"multi_turn.compaction.summary_tokens must be an int >= 1, got {tokens!r}"
+            )
+        if self.mode == "summarize" and not self.summary_prompt.strip():
+            raise ValueError(
+                "multi_turn.compaction.summary_prompt must not be empty with mode=summarize: it "
+                "is the message that asks the policy for its summary"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -182,6 +211,14 @@ class MultiTurnConfig:
             raise ValueError(
                 f"multi_turn.max_tokens_per_turn={self.max_tokens_per_turn} must be < "
                 f"multi_turn.max_context_tokens={budget}"
+            )
+        summary = self.compaction.summary_tokens
+        if self.compaction.mode == "summarize" and self.max_tokens_per_turn + summary >= budget:
+            raise ValueError(
+                f"multi_turn.max_tokens_per_turn={self.max_tokens_per_turn} + "
+                f"multi_turn.compaction.summary_tokens={summary} must be < "
+                f"multi_turn.max_context_tokens={budget}: with mode=summarize every model call "
+                "leaves room for the summary"
             )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "TemplateDeltaError",
     "Trajectory",
     "delta_render_size",
+    "drop_think",
     "encode_delta",
     "encode_prompt",
     "mask_spans",
@@ -128,7 +129,8 @@ def _first_difference(old: str, new: str) -> str:
     return f"first difference at char {at}: {old[at : at + 40]!r} vs {new[at : at + 40]!r}"
 
 
-def _drop_think(text: str) -> str:
+def drop_think(text: str) -> str:
+    """``text`` without its ``<think>`` blocks (and the line breaks after them)."""
     return _THINK.sub("", text)
 
 
@@ -229,7 +231,7 @@ def encode_delta(
     options = {
         "opens_next": opens_next,
         "sampled_end": sampled_end,
-        "rewrite": history_rewrite or _drop_think,
+        "rewrite": history_rewrite or drop_think,
         "tools": tools,
         "chat_template_kwargs": chat_template_kwargs,
     }

@@ -18,7 +18,9 @@ With ``multi_turn.max_context_tokens`` set, a turn that would push the next mode
 the context budget compacts the history instead (``agentloop.compaction``): the sample goes on
 in a new segment whose prompt is the compacted history, the full one closes as a training
 sample of its own (``AgentLoopOutput.segments``, weighted as a gateway session's segments);
-a history no compaction makes fit stops the sample (``context_full``).
+a history no compaction makes fit stops the sample (``context_full``). With
+``compaction.mode=summarize`` the policy writes that history's summary as the full segment's
+last model turn (it counts as a model turn, and toward ``max_assistant_turns``).
 """
 
 from __future__ import annotations
@@ -37,13 +39,20 @@ from agentloop.base import (
     PromptTooLongError,
     register,
 )
-from agentloop.compaction import CONTEXT_FULL, Compaction, context_limit, drop_tool_outputs
+from agentloop.compaction import (
+    CONTEXT_FULL,
+    Compaction,
+    context_limit,
+    drop_tool_outputs,
+    summary_text,
+    with_user_text,
+)
 from agentloop.interactions import InteractionError, InteractionSession, row_interaction
 from agentloop.parsers import ParsedTurn, ToolCall, check_calls, limit_calls
 from agentloop.records import SampleRecord
 from agentloop.tokens import Trajectory
 from agentloop.tools.session import ToolSession
-from servers.types import SamplingParams
+from servers.types import SamplingParams, TokenOutput
 
 __all__ = ["ToolAgentLoop", "reached"]
 
@@ -69,6 +78,21 @@ class _Segment:
     branch_point: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """The tool or user turn about to be appended: the last ``new`` messages of the history,
+    their template delta, and the end token of the model turn they answer."""
+
+    delta: list[int]
+    new: int
+    sampled_end: int
+
+
+SUMMARY_TEMPLATE_SLACK = 16
+"""Tokens a chat template may add around a message of the summary request (its header and
+end): reserved with the request's own tokens, as the exact delta is known only when made."""
+
+
 @register("tool_agent")
 class ToolAgentLoop(AgentLoopBase):
     offers_tools = True
@@ -81,6 +105,17 @@ class ToolAgentLoop(AgentLoopBase):
         self.parser = self.chat_format.new_parser(
             repair=self.multi_turn.repair_tool_calls, schemas=self.schemas
         )
+        self.summary_room = 0
+        """Tokens every model call leaves free for a summary (``compaction.mode=summarize``)."""
+        policy = self.multi_turn.compaction
+        if self.multi_turn.max_context_tokens is not None and policy.mode == "summarize":
+            # the summary, its request, and a placeholder for each output of the last turn
+            # (when they are too long to go in whole), each message with its template
+            request = len(self.tokenizer.encode(policy.summary_prompt, add_special_tokens=False))
+            hidden = len(self.tokenizer.encode(policy.placeholder, add_special_tokens=False))
+            outputs = self.multi_turn.max_parallel_calls
+            self.summary_room = policy.summary_tokens + request + SUMMARY_TEMPLATE_SLACK
+            self.summary_room += outputs * (hidden + SUMMARY_TEMPLATE_SLACK)
 
     async def run(
         self,
@@ -102,6 +137,8 @@ class ToolAgentLoop(AgentLoopBase):
         if compacts:  # the room a turn is given is what the context check reserves
             sampling_params = self._turn_capped(sampling_params)
         segments = [_Segment(traj)]
+        # a summary turn samples with these params and replaces the history after this prompt
+        self._params, self._row_prompt = sampling_params, list(raw_prompt)
         context_full = ""
         assistant_turns = user_turns = 0
         finish_reasons: list[str] = []
@@ -158,10 +195,12 @@ class ToolAgentLoop(AgentLoopBase):
                         messages, [user_message], schemas, head=head, sampled_end=out.token_ids[-1]
                     )
                     messages.append(user_message)
-                    turns = (assistant_turns, user_turns + 1)
+                    pending = _Pending(delta, 1, out.token_ids[-1])
+                    log = (finish_reasons, turn_ends, user_turns + 1)
                     messages, traj, ended, context_full = await self._next_turn(
-                        messages, traj, delta, head, schemas, segments, session, turns
+                        messages, traj, pending, head, schemas, segments, session, log
                     )
+                    assistant_turns = len(finish_reasons)  # with a summary turn, if one
                     if ended is not None:
                         stop = ended
                         break
@@ -179,10 +218,12 @@ class ToolAgentLoop(AgentLoopBase):
                     messages, tool_messages, schemas, head=head, sampled_end=out.token_ids[-1]
                 )
                 messages.extend(tool_messages)
-                turns = (assistant_turns, user_turns + 1)
+                pending = _Pending(delta, len(tool_messages), out.token_ids[-1])
+                log = (finish_reasons, turn_ends, user_turns + 1)
                 messages, traj, ended, context_full = await self._next_turn(
-                    messages, traj, delta, head, schemas, segments, session, turns
+                    messages, traj, pending, head, schemas, segments, session, log
                 )
+                assistant_turns = len(finish_reasons)
                 if ended is not None:
                     stop = ended
                     break
@@ -241,26 +282,27 @@ class ToolAgentLoop(AgentLoopBase):
         self,
         messages: list[dict[str, Any]],
         traj: Trajectory,
-        delta: Sequence[int],
+        pending: _Pending,
         head: int,
         schemas: list[dict[str, Any]],
         segments: list[_Segment],
         session: ToolSession,
-        turns: tuple[int, int],
+        log: tuple[list[str], list[int], int],
     ) -> tuple[list[dict[str, Any]], Trajectory, str | None, str]:
-        """Append ``delta`` (the tool or user turn just added to ``messages``) to the segment,
-        or, when the next call would pass the context budget, compact the history into a new
-        segment: (messages, trajectory, the stop reason or None to go on, why the context is
-        full)."""
-        if self.multi_turn.max_context_tokens is not None and not self._fits(traj, delta):
+        """Append the pending turn (the tool or user messages just added to ``messages``) to
+        the segment, or, when the next call would pass the context budget, compact the
+        history into a new segment: (messages, trajectory, the stop reason or None to go on,
+        why the context is full). ``log``: the sample's finish reasons and turn ends (a
+        summary turn is added to them) and its tool/user turns before the new segment."""
+        if self.multi_turn.max_context_tokens is not None and not self._fits(traj, pending.delta):
             compacted = await self._compact(
-                messages, traj, delta, head, schemas, segments, session, turns
+                messages, traj, pending, head, schemas, segments, session, log
             )
             if isinstance(compacted, str):
                 return messages, traj, CONTEXT_FULL, compacted
             session.agent_data.messages = compacted
             return compacted, segments[-1].traj, None, ""
-        if not traj.add_template(delta):
+        if not traj.add_template(pending.delta):
             return messages, traj, "length", ""
         return messages, traj, None, ""
 
@@ -280,15 +322,22 @@ class ToolAgentLoop(AgentLoopBase):
 
     def _fits(self, traj: Trajectory, delta: Sequence[int]) -> bool:
         """The next model call, after ``delta``, fits the segment's context limit with
-        ``max_tokens_per_turn`` of room (lengths only: nothing is tokenized)."""
-        reserve = self.multi_turn.max_tokens_per_turn or 0
+        ``max_tokens_per_turn`` of room, and room for a summary after it with
+        ``compaction.mode=summarize`` (lengths only: nothing is tokenized)."""
+        reserve = (self.multi_turn.max_tokens_per_turn or 0) + self.summary_room
         used = len(traj.prompt_ids) + len(traj) + len(delta)
         return used + reserve <= self._limit(traj)
 
     def _too_long(self, prompt: int, traj: Trajectory) -> str:
+        summary = ""
+        if self.summary_room:
+            summary = (
+                f" + {self.summary_room} for a summary (multi_turn.compaction.summary_tokens="
+                f"{self.multi_turn.compaction.summary_tokens} and its request)"
+            )
         return (
             f"a prompt of {prompt} tokens + multi_turn.max_tokens_per_turn="
-            f"{self.multi_turn.max_tokens_per_turn} does not fit the context limit "
+            f"{self.multi_turn.max_tokens_per_turn}{summary} does not fit the context limit "
             f"{self._limit(traj)} (multi_turn.max_context_tokens="
             f"{self.multi_turn.max_context_tokens})"
         )
@@ -297,28 +346,48 @@ class ToolAgentLoop(AgentLoopBase):
         self,
         messages: list[dict[str, Any]],
         traj: Trajectory,
-        delta: Sequence[int],
+        pending: _Pending,
         head: int,
         schemas: list[dict[str, Any]],
         segments: list[_Segment],
         session: ToolSession,
-        turns: tuple[int, int],
+        log: tuple[list[str], list[int], int],
     ) -> list[dict[str, Any]] | str:
         """Compact the history (``messages``, the pending turn included) and open the next
         segment on its prompt (one render), appended to ``segments``; returns the compacted
-        messages, or why no compaction fits (the stop's explanation). ``turns``: the
-        sample's model and tool/user turns before the new segment."""
+        messages, or why no compaction fits (the stop's explanation)."""
         start_ns = time.time_ns()
         policy = self.multi_turn.compaction
-        compacted, dropped = drop_tool_outputs(
-            messages, head=head, keep=policy.keep, placeholder=policy.placeholder
-        )
-        before = len(traj.prompt_ids) + len(traj) + len(delta)
-        if not dropped:
-            return (
-                f"the history ({before} tokens with the last turn) has no tool output left to "
-                f"drop (multi_turn.compaction.keep={policy.keep}) and does not fit "
-                f"multi_turn.max_context_tokens={self.multi_turn.max_context_tokens}"
+        before = len(traj.prompt_ids) + len(traj) + len(pending.delta)
+        if policy.mode == "summarize":
+            summarized = await self._summarize(
+                messages, traj, pending, head, schemas, session.session_id, log
+            )
+            if isinstance(summarized, str):
+                return summarized
+            compacted, summary, kept = summarized
+            dropped = 0
+            branch_point = next(
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(messages, compacted, strict=False))
+                    if a is not b
+                ),
+                head,
+            )
+        else:
+            compacted, dropped = drop_tool_outputs(
+                messages, head=head, keep=policy.keep, placeholder=policy.placeholder
+            )
+            summary, kept = None, False
+            if not dropped:
+                return (
+                    f"the history ({before} tokens with the last turn) has no tool output left "
+                    f"to drop (multi_turn.compaction.keep={policy.keep}) and does not fit "
+                    f"multi_turn.max_context_tokens={self.multi_turn.max_context_tokens}"
+                )
+            branch_point = next(
+                i for i, (a, b) in enumerate(zip(messages, compacted, strict=True)) if a is not b
             )
         try:
             prompt = await self.encode_prompt(compacted, schemas)
@@ -334,27 +403,86 @@ class ToolAgentLoop(AgentLoopBase):
             messages=len(compacted),
             before_tokens=before,
             after_tokens=len(prompt),
+            summary_tokens=0 if summary is None else len(summary.token_ids),
+            kept_turn=kept,
         )
         segments.append(
             _Segment(
                 fresh,
-                turn=turns[0],
-                user_turn=turns[1],
+                turn=len(log[0]),
+                user_turn=log[2],
                 call=len(session.calls),
                 error=len(session.error_kinds),
                 history=len(compacted) - head,
                 compaction=event,
-                branch_point=next(
-                    i
-                    for i, (a, b) in enumerate(zip(messages, compacted, strict=True))
-                    if a is not b
-                ),
+                branch_point=branch_point,
             )
         )
         if self.trace is not None:
             self.trace.compaction(start_ns, event)
         logger.debug("sample %s: %s", session.session_id, event.reason)
         return compacted
+
+    async def _summarize(
+        self,
+        messages: list[dict[str, Any]],
+        traj: Trajectory,
+        pending: _Pending,
+        head: int,
+        schemas: list[dict[str, Any]],
+        session_id: str,
+        log: tuple[list[str], list[int], int],
+    ) -> tuple[list[dict[str, Any]], TokenOutput, bool] | str:
+        """The policy's summary of the history as the full segment's last turn: the pending
+        turn and the summary request appended as one delta (mask 0), the summary sampled
+        after it (mask 1, a model turn added to ``log``). A pending turn too long to leave
+        room for the summary is summarized with its outputs as the placeholder, and then
+        follows the summary whole. Returns the next segment's messages, the summary turn and
+        whether the pending turn was kept whole; or why no summary fits."""
+        policy = self.multi_turn.compaction
+        earlier, new = messages[: -pending.new], messages[-pending.new :]
+        used = len(traj.prompt_ids) + len(traj)
+        room = self._limit(traj) - used - policy.summary_tokens
+        kept = False
+        request = await self.encode_delta(
+            earlier,
+            with_user_text(new, policy.summary_prompt),
+            schemas,
+            head=head,
+            sampled_end=pending.sampled_end,
+        )
+        if len(request) > room:
+            kept = True
+            hidden = [{**m, "content": policy.placeholder} for m in new]
+            request = await self.encode_delta(
+                earlier,
+                with_user_text(hidden, policy.summary_prompt),
+                schemas,
+                head=head,
+                sampled_end=pending.sampled_end,
+            )
+            if len(request) > room:
+                return (
+                    f"the history ({used} tokens) leaves {room} tokens for the summary request "
+                    f"of {len(request)} after multi_turn.compaction.summary_tokens="
+                    f"{policy.summary_tokens} (multi_turn.max_context_tokens="
+                    f"{self.multi_turn.max_context_tokens})"
+                )
+        if not traj.add_template(request):
+            return f"the summary request ({len(request)} tokens) does not fit the response budget"
+        params = dataclasses.replace(self._params, max_tokens=policy.summary_tokens)
+        out = await self.generate(session_id, traj, params)
+        log[0].append(out.finish_reason)
+        log[1].append(len(traj) - 1)
+        closed = self.turn_closed(out)
+        ids = out.token_ids[:-1] if closed else out.token_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        summary = summary_text(self.parser.parse(text).content)
+        # the row's prompt as it was: a new summary replaces an earlier one
+        compacted = with_user_text(self._row_prompt, policy.summary_header + summary)
+        if kept:
+            compacted += messages[-pending.new - 1 :]  # the model's last turn and its outputs
+        return compacted, out, kept
 
     def _segment_outputs(
         self,
@@ -432,6 +560,14 @@ def reached(limit: int | None, count: int) -> bool:
     return limit is not None and count >= limit
 
 
+def _moved_turns(nxt: _Segment) -> int:
+    """Tool/user turns of the sample counted before segment ``nxt`` that are in its prompt
+    and not in the tokens of the segment before it: the turn that filled a segment, except
+    when the policy summarized it (then it is in the full segment's tokens)."""
+    compaction = nxt.compaction
+    return int(compaction is not None and compaction.mode != "summarize")
+
+
 def _segment_record(
     session: ToolSession,
     seg: _Segment,
@@ -457,8 +593,7 @@ def _segment_record(
         finish_reasons=finish_reasons[first:last],
         turn_ends=turn_ends[first:last],
         assistant_turns=last - first,
-        # the turn that filled a segment is in the next one's prompt, not in its tokens
-        user_turns=nxt.user_turn - seg.user_turn - (nxt.compaction is not None),
+        user_turns=nxt.user_turn - seg.user_turn - _moved_turns(nxt),
         tool_calls=sum(c.ok for c in calls),
         tool_errors=len(kinds),
         tool_error_kinds=list(kinds),

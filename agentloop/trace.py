@@ -180,7 +180,7 @@ class SampleTrace:
     def compaction(self, start_ns: int, event: Any) -> None:
         """A ``tool_agent`` history compacted to fit ``multi_turn.max_context_tokens``
         (``agentloop.compaction.Compaction``): the segment it opened, the tokens before
-        and after, what was dropped."""
+        and after, what was dropped or the summary's length."""
         try:
             span = self._child(
                 "compaction",
@@ -193,6 +193,14 @@ class SampleTrace:
                     "dropped": str(event.dropped),
                     "before_tokens": str(event.before_tokens),
                     "after_tokens": str(event.after_tokens),
+                    **(
+                        {
+                            "summary_tokens": str(event.summary_tokens),
+                            "kept_turn": str(event.kept_turn).lower(),
+                        }
+                        if event.mode == "summarize"
+                        else {}
+                    ),
                 },
             )
             span.end(outputs={"tokens": event.after_tokens, "reason": event.reason})

@@ -4,7 +4,7 @@ exact trajectories and engine log-probs, and a ``ChatOpenAI`` ReAct graph agains
 server's OpenAI-compatible endpoint (evaluation path). On the same server, a ``tool_agent``
 sample past ``multi_turn.max_context_tokens`` is compacted into segments that are
 token-exact (each segment's prompt the render of its compacted history, engine log-probs
-equal to a transformers forward)."""
+equal to a transformers forward), with older outputs dropped or summarized by the policy."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from agentloop import (
     RolloutConfig,
     collate,
 )
+from agentloop.compaction import summary_text, with_user_text
+from agentloop.config import CompactionConfig
 from agentloop.langgraph import build_react_graph
 from agentloop.parsers import ParsedTurn, ToolCall
 from agentloop.tokens import mask_spans
@@ -311,6 +313,95 @@ async def test_a_compacted_tool_agent_sample_is_token_exact_on_the_engine(
     batch = collate(
         [out],
         [{**row, "uid": "c0", "agent_name": "tool_agent"}],
+        prompt_length=prompt_len,
+        response_length=response_len,
+        pad_token_id=tokenizer.pad_token_id or 0,
+    )
+    assert len(batch) == len(samples)
+    worst = max_logprob_gap(batch, tiny_qwen3_path, prompt_len)
+    assert worst < 1e-3, f"max |engine - transformers| log-prob gap {worst:.4f}"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_summarized_tool_agent_sample_is_token_exact_on_the_engine(
+    server, tokenizer, tiny_qwen3_path
+):
+    """``compaction.mode=summarize`` on the engine: each full segment ends with the policy's
+    summary (engine log-probs equal to a transformers forward), and the next segment's prompt
+    is the render of the row's prompt with that summary (and the last turn, when it was kept
+    whole)."""
+    prompt_len, response_len, turn, budget = 320, 256, 12, 400
+    compaction = CompactionConfig(mode="summarize", summary_tokens=16, summary_prompt="Summarize.")
+    config = RolloutConfig(
+        prompt_length=prompt_len,
+        response_length=response_len,
+        multi_turn=MultiTurnConfig(
+            max_assistant_turns=7,
+            max_tokens_per_turn=turn,
+            max_context_tokens=budget,
+            max_tool_response_length=4000,
+            compaction=compaction,
+        ),
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    context = AgentLoopContext(
+        AsyncLLMServerManager([server]), tokenizer, config, {"page": PageTool()}
+    )
+    row = {"raw_prompt": [{"role": "user", "content": "Read every page."}]}
+    out = await PagingLoop(context).run(config.sampling_params(), **row)
+    samples = [out, *out.segments]
+    seen = [(o.record.stop_reason, len(o.prompt_ids), len(o.response_ids)) for o in samples]
+    assert len(samples) >= 2 and out.metrics["compactions"] == len(samples) - 1, (seen, out.extra)
+    assert [o.record.stop_reason for o in samples[:-1]] == ["compacted"] * (len(samples) - 1)
+
+    ends = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+
+    def text_of(text_ids: list[int]) -> str:
+        if text_ids[-1] in ends:  # the model closed the turn itself
+            text_ids = text_ids[:-1]
+        return tokenizer.decode(text_ids, skip_special_tokens=False)
+
+    def rendered(messages) -> list[int]:
+        return tokenizer.apply_chat_template(
+            messages,
+            tools=[PAGE_SCHEMA],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            enable_thinking=False,
+        )
+
+    expected_prompt = list(row["raw_prompt"])
+    pages = 0
+    for i, sample in enumerate(samples):
+        assert len(sample.prompt_ids) + len(sample.response_ids) <= budget
+        if i:
+            assert sample.prompt_ids == rendered(expected_prompt)
+            assert sample.record.branch_reason.startswith("compaction: summarized by the policy")
+        spans = list(mask_spans(sample.response_ids, sample.response_mask, 1))
+        # a random model's summary may re-tokenize longer than sampled: a prompt made from it
+        # that does not fit stops the sample with that summary as its last turn
+        after = "after compaction" in sample.extra.get("context_full", "")
+        full = i + 1 < len(samples) or after
+        last_turn = ""
+        for text_ids in spans[:-1] if full else spans:
+            assert 1 <= len(text_ids) <= turn, (seen, samples[-1].extra)
+            last_turn = text_of(text_ids)
+            pages += 1
+        if full:  # its last sampled span is the summary the next prompt carries
+            assert 1 <= len(spans[-1]) <= compaction.summary_tokens
+            summary = summary_text(text_of(spans[-1]))
+            if after:
+                break
+            expected_prompt = with_user_text(row["raw_prompt"], compaction.summary_header + summary)
+            if "the last turn kept whole" in samples[i + 1].record.branch_reason:
+                expected_prompt += [
+                    {"role": "assistant", "content": last_turn},
+                    {"role": "tool", "content": page(pages)},
+                ]
+    batch = collate(
+        [out],
+        [{**row, "uid": "s0", "agent_name": "tool_agent"}],
         prompt_length=prompt_len,
         response_length=response_len,
         pad_token_id=tokenizer.pad_token_id or 0,

@@ -354,7 +354,7 @@ def test_bad_compaction_settings_are_refused_naming_the_key():
     with pytest.raises(ValueError) as info:
         CompactionConfig(mode="summarise")  # type: ignore[arg-type]
     assert str(info.value) == (
-        "multi_turn.compaction.mode must be one of drop_tool_outputs, got 'summarise'"
+        "multi_turn.compaction.mode must be one of drop_tool_outputs, summarize, got 'summarise'"
     )
     with pytest.raises(ValueError) as info:
         CompactionConfig(keep=-1)
@@ -363,7 +363,8 @@ def test_bad_compaction_settings_are_refused_naming_the_key():
     with pytest.raises(ValueError) as info:
         from_dict(MultiTurnConfig, {"compaction": {"mode": "summarise"}}, path="rollout.multi_turn")
     assert str(info.value) == (
-        "rollout.multi_turn.compaction.mode must be one of 'drop_tool_outputs', got 'summarise'"
+        "rollout.multi_turn.compaction.mode must be one of 'drop_tool_outputs', 'summarize', "
+        "got 'summarise'"
     )
 
 
