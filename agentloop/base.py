@@ -128,8 +128,9 @@ class AgentLoopContext:
     """The worker's session gateway (``agentloop.gateway``), started by its first session."""
     resources: dict[str, Any] = field(default_factory=dict)
     """Per-worker objects a loop kind shares across its samples (an OpenEnv loop's
-    environment servers), made by its first sample; each one's ``close()`` is awaited when
-    the worker closes (``AgentLoopWorker.close_workspaces``)."""
+    environment servers, a verifiers runner, a coding CLI's workspace pool), made by its
+    first sample; each one's ``close()`` is awaited when the worker closes
+    (``AgentLoopWorker.close_workspaces`` -> ``close_resources``)."""
     interactions: Mapping[str, Any] = field(default_factory=dict)
     """Simulated users by name (``multi_turn.interaction_config_path``), one instance per
     worker shared by its samples (verl's ``BaseInteraction`` API; ``agentloop.interactions``)."""
@@ -142,6 +143,13 @@ class AgentLoopContext:
                 timeout_s=mt.tool_timeout_s,
                 max_concurrency=mt.max_concurrent_tool_calls,
             )
+
+    async def close_resources(self) -> None:
+        """Close every shared resource (``resources``), emptied first, so a loop that runs
+        after this makes its own again."""
+        resources, self.resources = dict(self.resources), {}
+        for resource in resources.values():
+            await resource.close()
 
 
 class AgentLoopBase(abc.ABC):

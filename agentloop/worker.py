@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -170,18 +169,12 @@ class AgentLoopWorker:
             return self._workspaces
 
     async def close_workspaces(self) -> None:
-        """Remove this worker's workspace copies and run folder, and those of the harness
-        runner's pools on this loop (coding CLIs' samples), and close what its loops share
-        (environment servers), before it is stopped."""
+        """Remove this worker's workspace copies and run folder, and close what its loops
+        share (environment servers, the coding CLIs' workspace pools), before it is stopped."""
         if self._workspaces is not None:
             await self._workspaces.close()
             self._workspaces = None
-        harness = sys.modules.get("agentloop.gateway.harness")  # imported once a CLI ran here
-        if harness is not None:
-            await harness.close_pools()
-        resources, self.context.resources = dict(self.context.resources), {}
-        for resource in resources.values():
-            await resource.close()
+        await self.context.close_resources()
 
     def flush_traces(self) -> None:
         """Wait until every trace of this worker is in the store (before it is stopped)."""

@@ -46,7 +46,6 @@ __all__ = [
     "harness_dir",
     "harness_env",
     "resolve_binary",
-    "close_pools",
     "run_harness",
 ]
 
@@ -204,23 +203,15 @@ def harness_env(
     return env
 
 
-_POOLS: dict[tuple[int, str, int], WorkspacePool] = {}
-
-
-def _pool(spec: HarnessSpec) -> WorkspacePool:
-    """The worker's workspace pool for this sandbox and memory limit (one per event loop)."""
-    key = (id(asyncio.get_running_loop()), spec.sandbox, spec.memory_mb)
-    if key not in _POOLS:
+def _pool(spec: HarnessSpec, resources: dict[str, Any]) -> WorkspacePool:
+    """The worker's workspace pool for this sandbox and memory limit, kept in its
+    ``AgentLoopContext.resources`` (closed with the worker: its copies and run folder go)."""
+    key = f"harness-workspaces:{spec.sandbox}:{spec.memory_mb}"
+    pool = resources.get(key)
+    if pool is None:
         config = WorkspaceConfig(sandbox=spec.sandbox, memory_mb=spec.memory_mb)
-        _POOLS[key] = WorkspacePool(config)
-    return _POOLS[key]
-
-
-async def close_pools() -> None:
-    """Close this event loop's workspace pools (their copies and run folders go)."""
-    loop_id = id(asyncio.get_running_loop())
-    for key in [k for k in _POOLS if k[0] == loop_id]:
-        await _POOLS.pop(key).close()
+        pool = resources[key] = WorkspacePool(config)
+    return pool
 
 
 def _prompt(row: Mapping[str, Any], problem: str | None) -> str:
@@ -287,11 +278,17 @@ def _keep_home(home: Path, dest: Path) -> None:
 
 
 async def run_harness(
-    spec: HarnessSpec, llm: LLMEndpoint, row: dict[str, Any], config: GatewayConfig
+    spec: HarnessSpec,
+    llm: LLMEndpoint,
+    row: dict[str, Any],
+    config: GatewayConfig,
+    resources: dict[str, Any],
 ) -> dict[str, Any]:
     """One sample: the CLI on the row's task, then the check. Returns the reward dict
     (``reward`` is the check's score); raises ``AgentFailed`` when the CLI failed, passed its
-    limit or the check could not give a verdict, with the check's outcome in the message."""
+    limit or the check could not give a verdict, with the check's outcome in the message.
+    ``resources``: the worker's shared objects (``AgentLoopContext.resources``), where the
+    workspace pool is kept."""
     if "prompt" not in row and "raw_prompt" in row:  # the loop's row has the chat as raw_prompt
         row = {**row, "prompt": row["raw_prompt"]}
     task = task_of_row(row, 0, spec.workspace_dir)
@@ -300,7 +297,7 @@ async def run_harness(
             "the row has no workspace task (workspace/check or extra_info.workspace_task)"
         )
     folder = session_log_dir(config, llm.session_id)
-    pool = _pool(spec)
+    pool = _pool(spec, resources)
     async with pool.sample(task) as ws:
         try:
             result = await _run_in(ws, spec, llm, _prompt(row, task.problem), folder)

@@ -158,7 +158,8 @@ class GatewayAgentLoop(AgentLoopBase):
         if self.agent is not None:
             return await self.agent(row, llm, **self.agent_kwargs)
         if self.harness is not None:
-            return await run_harness(self.harness, llm, row, self.config.gateway)
+            resources = self.context.resources
+            return await run_harness(self.harness, llm, row, self.config.gateway, resources)
         if self.command is not None:
             await run_command(self.command, llm, row, self.config.gateway, **self.agent_kwargs)
             return None

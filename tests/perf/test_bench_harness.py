@@ -23,7 +23,7 @@ import pytest
 from agentloop import AgentLoopContext, RolloutConfig
 from agentloop.config import GatewayConfig
 from agentloop.gateway import GatewayAgentLoop
-from agentloop.gateway.harness import HarnessNotInstalled, HarnessSpec, close_pools, resolve_binary
+from agentloop.gateway.harness import HarnessNotInstalled, HarnessSpec, resolve_binary
 from agentloop.tools.sandbox import bwrap_problem
 from recipes.repo_fix.make_tasks import make_tasks
 from servers import AsyncLLMServerManager, ServerConfig, launch_servers
@@ -102,7 +102,7 @@ async def _measure(model: Path, tasks: Path, logs: Path) -> dict[str, list[dict[
                 ]
                 results[f"{name}/{sandbox}"] = runs[WARMUP:]
     finally:
-        await close_pools()
+        await context.close_resources()
         if context.gateway is not None:
             await context.gateway.stop()
     return results

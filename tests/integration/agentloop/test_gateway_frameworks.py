@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from agentloop import AgentConfig, AgentLoopContext, AgentLoopManager, RolloutConfig
 from agentloop.gateway import GatewayAgentLoop
-from agentloop.gateway.harness import HarnessNotInstalled, HarnessSpec, close_pools, resolve_binary
+from agentloop.gateway.harness import HarnessNotInstalled, HarnessSpec, resolve_binary
 from agentloop.tokens import encode_prompt
 from agentloop.worker import AgentLoopWorker
 from examples.gateway.calc_tools import TOOLS
@@ -482,7 +482,7 @@ async def test_the_real_claude_code_and_codex_clis_fail_their_samples_at_the_win
     try:
         ok, *failed = await worker.generate_sequences(rows, cfg.sampling_params())
     finally:
-        await close_pools()
+        await worker.close_workspaces()  # the CLIs' workspace pools go with the worker
         if worker.context.gateway is not None:
             await worker.context.gateway.stop()
 

@@ -56,9 +56,11 @@ CONTEXTS: list[AgentLoopContext] = []
 
 async def stop_gateways() -> None:
     """Stop the gateways the test started, on its own event loop (a gateway left listening
-    after its loop has closed holds a socket nobody serves)."""
+    after its loop has closed holds a socket nobody serves), and close what their loops
+    shared (a coding CLI's workspace pool)."""
     while CONTEXTS:
         context = CONTEXTS.pop()
+        await context.close_resources()
         if context.gateway is not None:
             await context.gateway.stop()
 

@@ -16,21 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from agentloop import AgentLoopWorker, RolloutConfig
+from agentloop import AgentLoopWorker
 from agentloop.base import load_agent_loop_config
 from agentloop.gateway import GatewayAgentLoop
 from agentloop.gateway.endpoint import LLMEndpoint
 from agentloop.gateway.harness import (
     HarnessSpec,
-    close_pools,
     codex_config,
     harness_argv,
     harness_env,
     resolve_binary,
 )
 from agentloop.tools.sandbox import bwrap_problem
-from tests.unit.agentloop.gateway.helpers import make_loop, stop_gateways
-from tests.unit.agentloop.scripted import ScriptedServer
+from tests.unit.agentloop.gateway.helpers import CONTEXTS, make_loop, stop_gateways
 
 FAKE = Path(__file__).with_name("fake_harness.py")
 PROMPT = [{"role": "user", "content": "fix it"}]
@@ -40,7 +38,6 @@ LLM = LLMEndpoint("http://127.0.0.1:9/sessions/s1/v1", "key-1", "tiny-qwen3", "s
 @pytest.fixture
 async def cleanup():
     yield
-    await close_pools()
     await stop_gateways()
 
 
@@ -186,18 +183,18 @@ async def test_a_stopping_worker_removes_the_harness_pools_copies_and_run_folder
 ):
     """The trainer stops its workers with ``close_workspaces``: the copies the harness runner's
     pool prepared ahead (warm) on the worker's loop go with the pool's run folder."""
-    from agentloop.gateway import harness
-
-    loop = harness_loop(tokenizer, tmp_path, fake_binary)
+    made = harness_loop(tokenizer, tmp_path, fake_binary)  # its config (logs) and engine
+    worker = AgentLoopWorker(made.config, made.context.server, tokenizer)
+    spec = {"name": "claude-code", "binary": str(fake_binary), "sandbox": "process"}
+    loop = GatewayAgentLoop(worker.context, harness=spec)  # a sample on the worker's context
+    CONTEXTS.append(worker.context)  # stop_gateways stops its gateway
     out = await loop.run({}, **row(workspace(tmp_path, "solve")))
     assert out.reward_score == 1.0
-    here = id(asyncio.get_running_loop())
-    [pool] = [p for key, p in harness._POOLS.items() if key[0] == here]
+    [pool] = worker.context.resources.values()  # the pool lives with the worker
     assert any(pool.run_root.iterdir())  # the warm copies for the next sample
-    worker = AgentLoopWorker(RolloutConfig(), ScriptedServer(tokenizer, []), tokenizer)
     await worker.close_workspaces()
     assert not pool.run_root.exists()
-    assert not [key for key in harness._POOLS if key[0] == here]
+    assert worker.context.resources == {}
 
 
 async def test_a_crashing_harness_fails_its_sample_with_its_stderr(

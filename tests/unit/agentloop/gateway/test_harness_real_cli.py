@@ -25,7 +25,6 @@ from agentloop.gateway import GatewayAgentLoop
 from agentloop.gateway.harness import (
     HarnessNotInstalled,
     HarnessSpec,
-    close_pools,
     harness_dir,
     resolve_binary,
 )
@@ -43,7 +42,6 @@ PROMPT = [{"role": "user", "content": "Write the files."}]
 @pytest.fixture
 async def cleanup():
     yield
-    await close_pools()
     await stop_gateways()
 
 
@@ -102,7 +100,7 @@ async def test_the_real_cli_cannot_write_outside_its_workspace(tokenizer, tmp_pa
     task = {"workspace": str(tmp_path / "repo"), "check": "grep -qx x inside.txt"}
     try:
         out = await loop.run({}, raw_prompt=PROMPT, extra_info={"workspace_task": task})
-        await close_pools()
+        await loop.context.close_resources()
         left = session_processes(out.record.session_id)
         escaped = [path for path in targets if path.exists()]
     finally:
