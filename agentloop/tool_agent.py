@@ -443,31 +443,25 @@ class ToolAgentLoop(AgentLoopBase):
         earlier, new = messages[: -pending.new], messages[-pending.new :]
         used = len(traj.prompt_ids) + len(traj)
         room = self._limit(traj) - used - policy.summary_tokens
-        kept = False
-        request = await self.encode_delta(
-            earlier,
-            with_user_text(new, policy.summary_prompt),
-            schemas,
-            head=head,
-            sampled_end=pending.sampled_end,
-        )
-        if len(request) > room:
-            kept = True
-            hidden = [{**m, "content": policy.placeholder} for m in new]
+        hidden = [{**m, "content": policy.placeholder} for m in new]
+        for shown in (new, hidden):  # the outputs whole, else hidden (then kept after it)
             request = await self.encode_delta(
                 earlier,
-                with_user_text(hidden, policy.summary_prompt),
+                with_user_text(shown, policy.summary_prompt),
                 schemas,
                 head=head,
                 sampled_end=pending.sampled_end,
             )
-            if len(request) > room:
-                return (
-                    f"the history ({used} tokens) leaves {room} tokens for the summary request "
-                    f"of {len(request)} after multi_turn.compaction.summary_tokens="
-                    f"{policy.summary_tokens} (multi_turn.max_context_tokens="
-                    f"{self.multi_turn.max_context_tokens})"
-                )
+            if len(request) <= room:
+                break
+        else:
+            return (
+                f"the history ({used} tokens) leaves {room} tokens for the summary request "
+                f"of {len(request)} after multi_turn.compaction.summary_tokens="
+                f"{policy.summary_tokens} (multi_turn.max_context_tokens="
+                f"{self.multi_turn.max_context_tokens})"
+            )
+        kept = shown is hidden
         if not traj.add_template(request):
             return f"the summary request ({len(request)} tokens) does not fit the response budget"
         params = dataclasses.replace(self._params, max_tokens=policy.summary_tokens)

@@ -238,69 +238,102 @@ class PagingLoop(ClosesCutTurns, ToolAgentLoop):
         self.parser = EveryTurnReadsAPage()
 
 
-@pytest.mark.asyncio(loop_scope="module")
-async def test_a_compacted_tool_agent_sample_is_token_exact_on_the_engine(
-    server, tokenizer, tiny_qwen3_path
-):
-    prompt_len, response_len, turn, budget = 320, 192, 12, 330
+ROW = {"raw_prompt": [{"role": "user", "content": "Read every page."}]}
+
+
+async def paged_sample(server, tokenizer, *, response_len, budget, turns, **compaction):
+    """One PagingLoop sample on the engine at a context ``budget`` (prompts up to 320 tokens,
+    12 per turn): its output and its samples, segments included, which must number two or
+    more, each but the last closed by a compaction, each within the budget."""
     config = RolloutConfig(
-        prompt_length=prompt_len,
+        prompt_length=320,
         response_length=response_len,
         multi_turn=MultiTurnConfig(
-            max_assistant_turns=6,
-            max_tokens_per_turn=turn,
+            max_assistant_turns=turns,
+            max_tokens_per_turn=12,
             max_context_tokens=budget,
             max_tool_response_length=4000,
+            compaction=CompactionConfig(**compaction),
         ),
         chat_template_kwargs={"enable_thinking": False},
     )
     context = AgentLoopContext(
         AsyncLLMServerManager([server]), tokenizer, config, {"page": PageTool()}
     )
-    row = {"raw_prompt": [{"role": "user", "content": "Read every page."}]}
-    out = await PagingLoop(context).run(config.sampling_params(), **row)
+    out = await PagingLoop(context).run(config.sampling_params(), **ROW)
     samples = [out, *out.segments]
     seen = [(o.record.stop_reason, len(o.prompt_ids), len(o.response_ids)) for o in samples]
     assert len(samples) >= 2 and out.metrics["compactions"] == len(samples) - 1, (seen, out.extra)
+    assert [o.record.stop_reason for o in samples[:-1]] == ["compacted"] * (len(samples) - 1)
+    assert [o.record.segment for o in samples] == list(range(len(samples)))
+    assert [o.record.weight for o in samples] == pytest.approx([1 / len(samples)] * len(samples))
+    for sample in samples:
+        assert len(sample.prompt_ids) + len(sample.response_ids) <= budget
+    return out, samples
+
+
+def turn_text(tokenizer, text_ids: list[int]) -> str:
+    """A sampled turn's text (without the end token, when the model closed the turn)."""
+    ends = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    if text_ids[-1] in ends:
+        text_ids = text_ids[:-1]
+    return tokenizer.decode(text_ids, skip_special_tokens=False)
+
+
+def paged_render(tokenizer, messages) -> list[int]:
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=[PAGE_SCHEMA],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        enable_thinking=False,
+    )
+
+
+def assert_engine_log_probs(out, samples, model_path, response_len) -> None:
+    """Every sampled token of every segment has the log-prob a transformers forward
+    (float32) over its whole trajectory gives it."""
+    batch = collate(
+        [out],
+        [{**ROW, "uid": "c0", "agent_name": "tool_agent"}],
+        prompt_length=320,
+        response_length=response_len,
+        pad_token_id=0,
+    )
+    assert len(batch) == len(samples)
+    worst = max_logprob_gap(batch, model_path, 320)
+    assert worst < 1e-3, f"max |engine - transformers| log-prob gap {worst:.4f}"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_compacted_tool_agent_sample_is_token_exact_on_the_engine(
+    server, tokenizer, tiny_qwen3_path
+):
+    out, samples = await paged_sample(server, tokenizer, response_len=192, budget=330, turns=6)
     # the history grows by a model turn and a placeholder per compaction: at this budget a
     # later one may not fit any more (context_full), or the turns run out first
     final = samples[-1].record.stop_reason
     assert final in ("max_assistant_turns", "no_tool_call", "context_full"), final
-    assert [o.record.stop_reason for o in samples[:-1]] == ["compacted"] * (len(samples) - 1)
-    assert [o.record.segment for o in samples] == list(range(len(samples)))
-    assert [o.record.weight for o in samples] == pytest.approx([1 / len(samples)] * len(samples))
 
     # Rebuild the conversation from the sampled tokens: each segment's prompt is the render of
     # the history so far with every page but the newest replaced by the placeholder.
-    ends = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
-    placeholder = config.multi_turn.compaction.placeholder
-    history = list(row["raw_prompt"])
+    placeholder = CompactionConfig().placeholder
+    history = list(ROW["raw_prompt"])
     pages = 0
     for i, sample in enumerate(samples):
-        assert len(sample.prompt_ids) + len(sample.response_ids) <= budget
         if i:
             kept = [m for m in history if m["role"] == "tool" and m["content"] != placeholder]
             assert len(kept) == 1 and kept[0]["content"] == page(pages)  # keep=1: the newest
-            expected = tokenizer.apply_chat_template(
-                history,
-                tools=[PAGE_SCHEMA],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-                enable_thinking=False,
-            )
+            expected = paged_render(tokenizer, history)
             assert sample.prompt_ids == expected
             assert sample.record.branch_reason.startswith("compaction: ")
             assert sample.record.branch_reason.endswith(f" -> {len(expected):,} tokens")
-        ids, mask = sample.response_ids, sample.response_mask
-        for text_ids in mask_spans(ids, mask, 1):
-            assert 1 <= len(text_ids) <= turn
-            if text_ids[-1] in ends:  # the model closed the turn itself
-                text_ids = text_ids[:-1]
-            text = tokenizer.decode(text_ids, skip_special_tokens=False)
+        for text_ids in mask_spans(sample.response_ids, sample.response_mask, 1):
+            assert 1 <= len(text_ids) <= 12
             pages += 1
             history += [
-                {"role": "assistant", "content": text},
+                {"role": "assistant", "content": turn_text(tokenizer, text_ids)},
                 {"role": "tool", "content": page(pages)},
             ]
         if i + 1 < len(samples):  # the compaction that opens the next segment
@@ -310,16 +343,7 @@ async def test_a_compacted_tool_agent_sample_is_token_exact_on_the_engine(
                 else {"role": "tool", "content": placeholder}
                 for m in history
             ]
-    batch = collate(
-        [out],
-        [{**row, "uid": "c0", "agent_name": "tool_agent"}],
-        prompt_length=prompt_len,
-        response_length=response_len,
-        pad_token_id=tokenizer.pad_token_id or 0,
-    )
-    assert len(batch) == len(samples)
-    worst = max_logprob_gap(batch, tiny_qwen3_path, prompt_len)
-    assert worst < 1e-3, f"max |engine - transformers| log-prob gap {worst:.4f}"
+    assert_engine_log_probs(out, samples, tiny_qwen3_path, 192)
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -330,53 +354,16 @@ async def test_a_summarized_tool_agent_sample_is_token_exact_on_the_engine(
     summary (engine log-probs equal to a transformers forward), and the next segment's prompt
     is the render of the row's prompt with that summary (and the last turn, when it was kept
     whole)."""
-    prompt_len, response_len, turn, budget = 320, 256, 12, 400
-    compaction = CompactionConfig(mode="summarize", summary_tokens=16, summary_prompt="Summarize.")
-    config = RolloutConfig(
-        prompt_length=prompt_len,
-        response_length=response_len,
-        multi_turn=MultiTurnConfig(
-            max_assistant_turns=7,
-            max_tokens_per_turn=turn,
-            max_context_tokens=budget,
-            max_tool_response_length=4000,
-            compaction=compaction,
-        ),
-        chat_template_kwargs={"enable_thinking": False},
+    compaction = {"mode": "summarize", "summary_tokens": 16, "summary_prompt": "Summarize."}
+    out, samples = await paged_sample(
+        server, tokenizer, response_len=256, budget=400, turns=7, **compaction
     )
-    context = AgentLoopContext(
-        AsyncLLMServerManager([server]), tokenizer, config, {"page": PageTool()}
-    )
-    row = {"raw_prompt": [{"role": "user", "content": "Read every page."}]}
-    out = await PagingLoop(context).run(config.sampling_params(), **row)
-    samples = [out, *out.segments]
-    seen = [(o.record.stop_reason, len(o.prompt_ids), len(o.response_ids)) for o in samples]
-    assert len(samples) >= 2 and out.metrics["compactions"] == len(samples) - 1, (seen, out.extra)
-    assert [o.record.stop_reason for o in samples[:-1]] == ["compacted"] * (len(samples) - 1)
-
-    ends = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
-
-    def text_of(text_ids: list[int]) -> str:
-        if text_ids[-1] in ends:  # the model closed the turn itself
-            text_ids = text_ids[:-1]
-        return tokenizer.decode(text_ids, skip_special_tokens=False)
-
-    def rendered(messages) -> list[int]:
-        return tokenizer.apply_chat_template(
-            messages,
-            tools=[PAGE_SCHEMA],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            enable_thinking=False,
-        )
-
-    expected_prompt = list(row["raw_prompt"])
+    header = CompactionConfig().summary_header
+    expected_prompt = list(ROW["raw_prompt"])
     pages = 0
     for i, sample in enumerate(samples):
-        assert len(sample.prompt_ids) + len(sample.response_ids) <= budget
         if i:
-            assert sample.prompt_ids == rendered(expected_prompt)
+            assert sample.prompt_ids == paged_render(tokenizer, expected_prompt)
             assert sample.record.branch_reason.startswith("compaction: summarized by the policy")
         spans = list(mask_spans(sample.response_ids, sample.response_mask, 1))
         # a random model's summary may re-tokenize longer than sampled: a prompt made from it
@@ -385,27 +372,16 @@ async def test_a_summarized_tool_agent_sample_is_token_exact_on_the_engine(
         full = i + 1 < len(samples) or after
         last_turn = ""
         for text_ids in spans[:-1] if full else spans:
-            assert 1 <= len(text_ids) <= turn, (seen, samples[-1].extra)
-            last_turn = text_of(text_ids)
+            assert 1 <= len(text_ids) <= 12
+            last_turn = turn_text(tokenizer, text_ids)
             pages += 1
-        if full:  # its last sampled span is the summary the next prompt carries
-            assert 1 <= len(spans[-1]) <= compaction.summary_tokens
-            summary = summary_text(text_of(spans[-1]))
-            if after:
-                break
-            expected_prompt = with_user_text(row["raw_prompt"], compaction.summary_header + summary)
+        if full and not after:  # its last sampled span is the summary the next prompt carries
+            assert 1 <= len(spans[-1]) <= 16
+            summary = summary_text(turn_text(tokenizer, spans[-1]))
+            expected_prompt = with_user_text(ROW["raw_prompt"], header + summary)
             if "the last turn kept whole" in samples[i + 1].record.branch_reason:
                 expected_prompt += [
                     {"role": "assistant", "content": last_turn},
                     {"role": "tool", "content": page(pages)},
                 ]
-    batch = collate(
-        [out],
-        [{**row, "uid": "s0", "agent_name": "tool_agent"}],
-        prompt_length=prompt_len,
-        response_length=response_len,
-        pad_token_id=tokenizer.pad_token_id or 0,
-    )
-    assert len(batch) == len(samples)
-    worst = max_logprob_gap(batch, tiny_qwen3_path, prompt_len)
-    assert worst < 1e-3, f"max |engine - transformers| log-prob gap {worst:.4f}"
+    assert_engine_log_probs(out, samples, tiny_qwen3_path, 256)

@@ -33,6 +33,9 @@ from tests.unit.agentloop.test_context_compaction import (
     page_text,
     render,
 )
+from tests.unit.agentloop.test_context_compaction import (
+    call as call_text,
+)
 
 RESERVE, SUMMARY_TOKENS = 32, 48
 SUMMARY = "<think>what to keep</think>Pages 1 and 2 read: w1 and w2 words."
@@ -45,7 +48,7 @@ def summarize(**kwargs) -> CompactionConfig:
     return CompactionConfig(mode="summarize", summary_tokens=SUMMARY_TOKENS, **kwargs)
 
 
-def make_loop(tokenizer, budget: int, turns=SCRIPT, **compaction):
+def make_loop(tokenizer, budget: int, turns=SCRIPT, reserve=RESERVE, **compaction):
     server = ScriptedServer(tokenizer, turns)
     config = RolloutConfig(
         prompt_length=2048,
@@ -53,7 +56,7 @@ def make_loop(tokenizer, budget: int, turns=SCRIPT, **compaction):
         multi_turn=MultiTurnConfig(
             max_tool_response_length=4000,
             max_context_tokens=budget,
-            max_tokens_per_turn=RESERVE,
+            max_tokens_per_turn=reserve,
             compaction=summarize(**compaction),
         ),
     )
@@ -205,6 +208,31 @@ async def test_every_call_leaves_room_for_a_summary(tokenizer):
         f"for a summary (multi_turn.compaction.summary_tokens={SUMMARY_TOKENS} and its "
         f"request) does not fit the context limit {budget} (multi_turn.max_context_tokens="
         f"{budget})"
+    )
+
+
+async def test_a_summary_request_that_cannot_fit_stops_context_full(tokenizer):
+    # one turn of four calls (max_parallel_calls=1: three answered as errors) whose four
+    # placeholders pass the room reserved for one
+    calls = "".join(call_text(n) for n in (1, 2, 3, 4))
+    reserve = len(ids(tokenizer, calls))  # the turn takes all of its room
+    prompt = render(tokenizer, PROMPT)
+    loop, server = make_loop(tokenizer, 10**6, [calls], reserve=reserve)
+    budget = len(prompt) + reserve + loop.summary_room  # the first call just fits
+    loop, server = make_loop(tokenizer, budget, [calls], reserve=reserve)
+    out = await loop.run(SAMPLING, raw_prompt=PROMPT)
+    (s0,) = server.sampled
+    assert len(s0) <= reserve and out.response_ids == s0 and out.segments == []
+    used = len(prompt) + len(s0)
+    hidden = [{"role": "tool", "content": PLACEHOLDER}] * 4
+    before = [*PROMPT, {"role": "assistant", "content": calls}]
+    request = delta(tokenizer, before, with_user_text(hidden, SUMMARY_PROMPT))
+    room = budget - used - SUMMARY_TOKENS
+    assert out.record.stop_reason == "context_full" and len(request) > room
+    assert out.extra["context_full"] == (
+        f"the history ({used} tokens) leaves {room} tokens for the summary request of "
+        f"{len(request)} after multi_turn.compaction.summary_tokens={SUMMARY_TOKENS} "
+        f"(multi_turn.max_context_tokens={budget})"
     )
 
 
