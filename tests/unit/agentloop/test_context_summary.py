@@ -48,18 +48,23 @@ def summarize(**kwargs) -> CompactionConfig:
     return CompactionConfig(mode="summarize", summary_tokens=SUMMARY_TOKENS, **kwargs)
 
 
-def make_loop(tokenizer, budget: int, turns=SCRIPT, reserve=RESERVE, **compaction):
-    server = ScriptedServer(tokenizer, turns)
-    config = RolloutConfig(
+def config_of(budget: int, reserve: int = RESERVE, **config) -> RolloutConfig:
+    return RolloutConfig(
         prompt_length=2048,
         response_length=2048,
         multi_turn=MultiTurnConfig(
             max_tool_response_length=4000,
             max_context_tokens=budget,
             max_tokens_per_turn=reserve,
-            compaction=summarize(**compaction),
+            compaction=summarize(**config.pop("compaction", {})),
         ),
+        **config,
     )
+
+
+def make_loop(tokenizer, budget: int, turns=SCRIPT, reserve=RESERVE, **compaction):
+    server = ScriptedServer(tokenizer, turns)
+    config = config_of(budget, reserve, compaction=compaction)
     loop = ToolAgentLoop(AgentLoopContext(server, tokenizer, config, {"page": PageTool()}))
     return loop, server
 
@@ -241,15 +246,8 @@ async def test_a_summary_compaction_is_a_span_with_the_summary_length(tokenizer,
     budget = second + len(request) + SUMMARY_TOKENS
     previous = mlflow.get_tracking_uri()
     try:
-        config = RolloutConfig(
-            prompt_length=2048,
-            response_length=2048,
-            multi_turn=MultiTurnConfig(
-                max_tool_response_length=4000,
-                max_context_tokens=budget,
-                max_tokens_per_turn=RESERVE,
-                compaction=summarize(),
-            ),
+        config = config_of(
+            budget,
             trace=TraceConfig(
                 backend="mlflow",
                 tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}",
