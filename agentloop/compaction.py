@@ -14,7 +14,8 @@ segment's ``SampleRecord.branch_reason``, the trace shows it as a span).
 the model's summary is sampled into it (mask 1: trained with the sample's reward), and the next
 segment's prompt is the row's prompt with the summary added as user text. A last turn whose
 outputs leave no room for the summary is summarized with them replaced by the placeholder, and
-follows the summary whole. Every model call leaves room for a summary, so one always fits.
+follows the summary whole. Every model call leaves room for a summary (and for a placeholder per
+allowed parallel output); a request that still does not fit stops the sample (``context_full``).
 """
 
 from __future__ import annotations

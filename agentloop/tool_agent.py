@@ -367,14 +367,6 @@ class ToolAgentLoop(AgentLoopBase):
                 return summarized
             compacted, summary, kept = summarized
             dropped = 0
-            branch_point = next(
-                (
-                    i
-                    for i, (a, b) in enumerate(zip(messages, compacted, strict=False))
-                    if a is not b
-                ),
-                head,
-            )
         else:
             compacted, dropped = drop_tool_outputs(
                 messages, head=head, keep=policy.keep, placeholder=policy.placeholder
@@ -386,9 +378,9 @@ class ToolAgentLoop(AgentLoopBase):
                     f"to drop (multi_turn.compaction.keep={policy.keep}) and does not fit "
                     f"multi_turn.max_context_tokens={self.multi_turn.max_context_tokens}"
                 )
-            branch_point = next(
-                i for i, (a, b) in enumerate(zip(messages, compacted, strict=True)) if a is not b
-            )
+        # the first message the compaction changed (a summary may leave the history shorter)
+        changed = zip(messages, compacted, strict=False)
+        branch_point = next((i for i, (a, b) in enumerate(changed) if a is not b), head)
         try:
             prompt = await self.encode_prompt(compacted, schemas)
         except PromptTooLongError as exc:
