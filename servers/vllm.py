@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from servers import engine_watch
 from servers.config import ServerConfig, parse_cores
 from servers.cpu_layout import in_process_worker_env
 from servers.engine_args import check_known_args
@@ -179,6 +180,8 @@ class VLLMEngine:
         folder = shm_dir()
         sweep_orphans(folder)
         self.scratch = new_engine_scratch(folder)
+        engine_watch.name_parent()  # the engine core ends itself if this process is killed
+        engine_watch.register()  # a forked engine core (a spawned one loads it as a plugin)
         with engine_temp_dir(self.scratch):  # its sockets and file store, removed at shutdown
             self.engine = AsyncLLM.from_engine_args(args)
         self._engine_shm = sorted(set(engine_shm()) - before)

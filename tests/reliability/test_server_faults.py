@@ -6,6 +6,9 @@ AgentLoopManager batch runs on two vLLM CPU engines (tiny-qwen3):
 - every server dies: turns wait for the restarts, then finish;
 - the restart budget is spent: the batch fails with a ``ServerRestartError`` saying what to do.
 
+A killed server's engine-core process (a spawned child of the actor) ends itself
+(``servers/engine_watch.py``): no orphan keeps its model and a core.
+
 Each batch must hold every sample (each uid ``n`` times) or fail explicitly.
 """
 
@@ -18,6 +21,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import psutil
 import pytest
 import ray
 
@@ -86,6 +90,20 @@ def _kill_when_busy(handles: list[Any]) -> threading.Thread:
     return thread
 
 
+def _gone(procs: list[psutil.Process], timeout_s: float) -> bool:
+    """Whether every process ended (a zombie has ended) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if all(p.status() == psutil.STATUS_ZOMBIE for p in procs):
+                return True
+        except psutil.NoSuchProcess:
+            procs = [p for p in procs if p.is_running()]
+            continue
+        time.sleep(0.2)
+    return False
+
+
 def _assert_every_sample(batch: Any, tag: str) -> None:
     assert Counter(batch.uid) == {f"{tag}-{i}": N for i in range(PROMPTS)}
     # Every sample's response is complete: retried turns were generated again, not cut.
@@ -105,6 +123,8 @@ def test_a_killed_server_has_its_turns_retried_elsewhere_and_is_restarted(rollou
     for names in (killed, kept):
         assert any(n.startswith("sem.") for n in names), names
     assert not killed & kept and (killed | kept) <= shm_entries()
+    engine = psutil.Process(_pid(victim)).children()  # its EngineCore
+    assert engine and all("EngineCore" in " ".join(p.cmdline()) for p in engine), engine
     killer = _kill_when_busy([victim])
     batch = manager.generate_sequences(_rows("a"), sampling_params=PARAMS)
     killer.join()
@@ -121,6 +141,8 @@ def test_a_killed_server_has_its_turns_retried_elsewhere_and_is_restarted(rollou
     # engine's entries on restart, and only those.
     entries = shm_entries()
     assert not killed & entries and kept <= entries
+    # Its engine core saw its server gone and ended itself (an orphan kept 3 GB and a core).
+    assert _gone(engine, timeout_s=60), [(p.pid, p.status()) for p in engine if p.is_running()]
     # The new server takes work again.
     batch = manager.generate_sequences(_rows("b"), sampling_params=PARAMS)
     _assert_every_sample(batch, "b")
