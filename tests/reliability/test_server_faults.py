@@ -6,8 +6,9 @@ AgentLoopManager batch runs on two vLLM CPU engines (tiny-qwen3):
 - every server dies: turns wait for the restarts, then finish;
 - the restart budget is spent: the batch fails with a ``ServerRestartError`` saying what to do.
 
-A killed server's engine-core process (a spawned child of the actor) ends itself
-(``servers/engine_watch.py``): no orphan keeps its model and a core.
+A killed server leaves no engine-core process behind (Ray's raylet ends a dead worker's
+children; where nothing does, e.g. the raylet killed too, the core ends itself:
+``servers/engine_watch.py``, tested in ``tests/integration/servers/test_serve_cli.py``).
 
 Each batch must hold every sample (each uid ``n`` times) or fail explicitly.
 """
@@ -123,8 +124,9 @@ def test_a_killed_server_has_its_turns_retried_elsewhere_and_is_restarted(rollou
     for names in (killed, kept):
         assert any(n.startswith("sem.") for n in names), names
     assert not killed & kept and (killed | kept) <= shm_entries()
-    engine = psutil.Process(_pid(victim)).children()  # its EngineCore
-    assert engine and all("EngineCore" in " ".join(p.cmdline()) for p in engine), engine
+    # its EngineCore (and multiprocessing's resource tracker, which ends when its pipe closes)
+    engine = psutil.Process(_pid(victim)).children()
+    assert any("EngineCore" in " ".join(p.cmdline()) for p in engine), engine
     killer = _kill_when_busy([victim])
     batch = manager.generate_sequences(_rows("a"), sampling_params=PARAMS)
     killer.join()
@@ -141,7 +143,7 @@ def test_a_killed_server_has_its_turns_retried_elsewhere_and_is_restarted(rollou
     # engine's entries on restart, and only those.
     entries = shm_entries()
     assert not killed & entries and kept <= entries
-    # Its engine core saw its server gone and ended itself (an orphan kept 3 GB and a core).
+    # Its engine core is gone too (an orphan would keep its model and a core busy).
     assert _gone(engine, timeout_s=60), [(p.pid, p.status()) for p in engine if p.is_running()]
     # The new server takes work again.
     batch = manager.generate_sequences(_rows("b"), sampling_params=PARAMS)

@@ -1,6 +1,6 @@
 """`agentloop-serve` serves one engine standalone: a hub id resolves to its snapshot in the
 hub cache (an unknown name is refused), the HTTP front answers, and SIGINT stops it cleanly,
-leaving nothing in the temp dir or in /dev/shm."""
+leaving nothing in the temp dir or in /dev/shm; killed (SIGKILL), its engine core ends itself."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from transformers import AutoTokenizer
 
 from servers.scratch import SCRATCH_PREFIX
-from servers.shm import shm_entries
+from servers.shm import engine_shm, owner_pid, remove_shm, shm_entries
 from tests.hf_cache import add_to_hf_cache, hf_env
 
 pytestmark = pytest.mark.integration
@@ -111,3 +112,41 @@ def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template_until_sig
     assert code == 0
     assert sorted(p.name for p in temp.iterdir()) == []
     assert not [n for n in shm_entries() if n.startswith(f"{SCRATCH_PREFIX}{proc.pid}-")]
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_sigkilled_serve_cli_leaves_no_engine_process_behind(tiny_qwen3_path, tmp_path, start):
+    """SIGKILL of `agentloop-serve` gives its engine core no word; the core sees its server
+    gone and ends itself (``servers/engine_watch.py``): spawned, it loaded the watch as a vLLM
+    plugin (the way vLLM starts it in a Ray actor); forked, through the at-fork hook."""
+    proc = subprocess.Popen(
+        [_script("agentloop-serve"), "--port", "0", "--model", str(tiny_qwen3_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": start, "TMPDIR": str(tmp_path)},
+    )
+    engine = []
+    try:
+        deadline = time.monotonic() + 400
+        line = ""
+        while time.monotonic() < deadline and not line.startswith("serving "):
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "agentloop-serve exited before serving"
+        engine = [
+            p for p in psutil.Process(proc.pid).children() if "EngineCore" in " ".join(p.cmdline())
+        ]
+        assert len(engine) == 1, psutil.Process(proc.pid).children()
+        owned = engine_shm(proc.pid)  # what the core maps or made: its cleanup, checked below
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    core = engine[0]
+    try:
+        # SIGTERM from its watch within a second; vLLM's shutdown (SIGKILL after 10 s)
+        core.wait(timeout=60)  # no exit code: the core is not this process's child
+    except psutil.TimeoutExpired:
+        core.kill()
+        pytest.fail(f"the engine core (pid {core.pid}) outlived its killed server by 60 s")
+    finally:  # what a killed server cannot remove itself; a server group removes it
+        remove_shm([*owned, *(n for n in shm_entries() if owner_pid(n) == proc.pid)])
