@@ -27,6 +27,16 @@ def _script(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
+def _serving(proc: subprocess.Popen) -> str:
+    """The server's ``serving <model> on <url>`` line, once it has printed it."""
+    deadline = time.monotonic() + 400
+    line = ""
+    while time.monotonic() < deadline and not line.startswith("serving "):
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, "agentloop-serve exited before serving"
+    return line
+
+
 def test_serve_cli_rejects_an_unknown_model():
     result = subprocess.run(
         [_script("agentloop-serve"), "--model", "no-such-model"],
@@ -83,11 +93,7 @@ def test_serve_cli_serves_a_hub_id_offline_with_a_custom_chat_template_until_sig
         env={**os.environ, **hf_env(tmp_path / "hf"), "TMPDIR": str(temp)},
     )
     try:
-        deadline = time.monotonic() + 400
-        line = ""
-        while time.monotonic() < deadline and not line.startswith("serving "):
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "agentloop-serve exited before serving"
+        line = _serving(proc)
         assert line.startswith(f"serving {snapshot} on http://127.0.0.1:"), line
         url = line.strip().rsplit(" ", 1)[-1]
         assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
@@ -128,11 +134,7 @@ def test_a_sigkilled_serve_cli_leaves_no_engine_process_behind(tiny_qwen3_path, 
     )
     engine = []
     try:
-        deadline = time.monotonic() + 400
-        line = ""
-        while time.monotonic() < deadline and not line.startswith("serving "):
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "agentloop-serve exited before serving"
+        _serving(proc)
         engine = [
             p for p in psutil.Process(proc.pid).children() if "EngineCore" in " ".join(p.cmdline())
         ]
