@@ -15,8 +15,8 @@ SIGTERM (vLLM's handler shuts the engine down and unlinks what it can), and SIGK
 
 - spawned (vLLM's choice in a Ray actor, or with CUDA): ``register`` is a vLLM general plugin
   (entry point ``vllm.general_plugins``), which vLLM loads in every process it starts;
-- forked: ``register``, loaded in the server's process when it built the engine's arguments,
-  also arms ``os.register_at_fork``, and a forked child checks the same condition.
+- forked: the server calls ``register`` itself before it starts the engine, which arms
+  ``os.register_at_fork``, and a forked child checks the same condition.
 
 Only direct children of the named server watch: the engine core's own children (its parent is
 not the server) and every other process are left alone.
