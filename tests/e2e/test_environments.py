@@ -1,13 +1,14 @@
 """Environments written in other projects' APIs, trained unchanged (docs/environments.md), as a
 user runs them: a verifiers tool environment and a verifiers multi-turn environment (rows from
 their own datasets, ``data.env_dataset``'s writer) and an OpenEnv grid server (started per worker
-by the loop's command) through ``agentloop-rollout`` and one GRPO step of ``agentloop-train`` on
-tiny-qwen3 (a copy that ends its turns, so episodes have several steps) on one vLLM CPU server.
+by the loop's command) through one GRPO step of ``agentloop-train`` on tiny-qwen3 (a copy that
+ends its turns, so episodes have several steps) on one vLLM CPU server.
 
-The rollout's scores are the environments' own: each verifiers sample's reward and reward
-functions equal what the environment's rubric computes on the same completion (the runner's
-``score``, in verifiers' venv), and each grid sample's score is the sum of the rewards the grid
-gives the same actions replayed from the same seed, one per turn."""
+The step's scores, read from its ``trainer.rollout_data_dir`` dump, are the environments' own:
+each verifiers sample's reward and reward functions equal what the environment's rubric
+computes on the same completion (the runner's ``score``, in verifiers' venv), and each grid
+sample's score is the sum of the rewards the grid gives the same actions replayed from the same
+seed, one per turn."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ GRID = f"{sys.executable} -m examples.openenv.grid_env.server --port {{port}}"
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.heavy,  # two runs, ~4 minutes: make test-heavy
+    pytest.mark.heavy,  # a training run, ~3 minutes: make test-heavy
     pytest.mark.skipif(
         not Path(verifiers_python()).is_relative_to(REPO / ".venv-verifiers")
         and "AGENTLOOP_VERIFIERS_PYTHON" not in os.environ,
@@ -85,9 +86,6 @@ def run(tmp_path_factory) -> dict:
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={d / 'loops.yaml'}",
         f"actor_rollout_ref.rollout.gateway.log_dir={d / 'gateway'}",
     ]
-    rollout = _run(
-        [sys.executable, "-m", "trainer.cli.rollout", *common, f"+output={d / 'traj.jsonl'}"]
-    )
     train_dir = d / "train"
     train = _run(
         [
@@ -101,10 +99,12 @@ def run(tmp_path_factory) -> dict:
             "trainer.n_gpus_per_node=1",
             "trainer.logger=[console,jsonl]",
             f"trainer.default_local_dir={train_dir}",
+            f"trainer.rollout_data_dir={d / 'rollouts'}",  # the step's samples, as verl's key
         ]
     )
-    records = [json.loads(line) for line in (d / "traj.jsonl").read_text().splitlines()]
-    return {"dir": d, "records": records, "rollout": rollout, "train": train, "rows": rows}
+    lines = (d / "rollouts" / "1.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return {"dir": d, "records": records, "train": train, "rows": rows}
 
 
 def own_score(d: Path, record: dict, row: dict) -> dict:

@@ -3,6 +3,8 @@
 One GRPO step of the run script trains a batch that mixes the three ways of working a task:
 ``tool_agent`` with the workspace tools, Claude Code and Codex (``harness_loops.yaml``), each
 sample in a fresh sandboxed copy of its package and rewarded by the package's pytest check.
+The samples carry roles (the tool_agent's from its row, the CLIs' from the gateway's
+``role_from_model``), and the step reports each role's samples and reward.
 The CLIs' first prompts (~12k and ~8.5k tokens) pass tiny-qwen3's 8,192-token window, so the
 model is ``tiny-qwen3-long`` (the same weights, Qwen3's 40,960), made to end its turns
 (tests/turn_ending_model.py): Claude Code retries a reply cut at its token limit and then
@@ -51,6 +53,7 @@ def data(tmp_path_factory) -> Path:
     train = [json.loads(line) for line in (data / "train.jsonl").open()]
     agents = ["tool_agent", *CLIS]
     mixed = [{**r, "agent_name": a} for r, a in zip(train, agents, strict=False)]
+    mixed[0]["role"] = "native"  # a row's role (the CLIs' come from the gateway: below)
     write_rows(data / "mixed.jsonl", mixed)
     return data
 
@@ -79,6 +82,7 @@ def test_one_grpo_step_trains_tool_agent_claude_code_and_codex_samples_together(
         "actor_rollout_ref.actor.ppo_mini_batch_size=3",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "trainer.test_freq=-1",  # the script's validation before training only (suite time)
+        "actor_rollout_ref.rollout.gateway.role_from_model=true",
         MODEL=str(model),
         SFT_STEPS="0",
         LOOPS=LOOPS,
@@ -103,6 +107,16 @@ def test_one_grpo_step_trains_tool_agent_claude_code_and_codex_samples_together(
     assert step["agent_loop/zero_weight_samples"] == 0
     # the trainer's recomputed log-probs of the sampled tokens are the engine's
     assert step["rollout/logprob_gap_max"] < 1e-3
+    # per-role groups in a real run: the tool_agent's role from its row, each CLI segment's
+    # from the `model` its first request named (the gateway's served name, "agentloop")
+    roles = {k: v for k, v in step.items() if k.startswith("role/")}
+    cli_samples = step["agent_loop/samples"] - 2
+    assert roles == {
+        "role/native/samples": 2,
+        "role/native/reward/mean": 0.0,
+        "role/agentloop/samples": cli_samples,
+        "role/agentloop/reward/mean": 0.0,
+    }
     vals = [r for r in records if "val/repo_fix/reward/mean" in r]
     assert [r["step"] for r in vals] == [0]
     transcripts = sorted((run / "grpo" / "gateway").glob("*/transcript.txt"))

@@ -16,7 +16,6 @@ as training, plus extras:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
@@ -27,58 +26,17 @@ from tqdm import tqdm
 from trainer.cli.common import run_command
 from trainer.loop.rollout_plan import PROG, RolloutPlan, plan_rollout
 from trainer.metrics.rollout_score import format_summary, summarize
+from trainer.metrics.trajectories import add_scores, trajectory_records
 
 if TYPE_CHECKING:
     from agentloop import RolloutBatch
     from trainer.rewards.manager import RewardManager
 
-__all__ = ["main", "scored_records", "trajectory_records"]
+__all__ = ["main", "scored_records"]
 
 logger = logging.getLogger("agentloop.rollout")
 
 SUMMARY_KEYS = ("score", "tool_calls", "tool_errors")
-
-
-def trajectory_records(batch: RolloutBatch, tokenizer: Any) -> list[dict[str, Any]]:
-    """Un-padded JSON-ready trajectories of a ``RolloutBatch``."""
-    p = batch.prompts.shape[1]
-    records = []
-    for i in range(len(batch)):
-        attn = batch.attention_mask[i].bool()
-        prompt_ids = batch.prompts[i][attn[:p]].tolist()
-        n = int(attn[p:].sum())
-        response_ids = batch.responses[i, :n].tolist()
-        row, record = batch.rows[i], batch.records[i]
-        records.append(
-            {
-                "uid": batch.uid[i],
-                "rollout_n": row.get("rollout_n", 0),
-                "index": row.get("index"),
-                "data_source": row.get("data_source"),
-                "agent_name": batch.agent_name[i],
-                "num_turns": batch.num_turns[i],
-                "stop_reason": record.stop_reason,
-                "finish_reasons": record.finish_reasons,
-                "tool_calls": batch.tool_calls[i],
-                "tool_errors": batch.tool_errors[i],
-                "tool_error_kinds": record.tool_error_kinds,
-                "calls": [dataclasses.asdict(c) for c in record.calls],
-                "tool_rewards": record.tool_rewards,
-                "weight": record.weight,
-                "session_id": record.session_id,
-                "segment": record.segment,
-                "branch_reason": record.branch_reason,
-                "branch_point": record.branch_point,
-                "error": record.error,
-                "prompt_text": tokenizer.decode(prompt_ids, skip_special_tokens=False),
-                "response_text": tokenizer.decode(response_ids, skip_special_tokens=False),
-                "prompt_ids": prompt_ids,
-                "response_ids": response_ids,
-                "response_mask": batch.response_mask[i, :n].tolist(),
-                "response_log_probs": batch.rollout_log_probs[i, :n].tolist(),
-            }
-        )
-    return records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,17 +58,9 @@ def scored_records(
     scored = [i for i, r in enumerate(records) if (r["data_source"] or None) not in unscored]
     for record in records:
         record["score"], record["scores"] = None, {}
-    if not scored:
-        return records
-    reward = rewards.score(batch if len(scored) == len(records) else batch.select(scored))
-    turns = None if reward.turn_rewards is None else reward.turn_rewards.sum(-1).tolist()
-    for j, i in enumerate(scored):
-        records[i]["score"] = float(reward.scores[j]) + (turns[j] if turns else 0.0)
-        records[i]["scores"] = {name: values[j] for name, values in reward.components.items()}
-        if turns:
-            records[i]["scores"]["turns"] = turns[j]
-        parts = batch.records[i].reward_parts  # an environment's own reward functions
-        records[i]["scores"].update({f"env/{k}": v for k, v in parts.items()})
+    if scored:
+        reward = rewards.score(batch if len(scored) == len(records) else batch.select(scored))
+        add_scores(records, batch, reward, scored)
     return records
 
 

@@ -285,6 +285,12 @@ class TrainerConfig(RunConfig):
     weight_sync_bucket_mb: int = 256
     """MiB of weights per bucket when the actor's weights are sent to the servers."""
     weight_sync_delta: WeightSyncDeltaConfig = field(default_factory=WeightSyncDeltaConfig)
+    rollout_data_dir: str | None = None
+    """Write each step's scored samples to ``<dir>/<step>.jsonl`` (verl's key): the lines
+    ``agentloop-rollout`` writes (ids, text, mask, log-probs, record, ``score``, ``scores``)
+    with ``step``; None: not written."""
+    validation_data_dir: str | None = None
+    """The same for each validation (``<dir>/<step>.jsonl``; 0: before training)."""
     worker_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     """Level at which Ray workers (servers, agent-loop workers, trainer ranks) log to this
     console, vLLM's engine logs included; INFO shows the engines' start-up."""

@@ -50,6 +50,7 @@ from trainer.loop.checkpoint import CheckpointManager, checkpoint_bytes
 from trainer.loop.weight_sync import WeightSync, delta_spec
 from trainer.metrics.trace_tags import TraceTagger
 from trainer.metrics.tracking import Tracking
+from trainer.metrics.trajectories import GenerationDump
 from trainer.models.resolve import resolve_model
 from trainer.rewards.build import build_rewards, check_rewards
 from trainer.rewards.manager import RewardManager
@@ -99,6 +100,9 @@ class RunParts:
     checkpoints: CheckpointManager
     tagger: TraceTagger | None = None
     """Tags rollout traces with their rewards (None without ``rollout.trace.backend``)."""
+    dump: GenerationDump | None = None
+    """Writes each step's and each validation's scored samples (``trainer.rollout_data_dir``,
+    ``trainer.validation_data_dir``; None with neither)."""
     timeline: str | None = None
     """Where Ray's timeline is written at the close (``ray_kwargs.timeline_json_file``)."""
     console: Any = None
@@ -330,6 +334,7 @@ def build_run(config: Config, plan: RunPlan) -> RunParts:
         tracking=plan.tracking,
         checkpoints=plan.checkpoints,
         tagger=tagger,
+        dump=generation_dump(config.trainer, plan.setup.tokenizer),
         timeline=config.ray_kwargs.timeline_json_file,
         console=console,
     )
@@ -347,6 +352,13 @@ def _write_timeline(path: str) -> None:
 def needs_ref_policy(config: Config) -> bool:
     """A KL term (in the loss or in the reward) needs the reference policy's log-probs."""
     return config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+def generation_dump(run: TrainerConfig, tokenizer: Any) -> GenerationDump | None:
+    """The run's trajectory dump, or None where neither folder is set."""
+    if run.rollout_data_dir is None and run.validation_data_dir is None:
+        return None
+    return GenerationDump(tokenizer, run.rollout_data_dir, run.validation_data_dir)
 
 
 def configure_traces(trace: TraceConfig, run: TrainerConfig, plan: RunPlan) -> TraceTagger | None:

@@ -252,6 +252,8 @@ class RayPPOTrainer:
         rollout, reward = batch.rollout, batch.reward
         if self.tagger is not None:
             self.tagger.submit(rollout.records, reward.scores.tolist(), reward.components)
+        if self.parts.dump is not None:
+            self.parts.dump.write(step, rollout, reward)
         metrics |= self.update(step, rollout, reward, baselines=batch.baselines)
         self.rollout.after_update(step, batch)  # a curriculum's update(batch)
         metrics |= memory_metrics(self.workers.memory_stats())
@@ -436,7 +438,10 @@ class RayPPOTrainer:
         our ``val/*`` and verl's ``val-core``/``val-aux`` metrics, one value per session)."""
         out = self.rollout.before_validate()  # the servers hold the step's weights
         n = self.config.actor_rollout_ref.rollout.val_kwargs.n
-        out |= validate(self.manager, self.rewards, self.tagger, self.val_rows, n=n, step=step)
+        out |= validate(
+            self.manager, self.rewards, self.tagger, self.val_rows, n=n, step=step,
+            dump=self.parts.dump,
+        )  # fmt: skip
         return out
 
     def _save(self, step: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from agentloop import AgentLoopManager, TraceContext
 from trainer.metrics.trace_tags import TraceTagger
+from trainer.metrics.trajectories import GenerationDump
 from trainer.metrics.validation import validation_metrics
 from trainer.rewards.manager import RewardManager
 
@@ -27,14 +28,18 @@ def validate(
     *,
     n: int,
     step: int,
+    dump: GenerationDump | None = None,
 ) -> dict[str, float]:
     """Mean reward overall and per data_source (``val/*``), and verl's ``val-core`` /
-    ``val-aux`` metrics; ``tagger`` (or None) tags the traces with their rewards."""
+    ``val-aux`` metrics; ``tagger`` (or None) tags the traces with their rewards, ``dump``
+    (or None) writes the scored samples (``trainer.validation_data_dir``)."""
     start = time.perf_counter()
     batch = manager.generate_sequences(rows, n=n, trace=TraceContext(step=step, validate=True))
     reward = rewards.score(batch)
     if tagger is not None:
         tagger.submit(batch.records, reward.scores.tolist(), reward.components)
+    if dump is not None:
+        dump.write(step, batch, reward, validate=True)
     # One value per session: a session's last segment (it holds the final answer).
     last = [i for i in range(len(batch)) if i + 1 == len(batch) or batch.segment[i + 1] == 0]
     scores = reward.scores[last]

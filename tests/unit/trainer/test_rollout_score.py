@@ -83,3 +83,19 @@ def test_rows_nothing_scores_are_written_unscored_beside_scored_ones(tokenizer):
     assert format_summary(summarize(alone)).splitlines()[-1] == (
         "|       1 |                      - |               100.0% |           - |        1 |"
     )
+
+
+def test_an_environments_own_reward_functions_are_scores_beside_the_configured_one(tokenizer):
+    """A loop that kept its environment's reward functions (``SampleRecord.reward_parts``)
+    has them under ``env/<name>`` in ``scores``, beside the configured reward's parts."""
+    records = [SampleRecord(reward_parts={"correct": 1.0, "format": 0.5}), SampleRecord()]
+    batch = make_batch(tokenizer, ["#### 42", "#### 41"], records=records)
+    rewards = RewardManager(RewardFunctionConfig(), RewardModelConfig(), tokenizer)
+    try:
+        lines = scored_records(batch, tokenizer, rewards)
+    finally:
+        rewards.close()
+    assert [r["scores"] for r in lines] == [
+        {"rule": 1.0, "env/correct": 1.0, "env/format": 0.5},
+        {"rule": 0.0},
+    ]

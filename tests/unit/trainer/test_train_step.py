@@ -32,7 +32,7 @@ from trainer.config.run import TrainerConfig
 from trainer.config.schema import ActorRolloutRefConfig, Config, DataConfig
 from trainer.data.sampler import PromptSampler
 from trainer.loop.advantages import credit_groups, gigpo_steps, sample_roles
-from trainer.loop.assembly import RunParts
+from trainer.loop.assembly import RunParts, generation_dump
 from trainer.loop.checkpoint import CheckpointManager
 from trainer.loop.ray_trainer import RayPPOTrainer, stopped_message
 from trainer.metrics.tracking import Tracking
@@ -323,6 +323,7 @@ class Run:
                 run_dir=checkpoints.root,
             ),
             checkpoints=checkpoints,
+            dump=generation_dump(run, tokenizer),
         )
         rows = [
             {
@@ -593,6 +594,37 @@ def test_fit_logs_every_step_and_closes_the_parts(make_run):
     assert set(logged[-1]) == {"step"} | set(last)
     assert logged[-1]["reward/mean"] == pytest.approx(last["reward/mean"])
     assert run.rollout.shut_down and run.policy.shut_down and run.trainer.parts.closed
+
+
+def test_each_step_and_validation_writes_its_scored_samples_where_verls_keys_say(
+    make_run, tmp_path
+):
+    """``trainer.rollout_data_dir`` / ``validation_data_dir``: ``<step>.jsonl`` with one line
+    per sample, the ids the update trained on and the score the step used (0: validation
+    before training)."""
+
+    def edit(config: Config) -> None:
+        config.trainer.rollout_data_dir = str(tmp_path / "rollouts")
+        config.trainer.validation_data_dir = str(tmp_path / "val")
+        config.trainer.val_before_train = True
+        config.trainer.test_freq = 2
+
+    run = make_run(edit=edit)
+    run.trainer.fit()
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["1.jsonl", "2.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "val").iterdir()) == ["0.jsonl", "2.jsonl"]
+    # generate_sequences order: validation 0, step 1, step 2, validation 2
+    files = ["val/0.jsonl", "rollouts/1.jsonl", "rollouts/2.jsonl", "val/2.jsonl"]
+    for path, batch, reward in zip(files, run.rollout.batches, run.scored, strict=True):
+        lines = [json.loads(line) for line in (tmp_path / path).read_text().splitlines()]
+        assert {line["step"] for line in lines} == {int(Path(path).stem)}
+        assert [line["score"] for line in lines] == pytest.approx(reward.scores.tolist())
+        assert [line["scores"]["rule"] for line in lines] == reward.components["rule"]
+        width = batch.attention_mask[:, batch.prompts.shape[1] :].sum(-1).tolist()
+        assert [line["response_ids"] for line in lines] == [
+            batch.responses[i, :n].tolist() for i, n in enumerate(width)
+        ]
+    assert len(lines) == 3  # validation: one greedy sample for each of the 3 rows
 
 
 def test_a_run_with_tools_whose_samples_never_call_one_is_warned_once(make_run, caplog):
