@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import typing
 
 import pytest
@@ -203,14 +201,8 @@ def test_an_export_writes_the_adapter_beside_the_folder_s_other_files(tmp_path):
     assert (export / "tokenizer.json").is_file()
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def test_the_adapter_folders_of_a_dead_server_are_swept(tmp_path):
-    orphan = tmp_path / f"agentloop-lora-{_dead_pid()}-abc"
+def test_the_adapter_folders_of_a_dead_server_are_swept(dead_pid, tmp_path):
+    orphan = tmp_path / f"agentloop-lora-{dead_pid}-abc"
     (orphan / "v3").mkdir(parents=True)
     (orphan / "v3" / "adapter_config.json").write_text("{}")
 

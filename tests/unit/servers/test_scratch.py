@@ -19,12 +19,6 @@ from servers.weights import sweep_orphans
 from tests.shm import leaked
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
 @pytest.mark.parametrize(
     ("name", "pid"),
     [
@@ -60,8 +54,8 @@ def test_the_temp_dir_is_the_engines_folder_while_it_starts_and_restored_after(
     assert "TMPDIR" not in os.environ  # unset before: unset after
 
 
-def test_a_dead_servers_scratch_folder_is_swept_and_a_live_ones_kept(tmp_path):
-    orphan = tmp_path / f"{SCRATCH_PREFIX}{_dead_pid()}-abc"
+def test_a_dead_servers_scratch_folder_is_swept_and_a_live_ones_kept(dead_pid, tmp_path):
+    orphan = tmp_path / f"{SCRATCH_PREFIX}{dead_pid}-abc"
     orphan.mkdir()
     (orphan / "vllm_dist_0123").write_text("store")
     mine = new_engine_scratch(tmp_path)
@@ -70,10 +64,12 @@ def test_a_dead_servers_scratch_folder_is_swept_and_a_live_ones_kept(tmp_path):
 
 
 @pytest.mark.skipif(not SHM.is_dir(), reason="needs /dev/shm")
-def test_a_scratch_folder_nobody_owns_is_a_leak_and_is_removed_by_name():
+def test_a_scratch_folder_nobody_owns_is_a_leak_and_is_removed_by_name(
+    dead_pid,
+):
     before = shm_entries()
     live = new_engine_scratch(SHM)
-    dead = SHM / f"{SCRATCH_PREFIX}{_dead_pid()}-abc"
+    dead = SHM / f"{SCRATCH_PREFIX}{dead_pid}-abc"
     dead.mkdir()
     try:
         assert live.name in shm_entries() and dead.name in shm_entries()

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import torch
 
 from servers.weights import new_staging_file, read_bucket, stage_bucket, sweep_orphans
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def test_new_staging_file_removes_files_of_dead_owners_only(tmp_path):
-    orphan = tmp_path / f"agentloop-weights-{_dead_pid()}-abc.bin"
+def test_new_staging_file_removes_files_of_dead_owners_only(dead_pid, tmp_path):
+    orphan = tmp_path / f"agentloop-weights-{dead_pid}-abc.bin"
     orphan.write_bytes(b"x" * 64)
     mine = tmp_path / f"agentloop-weights-{os.getpid()}-def.bin"
     mine.write_bytes(b"y")
