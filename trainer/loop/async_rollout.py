@@ -227,8 +227,14 @@ class AsyncRollout:
                 self._wake.wait(timeout=1.0)
                 if time.perf_counter() - logged >= self.wait_log_s:
                     logged = time.perf_counter()
+                    dropped = ""
+                    if self.filter.enable:
+                        dropped = (
+                            f"; algorithm.filter_groups dropped {self._dropped_this_step} "
+                            "group(s) scored alike meanwhile"
+                        )
                     logger.warning(
-                        "waited %.0f s: %s", logged - start, self.schedule.describe(step)
+                        "waited %.0f s: %s%s", logged - start, self.schedule.describe(step), dropped
                     )
             self.stream.heal_if_due(self.version)
 

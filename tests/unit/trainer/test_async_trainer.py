@@ -481,6 +481,40 @@ def test_a_step_that_waits_logs_what_it_waits_for(tmp_path, tokenizer, caplog):
     assert "4 in flight or scoring (v0 x4), 4 of them due now" in caplog.text
 
 
+def test_a_wait_under_filter_groups_says_how_many_groups_it_dropped(tmp_path, tokenizer, caplog):
+    """Prompts 0 and 1 score alike and are dropped (replaced from the stream); the others'
+    scores are held: the wait log counts the drops."""
+    cfg = AsyncTrainingConfig(enable=True, staleness_threshold=0, wait_log_s=0.2)
+    run = Built(tmp_path, tokenizer, cfg)
+    run.rollout.filter.enable = True
+    release = threading.Event()
+    score = run.trainer.rewards.score
+
+    def alike_or_held(batch):
+        reward = score(batch)
+        if batch.rows[0]["extra_info"]["index"] < 2:
+            reward.scores = torch.zeros_like(reward.scores)  # no signal: dropped
+        else:
+            release.wait(timeout=60)
+            reward.scores = torch.arange(len(batch), dtype=reward.scores.dtype)
+        return reward
+
+    def release_after_the_drops() -> None:  # and a wait log or more after them
+        deadline = time.monotonic() + 60
+        while run.rollout._dropped_this_step < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        release.set()
+
+    run.trainer.rewards.score = alike_or_held  # type: ignore[method-assign]
+    threading.Thread(target=release_after_the_drops, daemon=True).start()
+    with caplog.at_level("WARNING", logger="agentloop.train"):
+        run.trainer.train_step(1)
+    run.trainer.close()
+    assert "algorithm.filter_groups dropped 2 group(s) scored alike meanwhile" in caplog.text
+    assert 0 not in run.trained[0] and 1 not in run.trained[0]
+
+
 def test_require_batches_with_total_epochs_trains_the_epochs_asked(tmp_path, tokenizer):
     """12 prompts, 2 epochs, require_batches=1 of ppo_mini_batch_size=2 prompts: 12 steps
     (the step count no longer comes from data.train_batch_size=4, which gave 6)."""
