@@ -12,14 +12,19 @@ from trainer.metrics.rollout_score import RolloutSummary, format_summary, summar
 from trainer.rewards.manager import RewardManager
 
 
-def test_each_line_carries_its_score_and_each_named_reward(tokenizer):
-    records = [SampleRecord(tool_calls=1), SampleRecord(tool_calls=2, tool_errors=1)]
+def _lines(tokenizer, records: list[SampleRecord]) -> list[dict]:
+    """``scored_records`` of two gsm8k answers (right, wrong) by the built-in rule reward."""
     batch = make_batch(tokenizer, ["#### 42", "#### 41"], records=records)
     rewards = RewardManager(RewardFunctionConfig(), RewardModelConfig(), tokenizer)
     try:
-        lines = scored_records(batch, tokenizer, rewards)
+        return scored_records(batch, tokenizer, rewards)
     finally:
         rewards.close()
+
+
+def test_each_line_carries_its_score_and_each_named_reward(tokenizer):
+    records = [SampleRecord(tool_calls=1), SampleRecord(tool_calls=2, tool_errors=1)]
+    lines = _lines(tokenizer, records)
     assert [(r["score"], r["scores"]) for r in lines] == [
         (1.0, {"rule": 1.0}),
         (0.0, {"rule": 0.0}),
@@ -89,12 +94,7 @@ def test_an_environments_own_reward_functions_are_scores_beside_the_configured_o
     """A loop that kept its environment's reward functions (``SampleRecord.reward_parts``)
     has them under ``env/<name>`` in ``scores``, beside the configured reward's parts."""
     records = [SampleRecord(reward_parts={"correct": 1.0, "format": 0.5}), SampleRecord()]
-    batch = make_batch(tokenizer, ["#### 42", "#### 41"], records=records)
-    rewards = RewardManager(RewardFunctionConfig(), RewardModelConfig(), tokenizer)
-    try:
-        lines = scored_records(batch, tokenizer, rewards)
-    finally:
-        rewards.close()
+    lines = _lines(tokenizer, records)
     assert [r["scores"] for r in lines] == [
         {"rule": 1.0, "env/correct": 1.0, "env/format": 0.5},
         {"rule": 0.0},
