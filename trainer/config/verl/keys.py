@@ -374,7 +374,7 @@ RULES: tuple[KeyRule, ...] = (
     _w(
         "trainer.log_val_generations",
         "validation samples are traced in MLflow with actor_rollout_ref.rollout.trace."
-        "backend=mlflow",
+        "backend=mlflow, and written to files with trainer.validation_data_dir",
         "0",
     ),
     _w("trainer.use_legacy_worker_impl", "there is one worker implementation here"),
