@@ -25,8 +25,8 @@ from tqdm import tqdm
 
 from trainer.cli.common import run_command
 from trainer.loop.rollout_plan import PROG, RolloutPlan, plan_rollout
+from trainer.loop.trajectories import add_scores, trajectory_records
 from trainer.metrics.rollout_score import format_summary, summarize
-from trainer.metrics.trajectories import add_scores, trajectory_records
 
 if TYPE_CHECKING:
     from agentloop import RolloutBatch

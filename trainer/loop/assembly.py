@@ -47,10 +47,10 @@ from trainer.launch.rollout import (
     wait_for_servers,
 )
 from trainer.loop.checkpoint import CheckpointManager, checkpoint_bytes
+from trainer.loop.trajectories import GenerationDump
 from trainer.loop.weight_sync import WeightSync, delta_spec
 from trainer.metrics.trace_tags import TraceTagger
 from trainer.metrics.tracking import Tracking
-from trainer.metrics.trajectories import GenerationDump
 from trainer.models.resolve import resolve_model
 from trainer.rewards.build import build_rewards, check_rewards
 from trainer.rewards.manager import RewardManager

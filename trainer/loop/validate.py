@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from agentloop import AgentLoopManager, TraceContext
+from trainer.loop.trajectories import GenerationDump
 from trainer.metrics.trace_tags import TraceTagger
-from trainer.metrics.trajectories import GenerationDump
 from trainer.metrics.validation import validation_metrics
 from trainer.rewards.manager import RewardManager
 

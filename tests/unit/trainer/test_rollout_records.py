@@ -8,7 +8,7 @@ import json
 
 from agentloop.records import SampleRecord
 from tests.unit.trainer.rewards.batch import make_batch, tool_call
-from trainer.metrics.trajectories import trajectory_records
+from trainer.loop.trajectories import trajectory_records
 
 
 def test_a_trajectory_line_has_exactly_the_rollout_keys_and_the_record_values(tokenizer):
