@@ -74,7 +74,7 @@ test: install
 # through a run), on two workers; .ci/run runs them after `make test`.
 test-heavy: install
 	$(PY) -m pytest -m "heavy and not gpu" --ignore=tests/perf --ignore=tests/unit \
-		-n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+		-n 2 --dist loadfile $(PYTEST_ARGS)
 
 # Lint, then tests/unit less `slow` (subprocesses, 16k-token rows) on two xdist workers; whole
 # files go to one worker (--dist loadfile) so each module fixture is built once (docs/testing.md).
