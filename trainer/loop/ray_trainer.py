@@ -438,10 +438,8 @@ class RayPPOTrainer:
         our ``val/*`` and verl's ``val-core``/``val-aux`` metrics, one value per session)."""
         out = self.rollout.before_validate()  # the servers hold the step's weights
         n = self.config.actor_rollout_ref.rollout.val_kwargs.n
-        out |= validate(
-            self.manager, self.rewards, self.tagger, self.val_rows, n=n, step=step,
-            dump=self.parts.dump,
-        )  # fmt: skip
+        rows, dump = self.val_rows, self.parts.dump
+        out |= validate(self.manager, self.rewards, self.tagger, rows, n=n, step=step, dump=dump)
         return out
 
     def _save(self, step: int) -> None:

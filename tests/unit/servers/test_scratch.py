@@ -64,9 +64,7 @@ def test_a_dead_servers_scratch_folder_is_swept_and_a_live_ones_kept(dead_pid, t
 
 
 @pytest.mark.skipif(not SHM.is_dir(), reason="needs /dev/shm")
-def test_a_scratch_folder_nobody_owns_is_a_leak_and_is_removed_by_name(
-    dead_pid,
-):
+def test_a_scratch_folder_nobody_owns_is_a_leak_and_is_removed_by_name(dead_pid):
     before = shm_entries()
     live = new_engine_scratch(SHM)
     dead = SHM / f"{SCRATCH_PREFIX}{dead_pid}-abc"
