@@ -21,7 +21,7 @@ import torch
 
 from servers import engine_watch
 from servers.config import ServerConfig, parse_cores
-from servers.cpu_layout import in_process_worker_env
+from servers.cpu_layout import eager_cpu_env, in_process_worker_env
 from servers.engine_args import check_known_args
 from servers.inflight import InFlight
 from servers.lora import check_adapter_rank, max_lora_rank, write_adapter
@@ -142,6 +142,7 @@ class VLLMEngine:
             os.environ.update(in_process_worker_env(cfg.tensor_parallel_size, cores))
         dtype = "float32" if (cfg.dtype == "auto" and cpu) else cfg.dtype
         eager = cpu if cfg.enforce_eager is None else cfg.enforce_eager
+        os.environ.update(eager_cpu_env(cpu, eager))
         transfer = None
         if cfg.weight_transfer != "host":
             from vllm.config.weight_transfer import WeightTransferConfig

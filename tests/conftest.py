@@ -83,6 +83,28 @@ def _dev_shm_left_as_found():
     assert not left, _shm_leak_message(left)
 
 
+def machine_line() -> str:
+    """The CPU this run is on, for the report header: a CI excerpt then says which machine's
+    timings it shows (the CPU model, SMT, bf16 in hardware, the load when the run started)."""
+    path = Path("/proc/cpuinfo")
+    fields: dict[str, str] = {}
+    for line in (path.read_text() if path.exists() else "").splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = fields.get("flags", "").split()
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    has = {f: "yes" if f in flags else "no" for f in ("avx512_bf16", "amx_bf16")}
+    return (
+        f"machine: {os.cpu_count()} cpus ({fields.get('model name', '?')}; siblings "
+        f"{fields.get('siblings', '?')}, cores {fields.get('cpu cores', '?')}), avx512_bf16 "
+        f"{has['avx512_bf16']}, amx {has['amx_bf16']}, load {load}"
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return machine_line()
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if session.config.getoption("dist", "no") != "no" and "PYTEST_XDIST_WORKER" not in os.environ:
         session.config.stash[_SHM_BEFORE] = shm_entries()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from servers import AsyncLLMServerManager
+from servers.scratch import SCRATCH_PREFIX
 from tests.generate_requests import req, turn_of
 from tests.ray_local import (
     BATCHED_TOKENS,
@@ -307,6 +309,20 @@ async def test_openai_client_gets_a_text_completion_through_vllm(base_url, token
         model="tiny-qwen3", prompt=[[1, 2, 3], [4, 5]], n=2, max_tokens=2, temperature=1.0
     )
     assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
+
+
+async def test_an_eager_cpu_engine_compiles_nothing(base_url):
+    """vLLM wraps the rank of each sampled token's log-prob in ``torch.compile``; an eager CPU
+    engine runs it eagerly (servers/cpu_layout.eager_cpu_env): no inductor cache appears in
+    any engine's temp folder (it did at every start, with a C++ compile, before)."""
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    resp = await client.completions.create(
+        model="tiny-qwen3", prompt=[[1, 2, 3], [4, 5]], max_tokens=3, logprobs=1
+    )
+    assert all(len(c.logprobs.tokens) >= 1 for c in resp.choices)
+    scratch = sorted(Path("/dev/shm").glob(f"{SCRATCH_PREFIX}*"))
+    assert scratch, "no engine temp folder in /dev/shm"
+    assert [p for d in scratch for p in d.glob("torchinductor_*")] == []
 
 
 async def test_a_bad_text_completion_is_400_with_the_engines_reason(base_url):

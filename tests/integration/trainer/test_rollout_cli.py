@@ -52,6 +52,12 @@ def tool_yaml(tmp_path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _model_built(tiny_qwen3_path):
+    """tiny-qwen3 in the asset cache before a test reads stderr: on a fresh machine the first
+    use builds it, with progress lines on stderr."""
+
+
 def run_main(capsys, *overrides: str) -> tuple[int, str]:
     code = main(["actor_rollout_ref.model.path=tiny-qwen3", *overrides])
     return code, capsys.readouterr().err.strip()

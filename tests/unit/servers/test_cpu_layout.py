@@ -7,7 +7,13 @@ import os
 
 import pytest
 
-from servers.cpu_layout import MULTIPROCESSING_ENV, engine_thread_count, in_process_worker_env
+from servers.cpu_layout import (
+    DYNAMO_ENV,
+    MULTIPROCESSING_ENV,
+    eager_cpu_env,
+    engine_thread_count,
+    in_process_worker_env,
+)
 
 
 def test_one_rank_runs_its_worker_in_the_engine_core_with_a_thread_per_given_core(monkeypatch):
@@ -32,3 +38,12 @@ def test_several_ranks_or_a_users_setting_keep_vllms_worker_processes(monkeypatc
     else:
         monkeypatch.setenv(MULTIPROCESSING_ENV, exported)
     assert in_process_worker_env(ranks, [0, 1]) == {}
+
+
+def test_an_eager_cpu_engine_runs_torch_compile_eagerly_unless_the_user_says(monkeypatch):
+    monkeypatch.delenv(DYNAMO_ENV, raising=False)
+    assert eager_cpu_env(cpu=True, eager=True) == {DYNAMO_ENV: "1"}
+    assert eager_cpu_env(cpu=True, eager=False) == {}  # a compiled model keeps dynamo
+    assert eager_cpu_env(cpu=False, eager=True) == {}
+    monkeypatch.setenv(DYNAMO_ENV, "0")
+    assert eager_cpu_env(cpu=True, eager=True) == {}
