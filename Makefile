@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0+cpu
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: install bubblewrap harnesses verifiers test test-heavy test-fast lint format config demo bench traces clean-venv
+.PHONY: install bubblewrap harnesses verifiers test test-all test-heavy test-fast lint format config demo bench traces clean-venv
 
 install: $(STAMP)
 
@@ -67,6 +67,15 @@ verifiers: install
 test: install
 	$(PY) -m pytest tests/unit -m "not gpu" -n 2 --dist loadfile $(PYTEST_ARGS)
 	$(PY) -m pytest -m "not gpu and not heavy" --ignore=tests/perf --ignore=tests/unit \
+		-n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# What .ci/run runs: the unit folder as `make test` runs it, then every other tier in one
+# session on two workers, the `heavy` modules included and handed out first (right after the
+# shared-Ray block, tests/xdist_groups.py): one session packs the long modules beside the short
+# ones, where `make test` then `make test-heavy` each ended on a long module alone.
+test-all: install
+	$(PY) -m pytest tests/unit -m "not gpu" -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" --ignore=tests/perf --ignore=tests/unit \
 		-n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The modules marked `heavy`, minutes each (a multi-node cluster losing nodes over three

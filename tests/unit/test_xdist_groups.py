@@ -18,6 +18,10 @@ from tests.xdist_groups import GROUPS_ENV, SHARED_RAY_GROUP
 class Item:
     nodeid: str
     fixturenames: tuple[str, ...] = ()
+    markers: tuple[str, ...] = ()
+
+    def get_closest_marker(self, name: str) -> str | None:
+        return name if name in self.markers else None
 
 
 def session() -> list[Item]:
@@ -56,6 +60,16 @@ def test_shared_ray_modules_first_then_command_tiers_then_integration(groups_fil
         "tests/integration/b/test_ray1.py": SHARED_RAY_GROUP,
         "tests/reliability/test_ray2.py": SHARED_RAY_GROUP,
     }
+
+
+def test_heavy_modules_come_right_after_the_shared_ray_block(groups_file):
+    """``make test-all``: the modules that take minutes are handed out before the rest."""
+    items = [*session(), Item("tests/e2e/test_long.py::t1", markers=("heavy",))]
+    xdist_groups.pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
+    assert [item.nodeid for item in items][3:5] == [
+        "tests/e2e/test_long.py::t1",
+        "tests/reliability/test_faults.py::t1",
+    ]
 
 
 def test_the_scheduler_makes_one_unit_of_a_group_and_one_per_other_module(groups_file):
