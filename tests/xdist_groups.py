@@ -9,7 +9,7 @@ worker (its module fixtures start once), and this plugin adds:
   worker. Only a worker knows which modules those are (their fixtures); it writes the module
   groups to a file the controller's scheduler (``ModuleGroupScheduling``) reads when it cuts
   the collection into units;
-- the `heavy` modules (``make test-all``) come next, the longest units first;
+- the `heavy` modules (``make test-all``) come next, longest first (``heavy(minutes=...)``);
 - the modules that start whole command runs (reliability, e2e) come next, the shorter
   integration modules last, so that the end of the run is not one long module alone (with
   ``--no-loadscope-reorder``: xdist orders units by their number of tests otherwise);
@@ -106,14 +106,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Stable sort: the shared-Ray modules keep their order among themselves, and every module
     # its own tests' order.
     # The `heavy` modules (minutes each; `make test-all` runs them with the rest) come right
-    # after the shared-Ray block: the longest units first, so that no long one ends the run.
-    heavy = {_module_path(item) for item in items if item.get_closest_marker("heavy")}
+    # after the shared-Ray block, longest first (their marker's ``minutes``), so that no long
+    # one ends the run.
+    heavy: dict[str, float] = {}
+    for item in items:
+        marker = item.get_closest_marker("heavy")
+        if marker is not None:
+            heavy[_module_path(item)] = float(marker.kwargs.get("minutes", 0))
 
-    def key(item: pytest.Item) -> tuple[int, int]:
+    def key(item: pytest.Item) -> tuple[int, float]:
         module = _module_path(item)
         if module in shared:
             return (0, 0)
-        return (1, 0) if module in heavy else (2, _tier_rank(module))
+        return (1, -heavy[module]) if module in heavy else (2, _tier_rank(module))
 
     items.sort(key=key)
     groups = {module: SHARED_RAY_GROUP for module in sorted(shared)}

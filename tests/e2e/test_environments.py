@@ -35,7 +35,7 @@ GRID = f"{sys.executable} -m examples.openenv.grid_env.server --port {{port}}"
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.heavy,  # a training run, ~3 minutes: make test-heavy
+    pytest.mark.heavy(minutes=3),  # a training run: make test-heavy
     pytest.mark.skipif(
         not Path(verifiers_python()).is_relative_to(REPO / ".venv-verifiers")
         and "AGENTLOOP_VERIFIERS_PYTHON" not in os.environ,

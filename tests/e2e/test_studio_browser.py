@@ -27,7 +27,7 @@ from recipes.calculator.data import make_rows
 from tests.integration.trainer.studio_process import wait_until_up
 from trainer.workers.fsdp import free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.heavy]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.heavy(minutes=4)]
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -31,7 +31,7 @@ from agentloop.config import RecoveryConfig
 from servers import ServerConfig, ServerGroup, ServerRestartError, stop_servers
 from tests.shm import shm_entries
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy(minutes=5)]
 
 N, PROMPTS, TOKENS = 2, 8, 192
 PARAMS = {"temperature": 1.0, "max_tokens": TOKENS, "ignore_eos": True}

@@ -43,7 +43,7 @@ import yaml
 from tests.ray_cluster import cluster_env, multinode_cluster, node_id
 from tests.shm import remove_new_segments, shm_segments
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.heavy]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.heavy(minutes=8)]
 
 REPO = Path(__file__).resolve().parents[2]
 GAP_LIMIT = 1e-3  # float32 engine vs float32 trainer

@@ -14,14 +14,21 @@ from tests import xdist_groups
 from tests.xdist_groups import GROUPS_ENV, SHARED_RAY_GROUP
 
 
+@dataclass(frozen=True)
+class Marker:
+    kwargs: dict[str, float]
+
+
 @dataclass(eq=False)
 class Item:
     nodeid: str
     fixturenames: tuple[str, ...] = ()
-    markers: tuple[str, ...] = ()
+    heavy_minutes: float | None = None  # marked heavy(minutes=...)
 
-    def get_closest_marker(self, name: str) -> str | None:
-        return name if name in self.markers else None
+    def get_closest_marker(self, name: str) -> Marker | None:
+        if name != "heavy" or self.heavy_minutes is None:
+            return None
+        return Marker({"minutes": self.heavy_minutes})
 
 
 def session() -> list[Item]:
@@ -62,11 +69,17 @@ def test_shared_ray_modules_first_then_command_tiers_then_integration(groups_fil
     }
 
 
-def test_heavy_modules_come_right_after_the_shared_ray_block(groups_file):
-    """``make test-all``: the modules that take minutes are handed out before the rest."""
-    items = [*session(), Item("tests/e2e/test_long.py::t1", markers=("heavy",))]
+def test_heavy_modules_come_right_after_the_shared_ray_block_longest_first(groups_file):
+    """``make test-all``: the modules that take minutes are handed out before the rest, in
+    the order of their marker's ``minutes``."""
+    items = [
+        *session(),
+        Item("tests/e2e/test_long.py::t1", heavy_minutes=3),
+        Item("tests/e2e/test_longer.py::t1", heavy_minutes=8),
+    ]
     xdist_groups.pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
-    assert [item.nodeid for item in items][3:5] == [
+    assert [item.nodeid for item in items][3:6] == [
+        "tests/e2e/test_longer.py::t1",
         "tests/e2e/test_long.py::t1",
         "tests/reliability/test_faults.py::t1",
     ]
