@@ -80,7 +80,7 @@ test-all: install
 
 # The modules marked `heavy`, minutes each (a multi-node cluster losing nodes over three
 # training runs; servers killed and restarted under a rollout; a browser driving the studio
-# through a run), on two workers; .ci/run runs them after `make test`.
+# through a run), on two workers; .ci/run runs them with the rest (`make test-all`).
 test-heavy: install
 	$(PY) -m pytest -m "heavy and not gpu" --ignore=tests/perf --ignore=tests/unit \
 		-n 2 --dist loadfile $(PYTEST_ARGS)
