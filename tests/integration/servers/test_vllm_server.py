@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
@@ -311,18 +312,18 @@ async def test_openai_client_gets_a_text_completion_through_vllm(base_url, token
     assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
 
 
-async def test_an_eager_cpu_engine_compiles_nothing(base_url):
+async def test_an_eager_cpu_engine_compiles_nothing(server, base_url):
     """vLLM wraps the rank of each sampled token's log-prob in ``torch.compile``; an eager CPU
     engine runs it eagerly (servers/cpu_layout.eager_cpu_env): no inductor cache appears in
-    any engine's temp folder (it did at every start, with a C++ compile, before)."""
+    the engine's temp folder (it did at every start, with a C++ compile, before)."""
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused")
     resp = await client.completions.create(
         model="tiny-qwen3", prompt=[[1, 2, 3], [4, 5]], max_tokens=3, logprobs=1
     )
     assert all(len(c.logprobs.tokens) >= 1 for c in resp.choices)
-    scratch = sorted(Path("/dev/shm").glob(f"{SCRATCH_PREFIX}*"))
-    assert scratch, "no engine temp folder in /dev/shm"
-    assert [p for d in scratch for p in d.glob("torchinductor_*")] == []
+    pid = await server.__ray_call__.remote(lambda actor: os.getpid())
+    (scratch,) = Path("/dev/shm").glob(f"{SCRATCH_PREFIX}{pid}-*")  # this server's own
+    assert list(scratch.glob("torchinductor_*")) == []
 
 
 async def test_a_bad_text_completion_is_400_with_the_engines_reason(base_url):
