@@ -59,31 +59,32 @@ verifiers: install
 	@test -x $(VERIFIERS_VENV)/bin/python || "$$($(PY) -c 'import sys; print(sys._base_executable)')" -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_VENV)/bin/python -m pip install -q "verifiers==0.3.1"
 
-# Every test but gpu and the benchmarks: the unit folder on two xdist workers (147 s against
-# 247 s serially on 2 cores), then integration, reliability and e2e on two workers too, grouped
-# (tests/xdist_groups.py): the modules that share one Ray session and one tiny server
-# (tests/ray_local.py) together on one worker, every other module whole on either.
-# `heavy` modules (minutes each) are left to `make test-heavy`.
+# The unit folder on two xdist workers (147 s against 247 s serially on 2 cores), and the
+# other tiers (integration, reliability, e2e) on two workers too, grouped (tests/xdist_groups.py):
+# the modules that share one Ray session and one tiny server (tests/ray_local.py) together on
+# one worker, every other module whole on either. The targets below differ in the marks they run.
+UNIT_TESTS := $(PY) -m pytest tests/unit -m "not gpu" -n 2 --dist loadfile
+PROCESS_TIERS := $(PY) -m pytest --ignore=tests/perf --ignore=tests/unit -n 2 --dist loadfile
+
+# Every test but gpu and the benchmarks; `heavy` modules (minutes each) are left to
+# `make test-heavy`.
 test: install
-	$(PY) -m pytest tests/unit -m "not gpu" -n 2 --dist loadfile $(PYTEST_ARGS)
-	$(PY) -m pytest -m "not gpu and not heavy" --ignore=tests/perf --ignore=tests/unit \
-		-n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(UNIT_TESTS) $(PYTEST_ARGS)
+	$(PROCESS_TIERS) -m "not gpu and not heavy" --no-loadscope-reorder $(PYTEST_ARGS)
 
 # What .ci/run runs: the unit folder as `make test` runs it, then every other tier in one
-# session on two workers, the `heavy` modules included and handed out first (right after the
-# shared-Ray block, tests/xdist_groups.py): one session packs the long modules beside the short
-# ones, where `make test` then `make test-heavy` each ended on a long module alone.
+# session, the `heavy` modules included and handed out first (right after the shared-Ray block,
+# tests/xdist_groups.py): one session packs the long modules beside the short ones, where
+# `make test` then `make test-heavy` each ended on a long module alone.
 test-all: install
-	$(PY) -m pytest tests/unit -m "not gpu" -n 2 --dist loadfile $(PYTEST_ARGS)
-	$(PY) -m pytest -m "not gpu" --ignore=tests/perf --ignore=tests/unit \
-		-n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(UNIT_TESTS) $(PYTEST_ARGS)
+	$(PROCESS_TIERS) -m "not gpu" --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The modules marked `heavy`, minutes each (a multi-node cluster losing nodes over three
 # training runs; servers killed and restarted under a rollout; a browser driving the studio
-# through a run), on two workers; .ci/run runs them with the rest (`make test-all`).
+# through a run); .ci/run runs them with the rest (`make test-all`).
 test-heavy: install
-	$(PY) -m pytest -m "heavy and not gpu" --ignore=tests/perf --ignore=tests/unit \
-		-n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PROCESS_TIERS) -m "heavy and not gpu" $(PYTEST_ARGS)
 
 # Lint, then tests/unit less `slow` (subprocesses, 16k-token rows) on two xdist workers; whole
 # files go to one worker (--dist loadfile) so each module fixture is built once (docs/testing.md).

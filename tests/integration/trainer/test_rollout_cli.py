@@ -33,6 +33,9 @@ USER = [{"role": "user", "content": "Add 2 and 3."}]
 CLIS = {"claude_code": "claude-code", "codex": "codex"}  # recipes/repo_fix/harness_loops.yaml
 OLD_WINDOW = 8192  # tiny-qwen3's
 HARNESS_LOOPS = "recipes/repo_fix/harness_loops.yaml"
+# tiny-qwen3 in the asset cache before a test reads stderr: on a fresh machine the first use
+# builds it, with progress lines on stderr
+pytestmark = pytest.mark.usefixtures("tiny_qwen3_path")
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -50,12 +53,6 @@ def tool_yaml(tmp_path) -> Path:
     }
     path.write_text(yaml.safe_dump({"tools": [spec]}))
     return path
-
-
-@pytest.fixture(autouse=True)
-def _model_built(tiny_qwen3_path):
-    """tiny-qwen3 in the asset cache before a test reads stderr: on a fresh machine the first
-    use builds it, with progress lines on stderr."""
 
 
 def run_main(capsys, *overrides: str) -> tuple[int, str]:
