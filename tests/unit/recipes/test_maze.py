@@ -169,3 +169,50 @@ async def test_a_tool_agent_rollout_names_each_turns_cell_for_gigpo(tmp_path, to
     assert len(keys) == len(path) + 1 and not keys[0].startswith("state:")
     assert keys[1:] == [f"state:{c.state_key}" for c in record.calls]
     assert set(MOVES) >= {c.arguments["direction"] for c in record.calls}
+
+
+async def test_settled_progress_sums_to_the_starts_distance_whatever_the_walk():
+    """``settle``: random walks through the real tool, ended anywhere (moves left or not, the
+    exit or not): their progress rewards plus the settle term always make ``settle`` x the
+    start's distance, walls aside, so no walk gains by stopping early; acc is the exit."""
+    rng = random.Random(3)
+    tool = MoveTool({"progress": 0.1, "invalid": 0.0})
+    ends = set()
+    for maze in make_mazes(12, 5):
+        start = maze.distances()[maze.start]
+        for _ in range(6):
+            spec = {"maze": maze.to_json(), "max_moves": MAX_MOVES}
+            iid = await tool.create(**spec)
+            calls, progress = [], 0.0
+            for _ in range(rng.randrange(0, 10)):
+                out = await tool.execute(iid, {"direction": rng.choice(list(MOVES))})
+                progress += out.reward or 0.0
+                calls.append({"name": "move", "state_key": out.state_key})
+            info = {
+                "tool_rewards": {"move": await tool.calc_reward(iid)},
+                "calls": calls,
+                "tools_kwargs": {"move": {"create_kwargs": spec}},
+            }
+            got = compute_score("maze", "", "exit", info, settle=0.1)
+            reached = await tool.calc_reward(iid)
+            assert got["acc"] == reached
+            assert progress + got["score"] - reached == pytest.approx(0.1 * start)
+            ends.add((reached, len(calls) > 0))
+    assert ends >= {(0.0, False), (0.0, True)}  # walks of no move and walks cut short ran
+    solved = make_mazes(1, 5)[0]
+    spec = {"maze": solved.to_json(), "max_moves": MAX_MOVES}
+    iid = await tool.create(**spec)
+    for move in solved.shortest_path():
+        await tool.execute(iid, {"direction": move})
+    info = {"tool_rewards": {"move": 1.0}, "calls": [{"name": "move", "state_key": "exit"}]}
+    info["tools_kwargs"] = {"move": {"create_kwargs": spec}}
+    assert compute_score("maze", "", "exit", info, settle=0.1) == {"score": 1.0, "acc": 1.0}
+
+
+def test_settle_on_the_simulated_user_rows_is_refused_naming_the_key():
+    with pytest.raises(ValueError) as info:
+        compute_score("maze", "", "exit", {"interaction": {"final_score": 0.0}}, settle=0.1)
+    assert str(info.value) == (
+        "custom_reward_function.reward_kwargs.settle needs the move-tool rows "
+        "(extra_info.tools_kwargs.move); the simulated-user rows name no cells: drop settle"
+    )

@@ -128,6 +128,7 @@ TRAIN = {
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.use_dynamic_bsz=True",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3072",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
         "algorithm.adv_estimator=gigpo",
         "algorithm.gamma=0.95",
         "custom_reward_function.path=recipes/maze/reward.py",
@@ -337,3 +338,18 @@ def test_the_maze_takes_its_credit_and_its_simulated_user_version(tmp_path, cred
 
     config, _ = load_config([o for o in got if not o.startswith("data.")])
     assert config.actor_rollout_ref.rollout.multi_turn.max_user_turns == 12
+
+
+def test_the_maze_settles_progress_on_the_tool_rows_only(tmp_path):
+    script = "recipes/maze/run_cpu.sh"
+    settle = "+custom_reward_function.reward_kwargs.settle=0.1"
+    got = train_overrides(script_calls(script, tmp_path, **ENV, SFT_STEPS="0", SETTLE="0.1"))
+    assert sorted(got) == sorted(TRAIN[script] + [settle])
+    talk = train_overrides(
+        script_calls(script, tmp_path, **ENV, SFT_STEPS="0", SETTLE="0.1", TALK="1")
+    )
+    assert settle not in talk
+    from trainer.config import load_config
+
+    config, _ = load_config([o for o in got if not o.startswith("data.")])
+    assert config.custom_reward_function.reward_kwargs == {"settle": 0.1}
