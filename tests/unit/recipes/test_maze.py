@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+from recipes.maze.compare import reached_exit
 from recipes.maze.data import (
     MAX_MOVES,
     make_mazes,
@@ -155,6 +156,7 @@ async def test_a_tool_agent_rollout_names_each_turns_cell_for_gigpo(tmp_path, to
     assert [c.state_key for c in record.calls][-1] == "exit"
     assert record.tool_rewards == {"move": 1.0}
     assert compute_score("maze", "", "exit", {"tool_rewards": record.tool_rewards}) == 1.0
+    assert reached_exit({"tool_rewards": record.tool_rewards})  # as a validation dump holds it
     # what the trainer makes of it: one anchor key per model turn, named by the tool's cells
     p, r = len(out.prompt_ids), len(out.response_ids)
     ids = torch.tensor([out.prompt_ids + out.response_ids])

@@ -1,0 +1,113 @@
+"""Two runs' held-out mazes compared maze by maze: the validation dumps that
+``trainer.validation_data_dir`` writes (``<dir>/<step>.jsonl``), paired by the row's ``index``.
+
+A walk succeeded when it reached the exit: the move tool's reward of 1 (tool rows), or a rule
+score of 1 on the simulated-user rows (their reward is the exit alone). Where the two runs
+differ, an exact two-sided sign test (McNemar's) says how often a difference this one-sided
+comes by chance; the paired standard error of the difference is sqrt(discordant) / n.
+
+    python -m recipes.maze.compare A/8.jsonl B/8.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Paired", "compare", "load_walks", "reached_exit", "sign_test"]
+
+
+def reached_exit(record: dict[str, Any]) -> bool:
+    """Whether a dumped maze walk reached the exit."""
+    move = (record.get("tool_rewards") or {}).get("move")
+    if move is not None:
+        return float(move) >= 1.0
+    rule = (record.get("scores") or {}).get("rule")
+    if rule is None:
+        raise ValueError(
+            f"row index {record.get('index')}: neither a move-tool reward nor a rule score; "
+            "compare the dumps of a maze run (trainer.validation_data_dir)"
+        )
+    return float(rule) >= 1.0
+
+
+def load_walks(path: str | Path) -> dict[int, bool]:
+    """Row index -> reached the exit, for one validation dump."""
+    walks: dict[int, bool] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            walks[int(record["index"])] = reached_exit(record)
+    return walks
+
+
+def sign_test(a_only: int, b_only: int) -> float:
+    """Exact two-sided sign test of ``a_only`` against ``b_only`` discordant pairs."""
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(a_only, b_only) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    n: int
+    a_rate: float
+    b_rate: float
+    a_only: int
+    """Mazes A's walk solved and B's did not."""
+    b_only: int
+
+    @property
+    def diff_points(self) -> float:
+        return 100.0 * (self.a_rate - self.b_rate)
+
+    @property
+    def paired_se_points(self) -> float:
+        return 100.0 * math.sqrt(self.a_only + self.b_only) / self.n
+
+    @property
+    def p_value(self) -> float:
+        return sign_test(self.a_only, self.b_only)
+
+
+def compare(a: dict[int, bool], b: dict[int, bool]) -> Paired:
+    """The paired comparison of two runs' walks over the same mazes."""
+    if set(a) != set(b):
+        missing = sorted(set(a) ^ set(b))[:5]
+        raise ValueError(
+            f"the dumps hold different mazes (e.g. index {missing}); compare validations of "
+            "the same data.val_files"
+        )
+    n = len(a)
+    if n == 0:
+        raise ValueError("the dumps hold no walks")
+    return Paired(
+        n=n,
+        a_rate=sum(a.values()) / n,
+        b_rate=sum(b.values()) / n,
+        a_only=sum(1 for i in a if a[i] and not b[i]),
+        b_only=sum(1 for i in a if b[i] and not a[i]),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("a", help="run A's validation dump (<dir>/<step>.jsonl)")
+    parser.add_argument("b", help="run B's validation dump, of the same mazes")
+    args = parser.parse_args(argv)
+    r = compare(load_walks(args.a), load_walks(args.b))
+    print(
+        f"{r.n} mazes: A {100 * r.a_rate:.1f}%, B {100 * r.b_rate:.1f}%, "
+        f"A - B {r.diff_points:+.1f} points (paired SE {r.paired_se_points:.1f}); "
+        f"A alone {r.a_only}, B alone {r.b_only}; sign test p = {r.p_value:.2g}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""``recipes.maze.compare``: two validation dumps paired maze by maze, the exit read as the
+reward reads it, the exact sign test against its definition, and mismatched dumps refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from recipes.maze.compare import compare, load_walks, main, reached_exit, sign_test
+
+
+def dump(path, exits: list[bool], talk: bool = False):
+    with path.open("w") as f:
+        for i, reached in enumerate(exits):
+            record = {"index": i, "step": 8, "scores": {"rule": float(reached)}}
+            record["tool_rewards"] = {} if talk else {"move": float(reached)}
+            if not talk:  # a settled score: 1 only at the exit, 0.1 x distance elsewhere
+                record["scores"] = {"rule": 1.0 if reached else 1.2, "turns": -0.3}
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def test_the_exit_is_the_move_tools_reward_else_the_users_rule_score():
+    assert reached_exit({"tool_rewards": {"move": 1.0}, "scores": {"rule": 0.4}})
+    assert not reached_exit({"tool_rewards": {"move": 0.0}, "scores": {"rule": 1.2}})
+    assert reached_exit({"tool_rewards": {}, "scores": {"rule": 1.0}})
+    assert not reached_exit({"tool_rewards": None, "scores": {"rule": 0.0}})
+    with pytest.raises(ValueError) as info:
+        reached_exit({"index": 7, "tool_rewards": {}, "scores": {}})
+    assert str(info.value) == (
+        "row index 7: neither a move-tool reward nor a rule score; compare the dumps of a maze "
+        "run (trainer.validation_data_dir)"
+    )
+
+
+def test_the_sign_test_is_the_binomial_tail_doubled():
+    assert sign_test(3, 0) == pytest.approx(0.25)
+    assert sign_test(0, 0) == 1.0
+    assert sign_test(5, 5) == 1.0
+    assert sign_test(31, 1) == pytest.approx(2 * (1 + 32) / 2**32)
+    assert sign_test(2, 9) == pytest.approx(2 * sum(math.comb(11, i) for i in range(3)) / 2**11)
+
+
+def test_two_runs_pair_by_maze(tmp_path, capsys):
+    a = [True, True, False, True, False, True]
+    b = [True, False, False, False, True, False]
+    pa, pb = dump(tmp_path / "a.jsonl", a), dump(tmp_path / "b.jsonl", b, talk=True)
+    r = compare(load_walks(pa), load_walks(pb))
+    assert (r.n, r.a_only, r.b_only) == (6, 3, 1)
+    assert r.a_rate == pytest.approx(4 / 6) and r.b_rate == pytest.approx(2 / 6)
+    assert r.diff_points == pytest.approx(100 * 2 / 6)
+    assert r.paired_se_points == pytest.approx(100 * 2 / 6)
+    assert r.p_value == pytest.approx(2 * 5 / 16)
+    main([str(pa), str(pb)])
+    assert capsys.readouterr().out == (
+        "6 mazes: A 66.7%, B 33.3%, A - B +33.3 points (paired SE 33.3); "
+        "A alone 3, B alone 1; sign test p = 0.62\n"
+    )
+
+
+def test_dumps_of_different_mazes_are_refused(tmp_path):
+    pa = dump(tmp_path / "a.jsonl", [True, False, True])
+    pb = dump(tmp_path / "b.jsonl", [True, False])
+    with pytest.raises(ValueError) as info:
+        compare(load_walks(pa), load_walks(pb))
+    assert str(info.value) == (
+        "the dumps hold different mazes (e.g. index [2]); compare validations of the same "
+        "data.val_files"
+    )
