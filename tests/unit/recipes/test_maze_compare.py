@@ -14,10 +14,12 @@ from recipes.maze.compare import compare, load_walks, main, reached_exit, sign_t
 def dump(path, exits: list[bool], talk: bool = False):
     with path.open("w") as f:
         for i, reached in enumerate(exits):
-            record = {"index": i, "step": 8, "scores": {"rule": float(reached)}}
-            record["tool_rewards"] = {} if talk else {"move": float(reached)}
-            if not talk:  # a settled score: 1 only at the exit, 0.1 x distance elsewhere
-                record["scores"] = {"rule": 1.0 if reached else 1.2, "turns": -0.3}
+            if talk:  # the simulated user's rows: no tool reward, the rule score is the exit
+                tool_rewards, scores = {}, {"rule": float(reached)}
+            else:  # a settled score: 1 only at the exit, 0.1 x distance elsewhere
+                tool_rewards = {"move": float(reached)}
+                scores = {"rule": 1.0 if reached else 1.2, "turns": -0.3}
+            record = {"index": i, "step": 8, "tool_rewards": tool_rewards, "scores": scores}
             f.write(json.dumps(record) + "\n")
     return path
 
