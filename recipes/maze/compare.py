@@ -6,7 +6,12 @@ score of 1 on the simulated-user rows (their reward is the exit alone). Where th
 differ, an exact two-sided sign test (McNemar's) says how often a difference this one-sided
 comes by chance; the paired standard error of the difference is sqrt(discordant) / n.
 
+Each dump's habits are printed first: its success rate, how many moves a walk made into a wall
+(replies that begin with ``WALL_REPLY``) and how many walks the length limit cut. One dump
+alone prints its habits only.
+
     python -m recipes.maze.compare A/8.jsonl B/8.jsonl
+    python -m recipes.maze.compare A/0.jsonl
 """
 
 from __future__ import annotations
@@ -18,7 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Paired", "compare", "load_walks", "reached_exit", "sign_test"]
+from recipes.maze.env import WALL_REPLY
+
+__all__ = [
+    "Habits",
+    "Paired",
+    "compare",
+    "habits",
+    "load_dump",
+    "load_walks",
+    "reached_exit",
+    "sign_test",
+]
 
 
 def reached_exit(record: dict[str, Any]) -> bool:
@@ -35,14 +51,51 @@ def reached_exit(record: dict[str, Any]) -> bool:
     return float(rule) >= 1.0
 
 
-def load_walks(path: str | Path) -> dict[int, bool]:
-    """Row index -> reached the exit, for one validation dump."""
-    walks: dict[int, bool] = {}
+def load_dump(path: str | Path) -> dict[int, dict[str, Any]]:
+    """Row index -> its dumped walk, for one validation dump."""
+    records: dict[int, dict[str, Any]] = {}
     for line in Path(path).read_text().splitlines():
         if line.strip():
             record = json.loads(line)
-            walks[int(record["index"])] = reached_exit(record)
-    return walks
+            records[int(record["index"])] = record
+    return records
+
+
+def load_walks(path: str | Path) -> dict[int, bool]:
+    """Row index -> reached the exit, for one validation dump."""
+    return _exits(load_dump(path))
+
+
+@dataclass(frozen=True, slots=True)
+class Habits:
+    """How one run's walks went."""
+
+    walks: int
+    exit_rate: float
+    wall_moves: float
+    """Moves into a wall per walk (the walk stays in its cell)."""
+    cut: int
+    """Walks the length limit ended (``stop_reason`` length)."""
+
+    def line(self, name: str) -> str:
+        return (
+            f"{name}: {self.walks} walks, {100 * self.exit_rate:.1f}% at the exit, "
+            f"{self.wall_moves:.2f} moves into a wall a walk, {self.cut} cut at the length limit"
+        )
+
+
+def habits(records: dict[int, dict[str, Any]]) -> Habits:
+    """One dump's success rate, wall moves per walk and walks cut at the length limit."""
+    n = len(records)
+    if n == 0:
+        raise ValueError("the dump holds no walks")
+    walls = sum(str(r.get("response_text", "")).count(WALL_REPLY) for r in records.values())
+    return Habits(
+        walks=n,
+        exit_rate=sum(reached_exit(r) for r in records.values()) / n,
+        wall_moves=walls / n,
+        cut=sum(1 for r in records.values() if r.get("stop_reason") == "length"),
+    )
 
 
 def sign_test(a_only: int, b_only: int) -> float:
@@ -99,14 +152,24 @@ def compare(a: dict[int, bool], b: dict[int, bool]) -> Paired:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("a", help="run A's validation dump (<dir>/<step>.jsonl)")
-    parser.add_argument("b", help="run B's validation dump, of the same mazes")
+    parser.add_argument("b", nargs="?", help="run B's validation dump, of the same mazes")
     args = parser.parse_args(argv)
-    r = compare(load_walks(args.a), load_walks(args.b))
+    a = load_dump(args.a)
+    print(habits(a).line("A"))
+    if args.b is None:
+        return
+    b = load_dump(args.b)
+    print(habits(b).line("B"))
+    r = compare(_exits(a), _exits(b))
     print(
         f"{r.n} mazes: A {100 * r.a_rate:.1f}%, B {100 * r.b_rate:.1f}%, "
         f"A - B {r.diff_points:+.1f} points (paired SE {r.paired_se_points:.1f}); "
         f"A alone {r.a_only}, B alone {r.b_only}; sign test p = {r.p_value:.2g}"
     )
+
+
+def _exits(records: dict[int, dict[str, Any]]) -> dict[int, bool]:
+    return {i: reached_exit(r) for i, r in records.items()}
 
 
 if __name__ == "__main__":

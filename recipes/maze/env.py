@@ -8,7 +8,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["MOVES", "Maze", "make_maze", "observe"]
+__all__ = ["MOVES", "WALL_REPLY", "Maze", "make_maze", "observe", "wall_reply"]
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
@@ -103,3 +103,12 @@ def observe(maze: Maze, cell: Cell) -> str:
     if dc:
         where.append(f"{abs(dc)} {'right' if dc > 0 else 'left'}")
     return f"You are at row {cell[0]}, column {cell[1]}. {around}. The exit is {', '.join(where)}."
+
+
+WALL_REPLY = "A wall blocks the way"
+"""How a reply to a move into a wall begins (the tool's and the simulated user's)."""
+
+
+def wall_reply(maze: Maze, cell: Cell, move: str) -> str:
+    """The reply to ``move`` from ``cell`` into a wall: the walk stays and sees its cell again."""
+    return f"{WALL_REPLY} {move}. {observe(maze, cell)}"

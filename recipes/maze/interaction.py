@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from agentloop.interactions import Interaction
-from recipes.maze.env import MOVES, Maze, observe
+from recipes.maze.env import MOVES, Maze, observe, wall_reply
 
 __all__ = ["MazeUser", "direction_of"]
 
@@ -48,7 +48,7 @@ class MazeUser(Interaction):
         state["left"] -= 1
         nxt = maze.step(cell, move)
         if nxt is None:
-            score, text = -self.invalid, f"A wall blocks the way {move}. {observe(maze, cell)}"
+            score, text = -self.invalid, wall_reply(maze, cell, move)
         else:
             score = self.progress * (state["dist"][cell] - state["dist"][nxt])
             state["cell"] = nxt

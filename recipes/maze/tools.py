@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop.tools import BaseTool, ToolError, ToolResult
-from recipes.maze.env import MOVES, Maze, observe
+from recipes.maze.env import MOVES, Maze, observe, wall_reply
 
 __all__ = ["MOVE_SCHEMA", "MoveTool"]
 
@@ -73,7 +73,7 @@ class MoveTool(BaseTool):
         walk.moves_left -= 1
         nxt = walk.maze.step(walk.cell, direction)
         if nxt is None:
-            text = f"A wall blocks the way {direction}. {observe(walk.maze, walk.cell)}"
+            text = wall_reply(walk.maze, walk.cell, direction)
             reward = -self.invalid
         else:
             before, walk.cell = walk.distance[walk.cell], nxt

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from recipes.maze.compare import reached_exit
+from recipes.maze.compare import Habits, habits, reached_exit
 from recipes.maze.data import (
     MAX_MOVES,
     make_mazes,
@@ -141,7 +141,8 @@ async def test_a_tool_agent_rollout_names_each_turns_cell_for_gigpo(tmp_path, to
         body = {"name": "move", "arguments": {"direction": move}}
         return f"<tool_call>\n{json.dumps(body)}\n</tool_call>"
 
-    turns = [call(m) for m in path] + ["Done."]
+    # one move into the wall above the start (row 1 is the top row), then the shortest path
+    turns = [call("up")] + [call(m) for m in path] + ["Done."]
     config = RolloutConfig(
         prompt_length=1024,
         response_length=2048,
@@ -156,7 +157,11 @@ async def test_a_tool_agent_rollout_names_each_turns_cell_for_gigpo(tmp_path, to
     assert [c.state_key for c in record.calls][-1] == "exit"
     assert record.tool_rewards == {"move": 1.0}
     assert compute_score("maze", "", "exit", {"tool_rewards": record.tool_rewards}) == 1.0
-    assert reached_exit({"tool_rewards": record.tool_rewards})  # as a validation dump holds it
+    # as a validation dump holds it: the exit, and the one move into a wall in the replies
+    dumped = {"tool_rewards": record.tool_rewards, "stop_reason": record.stop_reason}
+    dumped["response_text"] = tokenizer.decode(out.response_ids)
+    assert reached_exit(dumped)
+    assert habits({0: dumped}) == Habits(walks=1, exit_rate=1.0, wall_moves=1.0, cut=0)
     # what the trainer makes of it: one anchor key per model turn, named by the tool's cells
     p, r = len(out.prompt_ids), len(out.response_ids)
     ids = torch.tensor([out.prompt_ids + out.response_ids])
@@ -168,7 +173,8 @@ async def test_a_tool_agent_rollout_names_each_turns_cell_for_gigpo(tmp_path, to
     assert batch.prompt_length == p and batch.response_length == r
     steps = gigpo_steps(batch, type("R", (), {"records": [record]})(), None)
     keys = steps.keys[0]
-    assert len(keys) == len(path) + 1 and not keys[0].startswith("state:")
+    assert len(keys) == len(path) + 2 and not keys[0].startswith("state:")
+    assert keys[1] == "state:(1, 1)"  # the bump left the walk where it started
     assert keys[1:] == [f"state:{c.state_key}" for c in record.calls]
     assert set(MOVES) >= {c.arguments["direction"] for c in record.calls}
 

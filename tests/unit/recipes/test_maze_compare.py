@@ -8,10 +8,22 @@ import math
 
 import pytest
 
-from recipes.maze.compare import compare, load_walks, main, reached_exit, sign_test
+from recipes.maze.compare import (
+    Habits,
+    compare,
+    habits,
+    load_dump,
+    load_walks,
+    main,
+    reached_exit,
+    sign_test,
+)
 
 
-def dump(path, exits: list[bool], talk: bool = False):
+def dump(path, exits: list[bool], talk: bool = False, walls: list[int] | None = None):
+    """A dump of walks; ``walls[i]``: walk i's moves into a wall (a walk that bumped is cut at
+    the length limit, one that did not stopped)."""
+    walls = walls or [0] * len(exits)
     with path.open("w") as f:
         for i, reached in enumerate(exits):
             if talk:  # the simulated user's rows: no tool reward, the rule score is the exit
@@ -20,6 +32,9 @@ def dump(path, exits: list[bool], talk: bool = False):
                 tool_rewards = {"move": float(reached)}
                 scores = {"rule": 1.0 if reached else 1.2, "turns": -0.3}
             record = {"index": i, "step": 8, "tool_rewards": tool_rewards, "scores": scores}
+            bump = "<tool_response>\nA wall blocks the way up. You are at row 1, column 1.\n"
+            record["response_text"] = "<tool_call>...</tool_call>" + bump * walls[i]
+            record["stop_reason"] = "length" if walls[i] else "stop"
             f.write(json.dumps(record) + "\n")
     return path
 
@@ -57,9 +72,23 @@ def test_two_runs_pair_by_maze(tmp_path, capsys):
     assert r.p_value == pytest.approx(2 * 5 / 16)
     main([str(pa), str(pb)])
     assert capsys.readouterr().out == (
+        "A: 6 walks, 66.7% at the exit, 0.00 moves into a wall a walk, 0 cut at the length limit\n"
+        "B: 6 walks, 33.3% at the exit, 0.00 moves into a wall a walk, 0 cut at the length limit\n"
         "6 mazes: A 66.7%, B 33.3%, A - B +33.3 points (paired SE 33.3); "
         "A alone 3, B alone 1; sign test p = 0.62\n"
     )
+
+
+def test_a_dumps_habits_count_wall_moves_and_cut_walks(tmp_path, capsys):
+    path = dump(tmp_path / "a.jsonl", [True, False, False, True], walls=[0, 3, 5, 1])
+    assert habits(load_dump(path)) == Habits(walks=4, exit_rate=0.5, wall_moves=2.25, cut=3)
+    main([str(path)])  # one dump alone: its habits only
+    assert capsys.readouterr().out == (
+        "A: 4 walks, 50.0% at the exit, 2.25 moves into a wall a walk, 3 cut at the length limit\n"
+    )
+    with pytest.raises(ValueError) as info:
+        habits({})
+    assert str(info.value) == "the dump holds no walks"
 
 
 def test_dumps_of_different_mazes_are_refused(tmp_path):
