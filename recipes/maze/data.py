@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from recipes.maze.env import Maze, make_maze, observe
+from recipes.maze.env import MAX_MOVES, Maze, make_maze, observe
 from recipes.maze.tools import MOVE_SCHEMA
 
 __all__ = ["SYSTEM", "SYSTEM_TALK", "main", "make_mazes", "make_rows", "make_sft_rows", "maze_key"]
@@ -27,7 +27,6 @@ SYSTEM_TALK = (
     "You are in a maze and can only see the cells next to you. Answer each message with one "
     "direction to move: up, down, left or right."
 )
-MAX_MOVES = 12
 
 
 def _maze_rows(maze: Maze, i: int, split: str, talk: bool) -> dict[str, Any]:

@@ -8,9 +8,12 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["MOVES", "WALL_REPLY", "Maze", "make_maze", "observe", "wall_reply"]
+__all__ = ["MAX_MOVES", "MOVES", "WALL_REPLY", "Maze", "make_maze", "observe", "wall_reply"]
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+
+MAX_MOVES = 12
+"""Moves a walk gets unless its row says otherwise (``max_moves``)."""
 
 Cell = tuple[int, int]
 

@@ -10,6 +10,12 @@ walk's progress then sums to ``settle`` x the start's distance, so stopping earl
 than moving on, and only reaching the exit (and walls) set one walk of a maze above another. The
 reward is then ``{"score": exit + settle term, "acc": exit}``, so validation's core metric stays
 the exit rate. Tool rows only: the simulated user's rows name no cells.
+
+``give_up`` (``reward_kwargs.give_up``, the tool's ``invalid``): a walk that ends short of the
+exit with moves left is charged ``give_up`` x those moves, as if each had hit a wall. Without
+it a wall costs and an answer does not, so a walk that expects to bump more than it expects to
+win scores best by answering at once; with it no answer pays more than moving on. Tool rows
+only (the moves are the tool's).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from recipes.maze.env import Maze
+from recipes.maze.env import MAX_MOVES, Maze
 
 __all__ = ["compute_score"]
 
@@ -27,9 +33,19 @@ def _last_cell(extra_info: dict[str, Any], maze: Maze) -> tuple[int, int]:
     start."""
     for call in reversed(extra_info.get("calls") or []):
         key = call.get("state_key")
-        if call.get("name") == "move" and key and key.startswith("("):
+        if call.get("name") == "move" and _is_cell(key):
             return tuple(ast.literal_eval(key))  # type: ignore[return-value]
     return maze.start
+
+
+def _moves_made(extra_info: dict[str, Any]) -> int:
+    """Move calls that used a move (each names the cell it left the walk in)."""
+    calls = extra_info.get("calls") or []
+    return sum(1 for c in calls if c.get("name") == "move" and _is_cell(c.get("state_key")))
+
+
+def _is_cell(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith("(")
 
 
 def compute_score(
@@ -38,19 +54,25 @@ def compute_score(
     ground_truth: str,
     extra_info: dict[str, Any],
     settle: float = 0.0,
+    give_up: float = 0.0,
 ) -> float | dict[str, float]:
     reached = extra_info.get("tool_rewards", {}).get("move")
     if reached is None:
         reached = (extra_info.get("interaction") or {}).get("final_score")
     exit_ = 1.0 if reached and float(reached) >= 1.0 else 0.0
-    if not settle:
+    if not settle and not give_up:
         return exit_
     spec = ((extra_info.get("tools_kwargs") or {}).get("move") or {}).get("create_kwargs")
     if not spec:
+        key = "settle" if settle else "give_up"
         raise ValueError(
-            "custom_reward_function.reward_kwargs.settle needs the move-tool rows "
-            "(extra_info.tools_kwargs.move); the simulated-user rows name no cells: drop settle"
+            f"custom_reward_function.reward_kwargs.{key} needs the move-tool rows "
+            f"(extra_info.tools_kwargs.move); the simulated-user rows name no cells: drop {key}"
         )
     maze = Maze.from_json(spec["maze"])
-    term = 0.0 if exit_ else settle * maze.distances()[_last_cell(extra_info, maze)]
+    term = 0.0
+    if not exit_:
+        term += settle * maze.distances()[_last_cell(extra_info, maze)]
+        left = int(spec.get("max_moves", MAX_MOVES)) - _moves_made(extra_info)
+        term -= give_up * max(left, 0)
     return {"score": exit_ + term, "acc": exit_}

@@ -6,10 +6,13 @@
 # (GiGPO: step groups of turns taken from the same cell, named by the tool). TALK=1 runs the
 # maze as a simulated user instead of a tool (the default anchor keys: hashes of its replies).
 # SETTLE=0.1 settles the progress at the end (recipes/maze/reward.py: a walk that stops short of
-# the exit gets 0.1 x its distance, so stopping early pays no more than moving on).
+# the exit gets 0.1 x its distance). GIVE_UP=0.1 charges a walk that answers short of the exit
+# 0.1 for each move it had left, as if each had hit a wall: with walls costing 0.1 and answers
+# nothing, a walk learns to answer early instead (docs/credit.md).
 # Runs in the repository root from any directory. Environment:
 #   MODEL (smollm2-135m-instruct)  DATA (data/maze)  RUN (checkpoints/maze)
 #   CREDIT (gigpo)  TALK (0)  SFT_STEPS (16; 0 skips the warm start)  SFT_LR (1e-4)  SETTLE (0)
+#   GIVE_UP (0)
 # Extra key=value arguments go to agentloop-train, e.g. trainer.total_training_steps=2.
 # Micro-batches hold at most 3072 tokens (two long trajectories), and the actor recomputes its
 # activations (gradient checkpointing): without it a rank peaked above 7.5 GB with 8 samples a
@@ -25,6 +28,7 @@ TALK=${TALK:-0}
 SFT_STEPS=${SFT_STEPS:-16}
 SFT_LR=${SFT_LR:-1e-4}
 SETTLE=${SETTLE:-0}
+GIVE_UP=${GIVE_UP:-0}
 PY=${PY:-.venv/bin/python}
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 
@@ -64,6 +68,7 @@ else
     reward_model.process_reward_coef=1.0
   )
   [ "$SETTLE" = 0 ] || ENV_KEYS+=(+custom_reward_function.reward_kwargs.settle="$SETTLE")
+  [ "$GIVE_UP" = 0 ] || ENV_KEYS+=(+custom_reward_function.reward_kwargs.give_up="$GIVE_UP")
 fi
 $PY -m trainer.cli.train \
   "${CPU_OVERRIDES[@]}" \

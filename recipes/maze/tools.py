@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop.tools import BaseTool, ToolError, ToolResult
-from recipes.maze.env import MOVES, Maze, observe, wall_reply
+from recipes.maze.env import MAX_MOVES, MOVES, Maze, observe, wall_reply
 
 __all__ = ["MOVE_SCHEMA", "MoveTool"]
 
@@ -57,7 +57,7 @@ class MoveTool(BaseTool):
         if "maze" not in create_kwargs:
             raise ToolError("move needs tools_kwargs.move.create_kwargs.maze in the row")
         maze = Maze.from_json(create_kwargs["maze"])
-        moves = int(create_kwargs.get("max_moves", 12))
+        moves = int(create_kwargs.get("max_moves", MAX_MOVES))
         self._walks[instance_id] = _Walk(maze, maze.start, moves, maze.distances())
         return instance_id
 

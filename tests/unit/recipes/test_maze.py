@@ -13,14 +13,13 @@ import torch
 
 from recipes.maze.compare import Habits, habits, reached_exit
 from recipes.maze.data import (
-    MAX_MOVES,
     make_mazes,
     make_rows,
     make_sft_rows,
     maze_key,
     write_task,
 )
-from recipes.maze.env import MOVES, Maze, make_maze, observe
+from recipes.maze.env import MAX_MOVES, MOVES, WALL_REPLY, Maze, make_maze, observe
 from recipes.maze.interaction import MazeUser, direction_of
 from recipes.maze.reward import compute_score
 from recipes.maze.tools import MoveTool
@@ -217,10 +216,55 @@ async def test_settled_progress_sums_to_the_starts_distance_whatever_the_walk():
     assert compute_score("maze", "", "exit", info, settle=0.1) == {"score": 1.0, "acc": 1.0}
 
 
+async def test_give_up_charges_the_moves_left_so_no_answer_beats_moving_on():
+    """``give_up``: random walks through the real tool (walls at 0.1) that stop short of the exit:
+    progress + score make settle x the start's distance less 0.1 for every wall hit and every
+    move left, the least any continuation of the walk can score (all its moves into walls), so
+    answering early never pays more than moving on. Walks that reach the exit or use every move
+    are not charged."""
+    rng = random.Random(5)
+    tool = MoveTool({"progress": 0.1, "invalid": 0.1})
+    charged = 0
+    for maze in make_mazes(12, 6):
+        start = maze.distances()[maze.start]
+        for _ in range(6):
+            spec = {"maze": maze.to_json(), "max_moves": MAX_MOVES}
+            iid = await tool.create(**spec)
+            calls, progress, walls = [], 0.0, 0
+            for _ in range(rng.randrange(0, MAX_MOVES + 2)):
+                out = await tool.execute(iid, {"direction": rng.choice(list(MOVES))})
+                progress += out.reward or 0.0
+                walls += out.text.startswith(WALL_REPLY)
+                calls.append({"name": "move", "state_key": out.state_key})
+            reached = await tool.calc_reward(iid)
+            info = {
+                "tool_rewards": {"move": reached},
+                "calls": calls,
+                "tools_kwargs": {"move": {"create_kwargs": spec}},
+            }
+            got = compute_score("maze", "", "exit", info, settle=0.1, give_up=0.1)
+            used = sum(1 for c in calls if c["state_key"].startswith("("))
+            left = MAX_MOVES - used if not reached else 0
+            charged += left > 0
+            want = 1.0 + 0.1 * start - 0.1 * walls if reached else 0.1 * (start - walls - left)
+            assert progress + got["score"] == pytest.approx(want)
+            assert got["acc"] == reached
+    assert charged > 20  # most walks stopped with moves left
+    info = {"tool_rewards": {"move": 0.0}, "calls": [], "tools_kwargs": {"move": {}}}
+    info["tools_kwargs"]["move"]["create_kwargs"] = {"maze": maze.to_json(), "max_moves": 5}
+    assert compute_score("maze", "", "exit", info, give_up=0.2) == {"score": -1.0, "acc": 0.0}
+
+
 def test_settle_on_the_simulated_user_rows_is_refused_naming_the_key():
     with pytest.raises(ValueError) as info:
         compute_score("maze", "", "exit", {"interaction": {"final_score": 0.0}}, settle=0.1)
     assert str(info.value) == (
         "custom_reward_function.reward_kwargs.settle needs the move-tool rows "
         "(extra_info.tools_kwargs.move); the simulated-user rows name no cells: drop settle"
+    )
+    with pytest.raises(ValueError) as info:
+        compute_score("maze", "", "exit", {"interaction": {"final_score": 0.0}}, give_up=0.1)
+    assert str(info.value) == (
+        "custom_reward_function.reward_kwargs.give_up needs the move-tool rows "
+        "(extra_info.tools_kwargs.move); the simulated-user rows name no cells: drop give_up"
     )
