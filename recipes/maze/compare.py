@@ -7,8 +7,8 @@ differ, an exact two-sided sign test (McNemar's) says how often a difference thi
 comes by chance; the paired standard error of the difference is sqrt(discordant) / n.
 
 Each dump's habits are printed first: its success rate, how many moves a walk made into a wall
-(replies that begin with ``WALL_REPLY``) and how many walks the length limit cut. One dump
-alone prints its habits only.
+(replies that begin with ``WALL_REPLY``), how many walks the length limit cut and how many
+answered short of the exit. One dump alone prints its habits only.
 
     python -m recipes.maze.compare A/8.jsonl B/8.jsonl
     python -m recipes.maze.compare A/0.jsonl
@@ -76,11 +76,14 @@ class Habits:
     """Moves into a wall per walk (the walk stays in its cell)."""
     cut: int
     """Walks the length limit ended (``stop_reason`` length)."""
+    gave_up: int
+    """Walks that answered short of the exit (ended without a tool call, not at the exit)."""
 
     def line(self, name: str) -> str:
         return (
             f"{name}: {self.walks} walks, {100 * self.exit_rate:.1f}% at the exit, "
-            f"{self.wall_moves:.2f} moves into a wall a walk, {self.cut} cut at the length limit"
+            f"{self.wall_moves:.2f} moves into a wall a walk, {self.cut} cut at the length "
+            f"limit, {self.gave_up} answered short of the exit"
         )
 
 
@@ -90,11 +93,15 @@ def habits(records: dict[int, dict[str, Any]]) -> Habits:
     if n == 0:
         raise ValueError("the dump holds no walks")
     walls = sum(str(r.get("response_text", "")).count(WALL_REPLY) for r in records.values())
+    exits = {i: reached_exit(r) for i, r in records.items()}
     return Habits(
         walks=n,
-        exit_rate=sum(reached_exit(r) for r in records.values()) / n,
+        exit_rate=sum(exits.values()) / n,
         wall_moves=walls / n,
         cut=sum(1 for r in records.values() if r.get("stop_reason") == "length"),
+        gave_up=sum(
+            1 for i, r in records.items() if r.get("stop_reason") == "no_tool_call" and not exits[i]
+        ),
     )
 
 

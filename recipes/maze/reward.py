@@ -6,16 +6,18 @@ user's turn scores.
 ``settle`` (``custom_reward_function.reward_kwargs.settle``, the tool's ``progress``): a walk
 that ends short of the exit also gets ``settle`` x its last cell's distance to the exit. With the
 per-move progress (``progress`` x the distance it gained) that is potential-based shaping: every
-walk's progress then sums to ``settle`` x the start's distance, so stopping early pays no more
-than moving on, and only reaching the exit (and walls) set one walk of a maze above another. The
-reward is then ``{"score": exit + settle term, "acc": exit}``, so validation's core metric stays
-the exit rate. Tool rows only: the simulated user's rows name no cells.
+walk's progress then sums to ``settle`` x the start's distance, and only reaching the exit and
+the walls set one walk of a maze above another (walls cost, so an early answer can pay more than
+moving on: ``give_up``). The reward is then ``{"score": exit + settle term, "acc": exit}``, so
+validation's core metric stays the exit rate. Tool rows only: the simulated user's rows name no
+cells.
 
 ``give_up`` (``reward_kwargs.give_up``, the tool's ``invalid``): a walk that ends short of the
 exit with moves left is charged ``give_up`` x those moves, as if each had hit a wall. Without
 it a wall costs and an answer does not, so a walk that expects to bump more than it expects to
-win scores best by answering at once; with it no answer pays more than moving on. Tool rows
-only (the moves are the tool's).
+win scores best by answering at once; with it no answer pays more than moving on (a walk's
+progress and score then make ``settle`` x the start's distance less ``give_up`` x its walls and
+moves left). Tool rows only (the moves are the tool's).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from recipes.maze.compare import (
 
 def dump(path, exits: list[bool], talk: bool = False, walls: list[int] | None = None):
     """A dump of walks; ``walls[i]``: walk i's moves into a wall (a walk that bumped is cut at
-    the length limit, one that did not stopped)."""
+    the length limit, one that did not ended by answering)."""
     walls = walls or [0] * len(exits)
     with path.open("w") as f:
         for i, reached in enumerate(exits):
@@ -34,7 +34,7 @@ def dump(path, exits: list[bool], talk: bool = False, walls: list[int] | None = 
             record = {"index": i, "step": 8, "tool_rewards": tool_rewards, "scores": scores}
             bump = "<tool_response>\nA wall blocks the way up. You are at row 1, column 1.\n"
             record["response_text"] = "<tool_call>...</tool_call>" + bump * walls[i]
-            record["stop_reason"] = "length" if walls[i] else "stop"
+            record["stop_reason"] = "length" if walls[i] else "no_tool_call"
             f.write(json.dumps(record) + "\n")
     return path
 
@@ -72,19 +72,24 @@ def test_two_runs_pair_by_maze(tmp_path, capsys):
     assert r.p_value == pytest.approx(2 * 5 / 16)
     main([str(pa), str(pb)])
     assert capsys.readouterr().out == (
-        "A: 6 walks, 66.7% at the exit, 0.00 moves into a wall a walk, 0 cut at the length limit\n"
-        "B: 6 walks, 33.3% at the exit, 0.00 moves into a wall a walk, 0 cut at the length limit\n"
+        "A: 6 walks, 66.7% at the exit, 0.00 moves into a wall a walk, 0 cut at the length limit, "
+        "2 answered short of the exit\n"
+        "B: 6 walks, 33.3% at the exit, 0.00 moves into a wall a walk, 0 cut at the length limit, "
+        "4 answered short of the exit\n"
         "6 mazes: A 66.7%, B 33.3%, A - B +33.3 points (paired SE 33.3); "
         "A alone 3, B alone 1; sign test p = 0.62\n"
     )
 
 
 def test_a_dumps_habits_count_wall_moves_and_cut_walks(tmp_path, capsys):
-    path = dump(tmp_path / "a.jsonl", [True, False, False, True], walls=[0, 3, 5, 1])
-    assert habits(load_dump(path)) == Habits(walks=4, exit_rate=0.5, wall_moves=2.25, cut=3)
+    exits = [True, False, False, True, False]
+    path = dump(tmp_path / "a.jsonl", exits, walls=[0, 3, 5, 1, 0])
+    got = habits(load_dump(path))
+    assert got == Habits(walks=5, exit_rate=0.4, wall_moves=1.8, cut=3, gave_up=1)
     main([str(path)])  # one dump alone: its habits only
     assert capsys.readouterr().out == (
-        "A: 4 walks, 50.0% at the exit, 2.25 moves into a wall a walk, 3 cut at the length limit\n"
+        "A: 5 walks, 40.0% at the exit, 1.80 moves into a wall a walk, 3 cut at the length limit, "
+        "1 answered short of the exit\n"
     )
     with pytest.raises(ValueError) as info:
         habits({})
