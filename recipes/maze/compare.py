@@ -8,10 +8,12 @@ comes by chance; the paired standard error of the difference is sqrt(discordant)
 
 Each dump's habits are printed first: its success rate, how many moves a walk made into a wall
 (replies that begin with ``WALL_REPLY``), how many walks the length limit cut and how many
-answered short of the exit. One dump alone prints its habits only.
+answered short of the exit. One dump alone prints its habits only; it may be a training dump
+(``trainer.rollout_data_dir``, several walks a maze), which cannot be paired.
 
     python -m recipes.maze.compare A/8.jsonl B/8.jsonl
     python -m recipes.maze.compare A/0.jsonl
+    python -m recipes.maze.compare rollouts/5.jsonl
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from recipes.maze.env import WALL_REPLY
 __all__ = [
     "Habits",
     "Paired",
+    "by_maze",
     "compare",
     "habits",
     "load_dump",
     "load_walks",
     "reached_exit",
+    "read_walks",
     "sign_test",
 ]
 
@@ -51,14 +55,30 @@ def reached_exit(record: dict[str, Any]) -> bool:
     return float(rule) >= 1.0
 
 
-def load_dump(path: str | Path) -> dict[int, dict[str, Any]]:
-    """Row index -> its dumped walk, for one validation dump."""
+def read_walks(path: str | Path) -> list[dict[str, Any]]:
+    """Every walk of a dump: a validation dump, or a training one (``trainer.rollout_data_dir``,
+    a group of walks a maze)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def by_maze(walks: list[dict[str, Any]], path: str | Path = "the dump") -> dict[int, dict]:
+    """Row index -> its one walk; a maze walked twice is refused (nothing to pair it with)."""
     records: dict[int, dict[str, Any]] = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            records[int(record["index"])] = record
+    for record in walks:
+        index = int(record["index"])
+        if index in records:
+            raise ValueError(
+                f"{path}: row index {index} was walked more than once (a training dump, or "
+                "rollout.val_kwargs.n > 1), so there is no one walk a maze to pair; pass it "
+                "alone for its habits"
+            )
+        records[index] = record
     return records
+
+
+def load_dump(path: str | Path) -> dict[int, dict[str, Any]]:
+    """Row index -> its dumped walk, for one validation dump of one walk a maze."""
+    return by_maze(read_walks(path), path)
 
 
 def load_walks(path: str | Path) -> dict[int, bool]:
@@ -87,20 +107,23 @@ class Habits:
         )
 
 
-def habits(records: dict[int, dict[str, Any]]) -> Habits:
-    """One dump's success rate, wall moves per walk and walks cut at the length limit."""
-    n = len(records)
+def habits(walks: list[dict[str, Any]]) -> Habits:
+    """Some walks' success rate, wall moves per walk, walks cut at the length limit and walks
+    that answered short of the exit."""
+    n = len(walks)
     if n == 0:
         raise ValueError("the dump holds no walks")
-    walls = sum(str(r.get("response_text", "")).count(WALL_REPLY) for r in records.values())
-    exits = {i: reached_exit(r) for i, r in records.items()}
+    exits = [reached_exit(r) for r in walks]
+    stops = [r.get("stop_reason") for r in walks]
     return Habits(
         walks=n,
-        exit_rate=sum(exits.values()) / n,
-        wall_moves=walls / n,
-        cut=sum(1 for r in records.values() if r.get("stop_reason") == "length"),
+        exit_rate=sum(exits) / n,
+        wall_moves=sum(str(r.get("response_text", "")).count(WALL_REPLY) for r in walks) / n,
+        cut=stops.count("length"),
         gave_up=sum(
-            1 for i, r in records.items() if r.get("stop_reason") == "no_tool_call" and not exits[i]
+            1
+            for stop, done in zip(stops, exits, strict=True)
+            if stop == "no_tool_call" and not done
         ),
     )
 
@@ -161,13 +184,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("a", help="run A's validation dump (<dir>/<step>.jsonl)")
     parser.add_argument("b", nargs="?", help="run B's validation dump, of the same mazes")
     args = parser.parse_args(argv)
-    a = load_dump(args.a)
+    a = read_walks(args.a)
     print(habits(a).line("A"))
     if args.b is None:
         return
-    b = load_dump(args.b)
+    b = read_walks(args.b)
     print(habits(b).line("B"))
-    r = compare(_exits(a), _exits(b))
+    r = compare(_exits(by_maze(a, args.a)), _exits(by_maze(b, args.b)))
     print(
         f"{r.n} mazes: A {100 * r.a_rate:.1f}%, B {100 * r.b_rate:.1f}%, "
         f"A - B {r.diff_points:+.1f} points (paired SE {r.paired_se_points:.1f}); "

@@ -160,7 +160,7 @@ async def test_a_tool_agent_rollout_names_each_turns_cell_for_gigpo(tmp_path, to
     dumped = {"tool_rewards": record.tool_rewards, "stop_reason": record.stop_reason}
     dumped["response_text"] = tokenizer.decode(out.response_ids)
     assert reached_exit(dumped)
-    assert habits({0: dumped}) == Habits(walks=1, exit_rate=1.0, wall_moves=1.0, cut=0, gave_up=0)
+    assert habits([dumped]) == Habits(walks=1, exit_rate=1.0, wall_moves=1.0, cut=0, gave_up=0)
     # what the trainer makes of it: one anchor key per model turn, named by the tool's cells
     p, r = len(out.prompt_ids), len(out.response_ids)
     ids = torch.tensor([out.prompt_ids + out.response_ids])

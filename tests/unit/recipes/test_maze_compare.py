@@ -12,10 +12,10 @@ from recipes.maze.compare import (
     Habits,
     compare,
     habits,
-    load_dump,
     load_walks,
     main,
     reached_exit,
+    read_walks,
     sign_test,
 )
 
@@ -84,7 +84,7 @@ def test_two_runs_pair_by_maze(tmp_path, capsys):
 def test_a_dumps_habits_count_wall_moves_and_cut_walks(tmp_path, capsys):
     exits = [True, False, False, True, False]
     path = dump(tmp_path / "a.jsonl", exits, walls=[0, 3, 5, 1, 0])
-    got = habits(load_dump(path))
+    got = habits(read_walks(path))
     assert got == Habits(walks=5, exit_rate=0.4, wall_moves=1.8, cut=3, gave_up=1)
     main([str(path)])  # one dump alone: its habits only
     assert capsys.readouterr().out == (
@@ -92,8 +92,26 @@ def test_a_dumps_habits_count_wall_moves_and_cut_walks(tmp_path, capsys):
         "1 answered short of the exit\n"
     )
     with pytest.raises(ValueError) as info:
-        habits({})
+        habits([])
     assert str(info.value) == "the dump holds no walks"
+
+
+def test_a_training_dump_gives_its_habits_but_is_not_paired(tmp_path, capsys):
+    one = dump(tmp_path / "one.jsonl", [True, False], walls=[0, 2])
+    group = tmp_path / "5.jsonl"  # a training dump: each maze walked twice
+    group.write_text(one.read_text() * 2)
+    main([str(group)])
+    assert capsys.readouterr().out == (
+        "A: 4 walks, 50.0% at the exit, 1.00 moves into a wall a walk, 2 cut at the length limit, "
+        "0 answered short of the exit\n"
+    )
+    with pytest.raises(ValueError) as info:
+        main([str(group), str(one)])
+    assert str(info.value) == (
+        f"{group}: row index 0 was walked more than once (a training dump, or "
+        "rollout.val_kwargs.n > 1), so there is no one walk a maze to pair; pass it alone for "
+        "its habits"
+    )
 
 
 def test_dumps_of_different_mazes_are_refused(tmp_path):
