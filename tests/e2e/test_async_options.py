@@ -14,7 +14,8 @@ prompts / 2 per step = 8 steps, where it used to be 4).
 
 Validation every 4 steps runs while the stream generates: step 4 falls between pushes, so the
 step's weights are pushed first, and its greedy answers equal ``agentloop-rollout +split=val``
-(a sync validation) on the step-4 checkpoint's export."""
+(a sync validation) on the step-4 checkpoint's export, and ``agentloop-train trainer.val_only=True``
+resuming the step-4 checkpoint (which trains nothing and saves nothing)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,17 @@ def run(tmp_path_factory) -> tuple[Path, str]:
         "+split=val",
     ]
     _run(sync, d / "sync_val_answers.jsonl")
+    # verl's spelling: the run's own command with trainer.val_only=True, resuming step 4.
+    val_only = [
+        *(a for a in command if not a.startswith("trainer.default_local_dir=")),
+        f"trainer.default_local_dir={d / 'val_only'}",
+        "trainer.val_only=True",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={run_dir / f'global_step_{TEST_FREQ}'}",
+        f"trainer.validation_data_dir={d / 'val_only' / 'samples'}",
+    ]
+    printed = _run(val_only, d / "val_only_answers.jsonl")
+    assert "validated (trainer.val_only): val/reward/mean 0.0000" in printed, printed[-2000:]
     return run_dir, output
 
 
@@ -193,6 +205,14 @@ def test_validation_during_the_stream_equals_a_sync_validation_at_the_same_weigh
     (sync,) = _answers(run_dir.parent / "sync_val_answers.jsonl")
     assert sorted(sync) == [100 + i for i in range(VAL_ROWS)]
     assert at_4 == sync  # step 4's weights, greedy: the same answers, token for token
+    # trainer.val_only on the resumed step-4 checkpoint: the same answers, and nothing trained
+    (val_only,) = _answers(run_dir.parent / "val_only_answers.jsonl")
+    assert val_only == sync
+    samples = run_dir.parent / "val_only" / "samples"
+    assert [p.name for p in samples.iterdir()] == [f"{TEST_FREQ}.jsonl"]
+    logged = metrics(run_dir.parent / "val_only")
+    assert [m["step"] for m in logged] == [TEST_FREQ] and "val/reward/mean" in logged[0]
+    assert not list((run_dir.parent / "val_only").glob("global_step_*"))
     # the control: the base weights answer otherwise, so the equality is not vacuous (step 8's
     # answers were the control before; a collapsing tiny model can repeat step 4's)
     assert before != sync

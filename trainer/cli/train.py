@@ -65,6 +65,11 @@ def _train(started: tuple[Config, RunPlan]) -> int:
             f"checkpoint is {trainer.checkpoints.latest()}. Run the same command again "
             "(trainer.resume_mode=auto) to go on.\n"
         )
+    elif trainer.config.trainer.val_only:
+        sys.stdout.write(
+            f"validated (trainer.val_only): val/reward/mean {metrics['val/reward/mean']:.4f}; "
+            f"run folder {trainer.checkpoints.root}\n"
+        )
     elif metrics:
         sys.stdout.write(
             f"done: {trainer.total_steps} steps, last reward/mean {metrics['reward/mean']:.4f}; "

@@ -272,6 +272,10 @@ class TrainerConfig(RunConfig):
 
     val_before_train: bool = False
     """Validate once before the first step (needs data.val_files)."""
+    val_only: bool = False
+    """Validate once and end (verl's key): the model's weights, or the checkpoint
+    ``trainer.resume_mode`` resumes; no training step and no checkpoint (needs validation
+    rows: data.val_files). ``trainer.validation_data_dir`` keeps the samples."""
     max_actor_ckpt_to_keep: int | None = None
     """Checkpoints kept in default_local_dir (older ones are deleted); None: all."""
     max_critic_ckpt_to_keep: int | None = None

@@ -159,6 +159,11 @@ def plan_run(config: Config) -> RunPlan:
     train_rows = load_split(config, setup, "train")
     env = config.data.env_dataset
     has_val = config.data.val_files or (env.verifiers is not None and env.val_size != 0)
+    if config.trainer.val_only and not has_val:
+        raise ValueError(
+            "trainer.val_only=True validates and ends, but there are no validation rows: set "
+            "data.val_files"
+        )
     val_rows = load_split(config, setup, "val") if has_val else []
     data, run = config.data, config.trainer
     sampler = build_sampler(train_rows, data)

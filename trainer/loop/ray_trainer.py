@@ -190,6 +190,10 @@ class RayPPOTrainer:
         step = 0
         try:
             step = self._resume()
+            if self.config.trainer.val_only:
+                metrics = self._validate(step)
+                self.tracking.log(metrics, step=step)
+                return metrics
             if step == 0 and self.config.trainer.val_before_train and self.val_rows:
                 self.tracking.log(self._validate(0), step=0)
             bar = tqdm(total=self.total_steps, initial=step, desc="train", unit="step")

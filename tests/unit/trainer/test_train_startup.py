@@ -144,6 +144,11 @@ def run(capsys, tmp_path, data: Path, *overrides: str, run_dir: Path | None = No
             "point it at an existing .py file",
         ),
         (
+            ["trainer.val_only=True"],
+            "trainer.val_only=True validates and ends, but there are no validation rows: set "
+            "data.val_files",
+        ),
+        (
             ["actor_rollout_ref.rollout.weight_transfer=rdma"],
             "actor_rollout_ref.rollout.weight_transfer='rdma': use host, nccl or ipc",
         ),

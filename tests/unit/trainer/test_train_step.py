@@ -627,6 +627,27 @@ def test_each_step_and_validation_writes_its_scored_samples_where_verls_keys_say
     assert len(lines) == 3  # validation: one greedy sample for each of the 3 rows
 
 
+def test_val_only_validates_once_and_ends_without_a_step_or_a_checkpoint(make_run, tmp_path):
+    """``trainer.val_only`` (verl's key): one validation of the weights, its metrics logged
+    and returned, its samples kept; nothing trained, pushed or saved."""
+
+    def edit(config: Config) -> None:
+        config.trainer.val_only = True
+        config.trainer.validation_data_dir = str(tmp_path / "val")
+        config.trainer.save_freq = 1
+
+    run = make_run(edit=edit)
+    out = run.trainer.fit()
+    assert "val/reward/mean" in out and "training/step" not in out
+    assert run.events == ["rollout", "reward"]  # one greedy pass over the 3 rows, scored
+    assert [p.name for p in (tmp_path / "val").iterdir()] == ["0.jsonl"]
+    assert len((tmp_path / "val" / "0.jsonl").read_text().splitlines()) == 3
+    assert run.trainer.checkpoints.latest() is None
+    logged = (run.trainer.checkpoints.root / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in logged] == [0]
+    assert run.trainer.parts.closed
+
+
 def test_a_run_with_tools_whose_samples_never_call_one_is_warned_once(make_run, caplog):
     run = make_run()
     run.config.actor_rollout_ref.rollout.multi_turn.tool_config_path = "tools.yaml"
