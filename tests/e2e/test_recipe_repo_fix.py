@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from agentloop.gateway.harness import HarnessNotInstalled, HarnessSpec, resolve_binary
+from recipes.paired import by_row, read_dump
+from recipes.repo_fix.compare import habits
 from tests.e2e.run_script import make_data, run_script
 from tests.turn_ending_model import ending_anywhere_copy
 
@@ -82,6 +84,7 @@ def test_one_grpo_step_trains_tool_agent_claude_code_and_codex_samples_together(
         "actor_rollout_ref.actor.ppo_mini_batch_size=3",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "trainer.test_freq=-1",  # the script's validation before training only (suite time)
+        f"trainer.validation_data_dir={tmp_path / 'val'}",
         "actor_rollout_ref.rollout.gateway.role_from_model=true",
         MODEL=str(model),
         SFT_STEPS="0",
@@ -119,5 +122,11 @@ def test_one_grpo_step_trains_tool_agent_claude_code_and_codex_samples_together(
     }
     vals = [r for r in records if "val/repo_fix/reward/mean" in r]
     assert [r["step"] for r in vals] == [0]
+    # the validation dump, read as recipes.repo_fix.compare reads it: the held-out tasks once each
+    dumped = read_dump(tmp_path / "val" / "0.jsonl")
+    assert sorted(by_row(dumped)) == [0, 1]
+    seen = habits(dumped)
+    assert seen.samples == 2 and seen.pass_rate == vals[0]["val/repo_fix/reward/mean"]
+    assert seen.tool_calls == sum(len(r["calls"]) for r in dumped) / 2
     transcripts = sorted((run / "grpo" / "gateway").glob("*/transcript.txt"))
     assert len(transcripts) == 4

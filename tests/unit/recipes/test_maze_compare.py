@@ -1,5 +1,6 @@
-"""``recipes.maze.compare``: two validation dumps paired maze by maze, the exit read as the
-reward reads it, the exact sign test against its definition, and mismatched dumps refused."""
+"""``recipes.maze.compare`` over ``recipes.paired``: two validation dumps paired maze by maze,
+the exit read as the reward reads it, the exact sign test against its definition, and
+mismatched dumps refused."""
 
 from __future__ import annotations
 
@@ -8,16 +9,8 @@ import math
 
 import pytest
 
-from recipes.maze.compare import (
-    Habits,
-    compare,
-    habits,
-    load_walks,
-    main,
-    reached_exit,
-    read_walks,
-    sign_test,
-)
+from recipes.maze.compare import Habits, habits, load_walks, main, reached_exit
+from recipes.paired import compare, read_dump, sign_test
 
 
 def dump(path, exits: list[bool], talk: bool = False, walls: list[int] | None = None):
@@ -84,7 +77,7 @@ def test_two_runs_pair_by_maze(tmp_path, capsys):
 def test_a_dumps_habits_count_wall_moves_and_cut_walks(tmp_path, capsys):
     exits = [True, False, False, True, False]
     path = dump(tmp_path / "a.jsonl", exits, walls=[0, 3, 5, 1, 0])
-    got = habits(read_walks(path))
+    got = habits(read_dump(path))
     assert got == Habits(walks=5, exit_rate=0.4, wall_moves=1.8, cut=3, gave_up=1)
     main([str(path)])  # one dump alone: its habits only
     assert capsys.readouterr().out == (
@@ -108,8 +101,8 @@ def test_a_training_dump_gives_its_habits_but_is_not_paired(tmp_path, capsys):
     with pytest.raises(ValueError) as info:
         main([str(group), str(one)])
     assert str(info.value) == (
-        f"{group}: row index 0 was walked more than once (a training dump, or "
-        "rollout.val_kwargs.n > 1), so there is no one walk a maze to pair; pass it alone for "
+        f"{group}: row index 0 appears more than once (a training dump, or "
+        "rollout.val_kwargs.n > 1), so there is no one sample a row to pair; pass it alone for "
         "its habits"
     )
 
@@ -120,6 +113,6 @@ def test_dumps_of_different_mazes_are_refused(tmp_path):
     with pytest.raises(ValueError) as info:
         compare(load_walks(pa), load_walks(pb))
     assert str(info.value) == (
-        "the dumps hold different mazes (e.g. index [2]); compare validations of the same "
+        "the dumps hold different rows (e.g. index [2]); compare validations of the same "
         "data.val_files"
     )
