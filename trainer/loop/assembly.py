@@ -155,8 +155,6 @@ def plan_run(config: Config) -> RunPlan:
     config.actor_rollout_ref.check_weight_transfer(device)
     config.servers_for(device)  # raises when the GPUs do not split into rollout servers
     config.actor_rollout_ref.warn_cpu_noops(device)
-    setup = prepare_rollout(config)
-    train_rows = load_split(config, setup, "train")
     env = config.data.env_dataset
     has_val = config.data.val_files or (env.verifiers is not None and env.val_size != 0)
     if config.trainer.val_only and not has_val:
@@ -164,6 +162,8 @@ def plan_run(config: Config) -> RunPlan:
             "trainer.val_only=True validates and ends, but there are no validation rows: set "
             "data.val_files"
         )
+    setup = prepare_rollout(config)
+    train_rows = load_split(config, setup, "train")
     val_rows = load_split(config, setup, "val") if has_val else []
     data, run = config.data, config.trainer
     sampler = build_sampler(train_rows, data)
@@ -204,7 +204,7 @@ def plan_run(config: Config) -> RunPlan:
 def warn_unscheduled_validation(config: Config) -> None:
     """``data.val_files`` given, but nothing ever runs validation: say so and what to set."""
     run = config.trainer
-    if config.data.val_files and run.test_freq <= 0 and not run.val_before_train:
+    if config.data.val_files and run.test_freq <= 0 and not (run.val_before_train or run.val_only):
         logger.warning(
             "data.val_files is set but validation never runs (trainer.test_freq=%d, "
             "trainer.val_before_train=False): set trainer.test_freq=N to validate every N steps "

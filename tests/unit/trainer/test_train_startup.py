@@ -262,6 +262,21 @@ def test_rows_on_a_tool_loop_and_scheduled_validation_are_not_warned(
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
+def test_val_only_is_not_warned_that_validation_never_runs(capsys, tmp_path, data, caplog):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with caplog.at_level("WARNING", logger="agentloop.train"):
+        run(
+            capsys,
+            tmp_path,
+            data,
+            f"data.val_files={data}",
+            "trainer.val_only=True",  # trainer.test_freq=-1: the only validation is val_only's
+            f"trainer.default_local_dir={blocker / 'run'}",
+        )
+    assert not [r for r in caplog.records if "validation never runs" in r.getMessage()]
+
+
 @pytest.mark.parametrize(
     ("transfer", "hybrid", "message"),
     [
