@@ -26,7 +26,7 @@ import pytest
 
 from agentloop.gateway.harness import HarnessNotInstalled, HarnessSpec, resolve_binary
 from recipes.paired import by_row, read_dump
-from recipes.repo_fix.compare import habits
+from recipes.repo_fix.compare import buggy_module, habits
 from tests.e2e.run_script import make_data, run_script
 from tests.turn_ending_model import ending_anywhere_copy
 
@@ -128,5 +128,7 @@ def test_one_grpo_step_trains_tool_agent_claude_code_and_codex_samples_together(
     seen = habits(dumped)
     assert seen.samples == 2 and seen.pass_rate == vals[0]["val/repo_fix/reward/mean"]
     assert seen.tool_calls == sum(len(r["calls"]) for r in dumped) / 2
+    # the dumped prompt holds the problem's lines, so the first read can be judged
+    assert all(buggy_module(r["prompt_text"]) for r in dumped)
     transcripts = sorted((run / "grpo" / "gateway").glob("*/transcript.txt"))
     assert len(transcripts) == 4
