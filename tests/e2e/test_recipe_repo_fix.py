@@ -83,6 +83,9 @@ def test_one_grpo_step_trains_tool_agent_claude_code_and_codex_samples_together(
         "data.train_batch_size=3",
         "actor_rollout_ref.actor.ppo_mini_batch_size=3",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+        # every sample scores 0 here, so the update would skip them all (advantage 0): computed,
+        # their log-probs are checked against the engine's below
+        "actor_rollout_ref.actor.skip_zero_advantage_rows=false",
         "trainer.test_freq=-1",  # the script's validation before training only (suite time)
         f"trainer.validation_data_dir={tmp_path / 'val'}",
         "actor_rollout_ref.rollout.gateway.role_from_model=true",

@@ -260,6 +260,12 @@ class ActorConfig:
     old-log-prob pass; True: that pass runs before every update, as in verl."""
     shuffle: bool = False
     """Shuffle samples before splitting into mini-batches (seeded by the step)."""
+    skip_zero_advantage_rows: bool = True
+    """The update skips the samples whose advantage is 0 on every token (a group that scored
+    alike, under GRPO), whose gradient is exactly 0: the same step, without their forward and
+    backward. Applies with a vanilla, gpg or cispo loss, token-mean, no entropy or KL-loss term
+    and no rollout correction (``trainer.workers.inert``); elsewhere every sample is
+    computed. ``actor/skipped_rows`` counts them."""
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     """Lower PPO clip (None: clip_ratio)."""

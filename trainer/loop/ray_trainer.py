@@ -63,6 +63,7 @@ from trainer.loop.validate import validate
 from trainer.metrics.verl_names import data_metrics, memory_metrics, step_metrics
 from trainer.rewards.manager import RewardOutput
 from trainer.workers import TrainBatch, TrainerWorkerDiedError
+from trainer.workers.inert import skip_inert_rows
 
 __all__ = ["RayPPOTrainer", "RunStoppedError", "stopped_message"]
 
@@ -339,18 +340,23 @@ class RayPPOTrainer:
         )
         if self.use_critic:
             metrics |= self._update_critic(step, batch, rollout.num_sessions)
+        if own or step > cfg.trainer.critic_warmup:
+            computed, skipped = skip_inert_rows(batch, cfg.actor_rollout_ref.actor, correction)
+            metrics["actor/skipped_rows"] = float(skipped.sum())
         if own:
             with _timer(metrics, "update_actor"):
                 actor, batch.old_log_probs, entropy = self.workers.update_actor_on_policy(
-                    batch, seed=cfg.trainer.seed + step
+                    computed, seed=cfg.trainer.seed + step
                 )
-            metrics |= actor | self._old_policy_metrics(batch, rollout, entropy)
+            seen = batch.select(slice(None))  # the old policy's metrics: the rows computed
+            seen.response_mask = computed.response_mask
+            metrics |= actor | self._old_policy_metrics(seen, rollout, entropy)
         elif step > cfg.trainer.critic_warmup:
             if correction.needs_whole_batch:  # weights and mask from the whole batch
                 metrics |= self._correct_batch(batch, rollout)
             with _timer(metrics, "update_actor"):
                 metrics |= self.workers.update_actor(
-                    batch, seed=cfg.trainer.seed + step, mini_batches=mini_batches
+                    computed, seed=cfg.trainer.seed + step, mini_batches=mini_batches
                 )
         tokens = float(batch.attention_mask.sum())
         metrics["perf/total_tokens"] = tokens
@@ -411,7 +417,7 @@ class RayPPOTrainer:
         mask, metrics = batch.response_mask, {}
         spec = self.config.correction
         old, behaviour = batch.old_log_probs, rollout.rollout_log_probs
-        if entropy is not None:
+        if entropy is not None and bool(mask.any()):  # none: the update skipped every row
             metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
             gap = (old - behaviour).abs()[mask.bool()]
             if gap.numel():

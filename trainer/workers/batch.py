@@ -10,7 +10,9 @@ Every rank must run the same number of forwards and optimizer steps (FSDP's coll
 a batch is shared out in equal parts. A batch whose sample count does not split evenly over
 the ranks and mini-batches (a gateway session's segments add samples) is filled up with
 filler rows (``pad_for_ranks``): one prompt token, nothing to train (response mask 0,
-weight 0, advantage 0), so they change no loss, gradient or normaliser.
+weight 0, advantage 0), so they change no loss, gradient or normaliser. A row whose gradient
+is exactly 0 (``trainer.workers.inert``) may be turned into such a filler too, standing in for
+it (``skipping``): the token-mean normaliser still counts its tokens (``stand_in_tokens``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ class TrainBatch:
     """[batch] float32 sample weights (``SampleRecord.weight``: a gateway session's k
     segments 1/k each, filler rows 0); None: 1 each. The advantages already carry them; the
     ``seq-mean-*`` loss normalisers count sequences by them."""
+    stand_in_tokens: torch.Tensor | None = None
+    """[batch] float32: on a filler standing in for a row the update skips (``skipping``), that
+    row's sampled tokens, which the ``token-mean`` normaliser still counts; 0 on other rows.
+    None: no row skipped."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -113,14 +119,29 @@ class TrainBatch:
         real = index >= 0
         if bool(real.all()) and torch.equal(index, torch.arange(len(self))):
             return self
-        picked = self.select(index.clamp(min=0))
-        fill = ~real
+        return self.select(index.clamp(min=0))._filled(~real)
+
+    def skipping(self, rows: torch.Tensor) -> TrainBatch:
+        """This batch with ``rows`` (a bool mask) turned into fillers that stand in for them:
+        each keeps its row's sampled-token count in ``stand_in_tokens`` for the token-mean
+        normaliser, and its forward is one prompt token. For rows whose gradient is 0
+        (``trainer.workers.inert``), whose update is then the same."""
+        out = self.select(torch.arange(len(self)))  # a copy: fillers are made in place
+        counts = self.response_mask.sum(-1).to(torch.float32)
+        kept = torch.zeros(len(self)) if self.stand_in_tokens is None else self.stand_in_tokens
+        out._filled(rows)
+        out.stand_in_tokens = torch.where(rows, kept + counts, kept)
+        return out
+
+    def _filled(self, fill: torch.Tensor) -> TrainBatch:
+        """Rows ``fill`` (a bool mask) made fillers, in place: the last prompt token alone, every
+        mask, log-prob, advantage, weight and stand-in count 0."""
         p = self.prompt_length
-        weights = picked.weights if picked.weights is not None else torch.ones(len(index))
-        picked.weights = torch.where(real, weights.to(torch.float32), 0.0)
+        weights = self.weights if self.weights is not None else torch.ones(len(self))
+        self.weights = torch.where(fill, 0.0, weights.to(torch.float32))
         for name in ("attention_mask", "position_ids", "response_mask"):
-            getattr(picked, name)[fill] = 0
-        picked.attention_mask[fill, p - 1] = 1
+            getattr(self, name)[fill] = 0
+        self.attention_mask[fill, p - 1] = 1
         for name in (
             "old_log_probs",
             "ref_log_probs",
@@ -129,11 +150,12 @@ class TrainBatch:
             "is_weights",
             "values",
             "returns",
+            "stand_in_tokens",
         ):
-            value = getattr(picked, name)
+            value = getattr(self, name)
             if value is not None:
                 value[fill] = 0
-        return picked
+        return self
 
     def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Real (prompt, response) token counts per row."""

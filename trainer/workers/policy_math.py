@@ -171,11 +171,23 @@ def log_probs_in_micro_batches(
 
 
 def global_denominator(
-    mask: torch.Tensor, mode: str, response_length: int, weights: torch.Tensor | None = None
+    mask: torch.Tensor,
+    mode: str,
+    response_length: int,
+    weights: torch.Tensor | None = None,
+    stand_in: torch.Tensor | None = None,
 ) -> float:
     """``agg_denominator`` of a mini-batch whose rows are spread over all ranks (``weights``:
-    the rows' sample weights, which the ``seq-mean-*`` modes count)."""
+    the rows' sample weights, which the ``seq-mean-*`` modes count; ``stand_in``: the tokens
+    of skipped rows, ``TrainBatch.stand_in_tokens``, which ``token-mean`` counts)."""
     value = agg_denominator(mask, mode, response_length, weights)
+    if stand_in is not None and bool(stand_in.any()):
+        if mode != "token-mean":
+            raise ValueError(
+                f"rows were skipped (stand_in_tokens), which only loss_agg_mode=token-mean "
+                f"counts; this update normalises with {mode!r}"
+            )
+        value += float(stand_in.sum())
     if mode != "seq-mean-token-sum-norm":  # that one is a constant, not a count
         value = all_reduce_floats([value])[0]
     return value
@@ -455,12 +467,20 @@ def update_policy(
         minis = iter([batch])  # one step: the order of the rows changes nothing
     for mini in minis:
         denominator = global_denominator(
-            mini.response_mask, spec.loss_agg_mode, batch.response_length, mini.weights
+            mini.response_mask,
+            spec.loss_agg_mode,
+            batch.response_length,
+            mini.weights,
+            mini.stand_in_tokens,
         )
         pg_denominator = denominator
         if spec.pg_agg_mode != spec.loss_agg_mode:
             pg_denominator = global_denominator(
-                mini.response_mask, spec.pg_agg_mode, batch.response_length, mini.weights
+                mini.response_mask,
+                spec.pg_agg_mode,
+                batch.response_length,
+                mini.weights,
+                mini.stand_in_tokens,
             )
         groups = micro_batch_groups(
             mini,

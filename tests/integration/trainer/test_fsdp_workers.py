@@ -9,10 +9,12 @@ import copy
 import pytest
 import torch
 
+from trainer.algos.correction import CorrectionSpec
 from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
 from trainer.workers import TrainBatch, WorkerGroup, WorkerSpec, log_probs_in_micro_batches
 from trainer.workers.fsdp import load_model
 from trainer.workers.fsdp_worker import adamw
+from trainer.workers.inert import skip_inert_rows
 from trainer.workers.lora import adapter_tensors, trainable_parameters
 from trainer.workers.policy_math import update_policy
 
@@ -113,10 +115,15 @@ def test_two_gloo_ranks_take_their_old_log_probs_from_the_update_as_one_process(
 ):
     """One optimizer step on a batch without old log-probs: each rank's update takes them
     from its own forward; the log-probs and entropies come back in batch order, equal to a
-    pass's, and the weights move as one process's update given that pass's log-probs."""
+    pass's, and the weights move as one process's update given that pass's log-probs. Rows 2
+    and 5 have advantage 0: the ranks skip them (fillers standing in for them,
+    ``trainer.workers.inert``), which the one process does not, and the weights still agree."""
     path = str(tiny_qwen3_path)
     cfg = actor_config(ppo_epochs=1)
     batch = make_batch()
+    batch.advantages[[2, 5]] = 0.0
+    computed, skipped = skip_inert_rows(batch, cfg, CorrectionSpec())
+    assert skipped.tolist() == [False, False, True, False, False, True, False, False]
     model = load_model(path, ModelConfig(path=path), "cpu")
     old, entropy = log_probs_in_micro_batches(model, batch, micro_batch_size=8, with_entropy=True)
     given = copy.deepcopy(batch)
@@ -126,14 +133,16 @@ def test_two_gloo_ranks_take_their_old_log_probs_from_the_update_as_one_process(
     expected = model.state_dict()
     group = two_ranks(path, cfg)
     try:
-        metrics, logp, ent = group.update_actor_on_policy(batch, seed=0)
+        metrics, logp, ent = group.update_actor_on_policy(computed, seed=0)
         state = group.full_state_dict()
     finally:
         group.shutdown()
     assert metrics["actor/optimizer_steps"] == 1.0 and metrics["actor/ppo_kl"] == 0.0
-    assert torch.allclose(logp, old, atol=LOGP_ATOL), (logp - old).abs().max()
+    live = ~skipped
+    assert torch.allclose(logp[live], old[live], atol=LOGP_ATOL), (logp - old)[live].abs().max()
+    assert (logp[skipped] == 0).all()  # not computed
     assert entropy is not None
-    assert torch.allclose(ent, entropy, atol=LOGP_ATOL), (ent - entropy).abs().max()
+    assert torch.allclose(ent[live], entropy[live], atol=LOGP_ATOL)
     worst = max((state[k] - v).abs().max().item() for k, v in expected.items())
     assert worst < WEIGHT_ATOL
 

@@ -23,10 +23,12 @@ from trainer.algos.correction import CorrectionSpec
 from trainer.config.actor import ActorConfig
 from trainer.config.rollout_correction import RolloutCorrectionConfig
 from trainer.workers.batch import TrainBatch, balanced_micro_batches, pad_for_ranks
+from trainer.workers.inert import inert_rows, skip_inert_rows
 from trainer.workers.policy_math import (
     LossSpec,
     OwnLogProbs,
     _micro_loss,
+    global_denominator,
     log_probs_in_micro_batches,
     update_policy,
 )
@@ -410,4 +412,57 @@ def test_own_old_log_probs_are_refused_for_more_than_one_optimizer_step(model, b
         "an update takes its old log-probs from its own forward only when it makes one "
         f"optimizer step (ppo_epochs={epochs}, {rows} of {N} rows per mini-batch); compute "
         "them first (compute_log_prob)"
+    )
+
+
+@pytest.mark.parametrize("micro", [1, 2, N], ids=["micro_1", "micro_2", "micro_all"])
+@pytest.mark.parametrize("own", [False, True], ids=["given_old", "own_old"])
+def test_skipping_zero_advantage_rows_changes_no_update(model, batch, micro, own):
+    """Rows 1 and 4 with advantage 0 on every token: the update of the batch that skips them
+    (fillers standing in for them, their tokens kept in the token-mean normaliser) is the
+    update of the whole batch, in loss and weights, in two mini-batches or one with its own
+    old log-probs (the computed rows' log-probs then the same too)."""
+    zeroed = batch.select(torch.arange(N))
+    zeroed.advantages[[1, 4]] = 0.0
+    rows = inert_rows(zeroed)
+    assert rows.tolist() == [False, True, False, False, True, False]
+    cfg = actor_config(ppo_micro_batch_size_per_gpu=micro)
+    computed, skipped = skip_inert_rows(zeroed, cfg, CorrectionSpec())
+    assert torch.equal(skipped, rows)
+    assert computed.stand_in_tokens.tolist() == [0.0, 4.0, 0.0, 0.0, 7.0, 0.0]  # tool tokens out
+    assert computed.attention_mask[rows].sum().item() == 2  # one prompt token each
+    per_mini = N if own else 3
+    runs = []
+    for b in (zeroed, computed):
+        b = b.select(torch.arange(N))
+        keep = OwnLogProbs.zeros(N, R) if own else None
+        if own:
+            b.old_log_probs = None
+        copied = copy.deepcopy(model)
+        metrics = update_policy(
+            copied, torch.optim.SGD(copied.parameters(), lr=1.0), None, b, cfg,
+            samples_per_mini_batch=per_mini, own=keep,
+        )  # fmt: skip
+        runs.append((metrics, copied.state_dict(), keep))
+    (want, want_weights, want_own), (got, got_weights, got_own) = runs
+    assert got["actor/pg_loss"] == pytest.approx(want["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    assert got["actor/optimizer_steps"] == want["actor/optimizer_steps"] == (1.0 if own else 2.0)
+    for name, value in want_weights.items():
+        torch.testing.assert_close(got_weights[name], value, rtol=1e-5, atol=1e-6)
+    if own:
+        live = ~rows
+        torch.testing.assert_close(got_own.log_probs[live], want_own.log_probs[live])
+        assert got_own.log_probs[rows].abs().sum() == 0.0  # not computed
+
+
+def test_stand_in_tokens_count_in_token_mean_only(batch):
+    mask = batch.response_mask
+    stand_in = torch.tensor([0.0, 5.0, 0.0, 0.0, 0.0, 0.0])
+    plain = global_denominator(mask, "token-mean", R)
+    assert global_denominator(mask, "token-mean", R, stand_in=stand_in) == plain + 5.0
+    with pytest.raises(ValueError) as err:
+        global_denominator(mask, "seq-mean-token-mean", R, stand_in=stand_in)
+    assert str(err.value) == (
+        "rows were skipped (stand_in_tokens), which only loss_agg_mode=token-mean counts; this "
+        "update normalises with 'seq-mean-token-mean'"
     )

@@ -397,6 +397,7 @@ STEP_KEYS = {
     "actor/optimizer_steps",
     "actor/shared_prefix_saved_frac",
     "actor/filler_samples",
+    "actor/skipped_rows",
     "timing_s/weight_sync",
     "weight_sync/mb",
     "weight_sync/version",
@@ -755,6 +756,34 @@ def test_a_step_of_one_optimizer_step_takes_its_old_log_probs_from_the_update(ma
     assert got["actor/pg_loss"] == pytest.approx(want["actor/pg_loss"], rel=1e-5, abs=1e-7)
     for key, value in recomputed.model.state_dict().items():
         torch.testing.assert_close(own.model.state_dict()[key], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mini", [2, PROMPTS], ids=["two_mini_batches", "own_old_log_probs"])
+def test_a_group_that_scored_alike_is_skipped_and_the_step_is_the_same(make_run, mini):
+    """Prompt 1's samples all scored 0.5 (GRPO advantage 0): the update computes fillers in
+    their place, with their tokens still in the normaliser, and its step is the step of an
+    update that computed them (``skip_zero_advantage_rows=False``), bit for bit: one row a
+    micro-batch, so the other rows' forwards are the same, and a skipped row's gradient was
+    exactly 0."""
+    alike = {k: 0.5 for k in range(N, 2 * N)}
+    skip = make_run(ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=1)
+    skip.rollout.preset = alike
+    got = skip.trainer.train_step(1)
+    full = make_run(
+        ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=1, skip_zero_advantage_rows=False
+    )
+    full.rollout.preset = alike
+    want = full.trainer.train_step(1)
+
+    assert got["actor/skipped_rows"] == float(N) and want["actor/skipped_rows"] == 0.0
+    computed, whole = skip.policy.updates[0]["batch"], full.policy.updates[0]["batch"]
+    assert whole.advantages[N : 2 * N].abs().sum() == 0 and whole.stand_in_tokens is None
+    tokens = whole.response_mask[N : 2 * N].sum(-1).float()
+    assert torch.equal(computed.stand_in_tokens[N : 2 * N], tokens)
+    assert computed.attention_mask[N : 2 * N].sum() == N  # one prompt token each
+    assert got["actor/pg_loss"] == want["actor/pg_loss"]
+    for key, value in full.model.state_dict().items():
+        assert torch.equal(skip.model.state_dict()[key], value), key
 
 
 @pytest.mark.parametrize(
