@@ -6,7 +6,9 @@ python -m recipes.repo_fix.make_tasks --out data/repo_fix --train 256 --val 64 -
 
 Writes ``train.jsonl``, ``val.jsonl``, ``sft.jsonl`` and ``workspaces/<task id>/`` under
 ``--out``; rows name their workspace relative to the jsonl. The same arguments give the same
-files. Train and val share no package.
+files. Train and val share no package. ``--recover F``: a fraction F of the SFT conversations
+first read the wrong module and recover (``traces.recovering_conversation``); the tasks and
+the other conversations are the same as without it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,16 @@ from typing import Any
 
 from recipes.repo_fix.package import Package, SeededBug, draw_package
 from recipes.repo_fix.templates import BUG_KINDS
-from recipes.repo_fix.traces import CHECK, SYSTEM, TOOL_SCHEMAS, problem_of, solved_conversation
+from recipes.repo_fix.traces import (
+    CHECK,
+    SYSTEM,
+    TOOL_SCHEMAS,
+    problem_of,
+    recovering_conversation,
+    solved_conversation,
+)
 
-__all__ = ["Task", "draw_split", "make_tasks", "row_of", "sft_row_of", "main"]
+__all__ = ["Task", "draw_split", "make_tasks", "main", "recovering_tasks", "row_of", "sft_row_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +113,17 @@ def row_of(task: Task, agent: str = "tool_agent") -> dict[str, Any]:
     }
 
 
-def sft_row_of(task: Task) -> dict[str, Any]:
-    """The solved conversation of ``task`` as an ``agentloop-sft`` row."""
-    return {"messages": solved_conversation(task.package, task.bug), "tools": TOOL_SCHEMAS}
+def sft_row_of(task: Task, recover: bool = False) -> dict[str, Any]:
+    """The solved conversation of ``task`` as an ``agentloop-sft`` row; ``recover``: the one
+    that reads the wrong module first and recovers."""
+    make = recovering_conversation if recover else solved_conversation
+    return {"messages": make(task.package, task.bug), "tools": TOOL_SCHEMAS}
+
+
+def recovering_tasks(n: int, fraction: float, seed: int) -> set[int]:
+    """Which of ``n`` train tasks get a recovering conversation: ``round(fraction * n)`` of
+    them, drawn from their own generator so the tasks themselves do not change."""
+    return set(random.Random(f"recover-{seed}").sample(range(n), round(fraction * n)))
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -121,10 +138,17 @@ def _write_workspace(root: Path, task: Task) -> None:
 
 
 def make_tasks(
-    out: Path, train: int, val: int, seed: int, per_package: int = 3, agent: str = "tool_agent"
+    out: Path,
+    train: int,
+    val: int,
+    seed: int,
+    per_package: int = 3,
+    agent: str = "tool_agent",
+    recover: float = 0.0,
 ) -> dict[str, Any]:
     """Write the splits (rows for agent loop ``agent``), their workspaces and ``sft.jsonl``
-    under ``out``; returns counts."""
+    under ``out`` (a fraction ``recover`` of its conversations recovering from a wrong
+    read); returns counts."""
     rng = random.Random(seed)
     taken: set[str] = set()
     train_tasks = draw_split(rng, train, "train", taken, per_package)
@@ -137,7 +161,9 @@ def make_tasks(
         _write_workspace(out, task)
     _write_jsonl(out / "train.jsonl", [row_of(t, agent) for t in train_tasks])
     _write_jsonl(out / "val.jsonl", [row_of(t, agent) for t in val_tasks])
-    _write_jsonl(out / "sft.jsonl", [sft_row_of(t) for t in train_tasks])
+    recovering = recovering_tasks(len(train_tasks), recover, seed)
+    sft = [sft_row_of(t, i in recovering) for i, t in enumerate(train_tasks)]
+    _write_jsonl(out / "sft.jsonl", sft)
     kinds = {k: sum(t.bug.kind == k for t in train_tasks + val_tasks) for k in BUG_KINDS}
     return {
         "train": len(train_tasks),
@@ -145,6 +171,7 @@ def make_tasks(
         "train_packages": len({t.package.name for t in train_tasks}),
         "val_packages": len({t.package.name for t in val_tasks}),
         "bug_kinds": kinds,
+        "recovering_conversations": len(recovering),
     }
 
 
@@ -162,11 +189,21 @@ def main(argv: list[str] | None = None) -> None:
         default="tool_agent",
         help="the rows' agent_name (claude_code or codex: harness_loops.yaml's loops)",
     )
+    parser.add_argument(
+        "--recover",
+        type=float,
+        default=0.0,
+        help="the fraction of SFT conversations that read the wrong module first and recover",
+    )
     args = parser.parse_args(argv)
     if min(args.train, args.val) < 0 or args.per_package < 1:
         parser.error("--train and --val must be >= 0 and --per-package >= 1")
+    if not 0.0 <= args.recover <= 1.0:
+        parser.error(f"--recover must be a fraction between 0 and 1, got {args.recover}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    summary = make_tasks(args.out, args.train, args.val, args.seed, args.per_package, args.agent)
+    summary = make_tasks(
+        args.out, args.train, args.val, args.seed, args.per_package, args.agent, args.recover
+    )
     logger.info("wrote %s to %s", json.dumps(summary), args.out)
 
 

@@ -10,6 +10,9 @@ A conversation ``messages`` (system/user/assistant with tool_calls/tool ...) bec
   samples); the messages between two assistant messages are a template delta (``encode_delta``:
   separator, tool/user turns, next generation prompt; mask 0). Messages after the last
   assistant message teach nothing and are left out. History is never re-tokenized.
+- an assistant message with ``"weight": 0`` (OpenAI's fine-tuning format) stays in the
+  conversation but is not trained: its tokens get mask 0 (a mistake the next turns recover
+  from, shown without teaching it). ``"weight": 1`` is the default.
 
 For ChatML templates this equals one tokenization of the full conversation. Templates that
 rewrite history differ where RL does too: Qwen3 renders a ``<think>`` block (empty without
@@ -101,10 +104,11 @@ def encode_conversation(
     mask: list[int] = []
     i = first
     while True:
-        sampled = _assistant_ids(tokenizer, history, messages[i], tools, eot, chat_template_kwargs)
+        message = {k: v for k, v in messages[i].items() if k != "weight"}
+        sampled = _assistant_ids(tokenizer, history, message, tools, eot, chat_template_kwargs)
         ids += sampled
-        mask += [1] * len(sampled)
-        history.append(messages[i])
+        mask += [int(messages[i].get("weight", 1))] * len(sampled)
+        history.append(message)
         if i == last:
             break
         nxt = roles.index("assistant", i + 1)
@@ -140,9 +144,25 @@ def conversation_of(
     for j, message in enumerate(messages):
         if not isinstance(message.get("role"), str):
             raise ValueError(f"{where}: message {j} has no 'role'")
+        if "weight" in message:
+            weight = message["weight"]
+            if message["role"] != "assistant":
+                raise ValueError(
+                    f"{where}: message {j} ({message['role']}) has a weight; only assistant "
+                    "messages take one"
+                )
+            if weight not in (0, 1) or isinstance(weight, bool):
+                raise ValueError(
+                    f"{where}: message {j} has weight {weight!r}; an assistant message's weight "
+                    "is 0 (kept in the conversation, not trained) or 1 (trained)"
+                )
     roles = [m["role"] for m in messages]
     if "assistant" not in roles:
         raise ValueError(f"{where} has no assistant message: there is nothing to train on")
+    if all(m.get("weight", 1) == 0 for m in messages if m["role"] == "assistant"):
+        raise ValueError(
+            f"{where}: every assistant message has weight 0: there is nothing to train on"
+        )
     if roles[0] == "assistant":
         raise ValueError(
             f"{where} starts with an assistant message: the messages before the first "

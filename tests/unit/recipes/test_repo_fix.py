@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from agentloop.parsers import check_calls
 from agentloop.tokens import mask_spans
 from agentloop.workspace import WorkspaceTask, score_check, tasks_of_rows
 from agentloop.workspace.runner import CommandResult
-from recipes.repo_fix.make_tasks import draw_split, main, make_tasks
+from recipes.repo_fix.make_tasks import draw_split, main, make_tasks, recovering_tasks
 from recipes.repo_fix.package import draw_package
 from recipes.repo_fix.templates import BUG_KINDS, TEMPLATES
 from recipes.repo_fix.traces import CHECK, TOOL_SCHEMAS, numbered
@@ -226,3 +227,61 @@ def test_the_cli_writes_rows_for_the_agent_loop_it_is_given(tmp_path):
     rows = [json.loads(line) for name in ("train", "val") for line in
             (tmp_path / f"{name}.jsonl").read_text().splitlines()]  # fmt: skip
     assert [r["agent_name"] for r in rows] == ["claude_code"] * 3
+
+
+def test_recovering_conversations_read_the_other_module_first_and_train_only_the_recovery(
+    tokenizer, data, tmp_path
+):
+    """``--recover 0.25``: 5 of the 20 conversations first read the package's other module
+    (weight 0: in the trajectory, untrained), then the bugged one; the tasks, the rows and the
+    other conversations are those of the run without it, and the recovered fix still passes."""
+    out = tmp_path / "recover"
+    summary = make_tasks(out, train=20, val=6, seed=0, recover=0.25)
+    assert summary["recovering_conversations"] == 5
+    for name in ("train.jsonl", "val.jsonl"):
+        assert (out / name).read_bytes() == (data / name).read_bytes()
+    assert _tree(out / "workspaces") == _tree(data / "workspaces")
+    plain, sft = _read(data / "sft.jsonl"), _read(out / "sft.jsonl")
+    changed = [i for i, (a, b) in enumerate(zip(plain, sft, strict=True)) if a != b]
+    assert set(changed) == recovering_tasks(20, 0.25, 0) and len(changed) == 5
+    parser = get_format("qwen").new_parser()
+    schemas = {s["function"]["name"]: s for s in TOOL_SCHEMAS}
+    rows = _read(data / "train.jsonl")
+    for i in changed:
+        row, messages = rows[i], sft[i]["messages"]
+        module = row["extra_info"]["repo_fix"]["module"]
+        workspace = data / row["extra_info"]["workspace_task"]["workspace"]
+        (sample,) = encode_rows([sft[i]], tokenizer, max_length=4096)
+        untrained = [
+            tokenizer.decode(s, skip_special_tokens=False)
+            for s in mask_spans(sample.response_ids, sample.response_mask, 0)
+        ]
+        ((wrong,),) = [check_calls(parser.parse(untrained[0]), schemas).calls]
+        assert wrong.name == "read_file" and wrong.arguments["path"] != module
+        assert messages[2]["weight"] == 0
+        other = wrong.arguments["path"]
+        assert messages[3]["content"] == numbered((workspace / other).read_text())
+        trained = [
+            tokenizer.decode(s, skip_special_tokens=False)
+            for s in mask_spans(sample.response_ids, sample.response_mask, 1)
+        ]
+        assert len(trained) == 4  # the recovering read, the fix, the check, the answer
+        calls = [check_calls(parser.parse(t), schemas).calls for t in trained[:3]]
+        assert [c.name for (c,) in calls] == ["read_file", "str_replace", "run_check"]
+        assert calls[0][0].arguments == {"path": module}
+        assert f"is not in {other}; the problem lists it in {module}" in trained[0]
+        assert messages[5]["content"] == numbered((workspace / module).read_text())
+    first = changed[0]  # the recovered conversation's fix passes the row's check
+    copy = tmp_path / "fixed"
+    shutil.copytree(data / rows[first]["extra_info"]["workspace_task"]["workspace"], copy)
+    _fix(copy, sft[first])
+    (task,) = tasks_of_rows([rows[first]], data)
+    assert _check(task, copy) == 1.0
+
+
+def test_the_cli_refuses_a_recover_fraction_outside_0_1(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--recover", "1.5"])
+    assert capsys.readouterr().err.endswith(
+        "error: --recover must be a fraction between 0 and 1, got 1.5\n"
+    )

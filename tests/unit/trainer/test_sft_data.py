@@ -186,6 +186,31 @@ BAD_ROWS = [
         {"messages": CONVERSATION, "tools": {"name": "calc"}},
         "d.jsonl: row 1: 'tools' must be a list of OpenAI function schemas (or its JSON string)",
     ),
+    (
+        {"messages": [{**CONVERSATION[0], "weight": 0}, *CONVERSATION[1:]]},
+        "d.jsonl: row 1: message 0 (system) has a weight; only assistant messages take one",
+    ),
+    (
+        {"messages": [*CONVERSATION[:4], {**CONVERSATION[4], "weight": 0.5}]},
+        "d.jsonl: row 1: message 4 has weight 0.5; an assistant message's weight is 0 (kept in "
+        "the conversation, not trained) or 1 (trained)",
+    ),
+    (
+        {"messages": [*CONVERSATION[:4], {**CONVERSATION[4], "weight": True}]},
+        "d.jsonl: row 1: message 4 has weight True; an assistant message's weight is 0 (kept in "
+        "the conversation, not trained) or 1 (trained)",
+    ),
+    (
+        {
+            "messages": [
+                *CONVERSATION[:2],
+                {**CONVERSATION[2], "weight": 0},
+                CONVERSATION[3],
+                {**CONVERSATION[4], "weight": 0},
+            ]
+        },
+        "d.jsonl: row 1: every assistant message has weight 0: there is nothing to train on",
+    ),
 ]
 
 
@@ -195,6 +220,19 @@ def test_bad_rows_fail_naming_the_row(row, message, smollm2):
     with pytest.raises(ValueError) as info:
         encode_rows(rows, smollm2, max_length=4096, source="d.jsonl")
     assert str(info.value) == message
+
+
+def test_an_assistant_message_of_weight_0_stays_in_the_trajectory_untrained(smollm2):
+    """OpenAI's fine-tuning ``weight``: the first turn (the call) is kept, mask 0; the same ids
+    as without the key, and weight 1 is the default."""
+    plain = encode_conversation(smollm2, CONVERSATION, TOOLS)
+    weighted = [*CONVERSATION[:2], {**CONVERSATION[2], "weight": 0}, *CONVERSATION[3:]]
+    sample = encode_conversation(smollm2, weighted, TOOLS)
+    assert sample.prompt_ids == plain.prompt_ids and sample.response_ids == plain.response_ids
+    assert decode_spans(smollm2, sample, 1) == [f"The answer is 5.{EOT}"]
+    assert decode_spans(smollm2, sample, 0) == [f"Let me add.\n{CALL}{EOT}{TOOL_DELTA}"]
+    ones = [*CONVERSATION[:4], {**CONVERSATION[4], "weight": 1}]
+    assert encode_conversation(smollm2, ones, TOOLS).response_mask == plain.response_mask
 
 
 def test_tools_may_be_a_json_string_and_keys_are_configurable():
