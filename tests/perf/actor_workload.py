@@ -338,3 +338,20 @@ class ProjectActor:
             samples_per_mini_batch=len(batch),
             remove_padding=self.remove_padding,
         )
+
+
+def two_cpu_ranks(path: str, actor: ActorConfig, balance: bool = False):
+    """A ``WorkerGroup`` of 2 FSDP2 gloo ranks (Ray actors) training ``actor`` on the model at
+    ``path``, without a reference policy; Ray is imported here, not with this module."""
+    from trainer.config.actor import RefConfig
+    from trainer.workers import WorkerGroup, WorkerSpec
+
+    spec = WorkerSpec(
+        model_path=path,
+        model=ModelConfig(path=path),
+        actor=actor,
+        ref=RefConfig(),
+        need_ref=False,
+        device="cpu",
+    )
+    return WorkerGroup(spec, world_size=2, balance=balance)

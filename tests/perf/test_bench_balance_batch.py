@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.perf.actor_workload import AgenticBatchSpec, agentic_batch
-from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
-from trainer.workers import WorkerGroup, WorkerSpec
+from tests.perf.actor_workload import AgenticBatchSpec, agentic_batch, two_cpu_ranks
+from trainer.config.actor import ActorConfig, OptimConfig
+from trainer.workers import WorkerGroup
 from trainer.workers.balance import rank_layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,17 +57,8 @@ def test_bench_balance_batch_on_two_ranks(ray_local, smollm2_path):
         ppo_max_token_len_per_gpu=1024,
         ppo_mini_batch_size=2,
     )
-    path = str(smollm2_path)
-    spec = WorkerSpec(
-        model_path=path,
-        model=ModelConfig(path=path),
-        actor=actor,
-        ref=RefConfig(),
-        need_ref=False,
-        device="cpu",
-    )
     layout = rank_layout(batch, 2, MINI_BATCHES, balance=True)
-    group = WorkerGroup(spec, world_size=2)
+    group = two_cpu_ranks(str(smollm2_path), actor)
     try:
         plain, _ = _timed(group, batch, balance=False)
         balanced, metrics = _timed(group, batch, balance=True)

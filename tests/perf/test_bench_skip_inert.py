@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.perf.actor_workload import AgenticBatchSpec, agentic_batch
+from tests.perf.actor_workload import AgenticBatchSpec, agentic_batch, two_cpu_ranks
 from trainer.algos.correction import CorrectionSpec
-from trainer.config.actor import ActorConfig, ModelConfig, OptimConfig, RefConfig
-from trainer.workers import WorkerGroup, WorkerSpec
+from trainer.config.actor import ActorConfig, OptimConfig
 from trainer.workers.inert import skip_inert_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,18 +48,9 @@ def test_bench_skip_zero_advantage_rows_on_two_ranks(ray_local, smollm2_path):
         optim=OptimConfig(lr=1e-6), ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=4
     )
     computed, skipped = skip_inert_rows(batch, actor, CorrectionSpec())
-    path = str(smollm2_path)
-    spec = WorkerSpec(
-        model_path=path,
-        model=ModelConfig(path=path),
-        actor=actor,
-        ref=RefConfig(),
-        need_ref=False,
-        device="cpu",
-    )
     sides = {"computed": batch, "skipped": computed}
     times: dict[str, list[float]] = {name: [] for name in sides}
-    workers = WorkerGroup(spec, world_size=2, balance=True)
+    workers = two_cpu_ranks(str(smollm2_path), actor, balance=True)
     try:
         for b in sides.values():
             workers.update_actor(b, mini_batches=1)  # warm-up
