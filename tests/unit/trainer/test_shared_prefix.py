@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from tests.unit.trainer.tiny_model import tiny_qwen3
+from trainer.algos.correction import CorrectionSpec
 from trainer.config.actor import ActorConfig
 from trainer.workers.batch import TrainBatch
 from trainer.workers.dist import micro_batch_groups
+from trainer.workers.inert import skip_inert_rows
 from trainer.workers.packing import model_input
 from trainer.workers.policy_math import (
     LossSpec,
@@ -292,6 +294,30 @@ def test_an_update_with_shared_prefixes_equals_the_unshared_update():
     saved = 1 - tree / sum(len(s) for s in seqs)
     assert metrics["actor/shared_prefix_saved_frac"] == pytest.approx(saved) and saved > 0.2
     assert "actor/shared_prefix_saved_frac" not in ref_metrics
+
+
+def test_skipping_zero_advantage_rows_inside_trees_changes_no_update():
+    """Two continuations of the first group and a session segment with advantage 0 on every
+    token become fillers (``actor.skip_zero_advantage_rows``): their trees lose them and the
+    update with shared prefixes is the whole batch's."""
+    mb = mixed_batch()
+    mb.advantages[[1, 2, 8]] = 0
+    cfg = ActorConfig(
+        ppo_micro_batch_size_per_gpu=3, ppo_mini_batch_size=len(mb), shared_prefix=True
+    )
+    computed, skipped = skip_inert_rows(mb, cfg, CorrectionSpec())
+    assert skipped.nonzero().flatten().tolist() == [1, 2, 8]
+    after = []
+    for b in (mb, computed):
+        model = float64_model().train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        update_policy(model, optimizer, None, b, cfg, samples_per_mini_batch=len(mb))
+        after.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    ref, got = after
+    for name, value in got.items():
+        torch.testing.assert_close(value, ref[name], rtol=0, atol=1e-12, msg=name)
+    start = dict(float64_model().named_parameters())
+    assert any(not torch.equal(value, start[name]) for name, value in ref.items())  # it moved
 
 
 def test_critic_values_and_their_gradients_equal_the_unshared_computation():
