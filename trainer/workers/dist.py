@@ -28,6 +28,7 @@ __all__ = [
     "keeps_gathered",
     "micro_batch_groups",
     "this_rank",
+    "without_idle_groups",
     "world_size",
 ]
 
@@ -95,6 +96,31 @@ def micro_batch_groups(
     count = len(balanced_micro_batches(tokens, max_tokens, packed=packed))
     count = int(all_reduce_floats([float(count)], op="max")[0])
     return balanced_micro_batches(tokens, max_tokens, min_count=count, packed=packed)
+
+
+def without_idle_groups(batch: TrainBatch, groups: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``groups`` less the micro-batches that hold no sampled token (fillers, skipped rows):
+    their gradient is 0 on every parameter, so leaving them out adds the same gradients in
+    the same order, without their forward, backward and FSDP gathers. Every rank keeps as
+    many micro-batches (the ranks' most with a sampled token, at least one so that the
+    optimizer steps on gradients, zeros too), idle ones kept to make up its count."""
+    sampled = batch.response_mask.sum(-1) > 0
+    idle = [not bool(sampled[g].any()) for g in groups]
+    live = len(groups) - sum(idle)
+    count = max(int(all_reduce_floats([float(live)], op="max")[0]), 1)
+    spare = count - live  # idle micro-batches this rank keeps, the first ones
+    kept = []
+    for group, is_idle in zip(groups, idle, strict=True):
+        if is_idle:
+            if spare <= 0:
+                continue
+            spare -= 1
+        kept.append(group)
+    if len(kept) != count:
+        raise AssertionError(
+            f"{len(kept)} micro-batches kept of {len(groups)}, the ranks run {count}"
+        )
+    return kept
 
 
 def _shared_groups(

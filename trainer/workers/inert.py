@@ -16,7 +16,8 @@ proportional to its advantage:
 
 A skipped row becomes a filler standing in for it (``TrainBatch.skipping``): a one-token
 forward with nothing to train, in the same place of the same mini-batch, so the other rows'
-micro-batches, the normaliser and the optimizer steps are those of the full batch. The
+micro-batches, the normaliser and the optimizer steps are those of the full batch. A
+micro-batch of fillers alone is not run (``dist.without_idle_groups``). The
 update's per-token metrics (``actor/pg_clipfrac``, ``actor/ppo_kl``) and, when the update
 takes its own old log-probs, ``actor/entropy`` are over the rows it computed.
 """

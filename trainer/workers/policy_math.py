@@ -32,6 +32,7 @@ from trainer.workers.dist import (
     clip_and_step,
     keeps_gathered,
     micro_batch_groups,
+    without_idle_groups,
     world_size,
 )
 from trainer.workers.log_prob_head import (
@@ -490,6 +491,7 @@ def update_policy(
             packed=remove_padding,
             shared=spec.shared_prefix,
         )
+        groups = without_idle_groups(mini, groups)
         norm = max(denominator, 1.0)
         sums = accumulate_gradients(
             model,

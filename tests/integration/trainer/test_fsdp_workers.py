@@ -115,15 +115,17 @@ def test_two_gloo_ranks_take_their_old_log_probs_from_the_update_as_one_process(
 ):
     """One optimizer step on a batch without old log-probs: each rank's update takes them
     from its own forward; the log-probs and entropies come back in batch order, equal to a
-    pass's, and the weights move as one process's update given that pass's log-probs. Rows 2
-    and 5 have advantage 0: the ranks skip them (fillers standing in for them,
-    ``trainer.workers.inert``), which the one process does not, and the weights still agree."""
+    pass's, and the weights move as one process's update given that pass's log-probs. Rows 2,
+    3 and 5 have advantage 0: the ranks skip them (fillers standing in for them,
+    ``trainer.workers.inert``) and, one sample a micro-batch, leave their micro-batches out,
+    the rank with fewer left running idle ones to match the other's count; the one process
+    computes everything, and the weights still agree."""
     path = str(tiny_qwen3_path)
-    cfg = actor_config(ppo_epochs=1)
+    cfg = actor_config(ppo_epochs=1, ppo_micro_batch_size_per_gpu=1)
     batch = make_batch()
-    batch.advantages[[2, 5]] = 0.0
+    batch.advantages[[2, 3, 5]] = 0.0
     computed, skipped = skip_inert_rows(batch, cfg, CorrectionSpec())
-    assert skipped.tolist() == [False, False, True, False, False, True, False, False]
+    assert skipped.tolist() == [False, False, True, True, False, True, False, False]
     model = load_model(path, ModelConfig(path=path), "cpu")
     old, entropy = log_probs_in_micro_batches(model, batch, micro_batch_size=8, with_entropy=True)
     given = copy.deepcopy(batch)

@@ -14,6 +14,7 @@ from trainer.workers.batch import (
     pad_for_ranks,
     spread_rows,
 )
+from trainer.workers.dist import without_idle_groups
 
 
 def make_batch(prompt_lens: list[int], resp_lens: list[int], p: int = 8, r: int = 10):
@@ -185,3 +186,39 @@ def test_update_actor_takes_one_mini_batch_size(kwargs):
     with pytest.raises(ValueError) as err:
         group.update_actor(make_batch([1, 2], [1, 2]), seed=0, **kwargs)
     assert str(err.value) == "update_actor takes one of samples_per_mini_batch and mini_batches"
+
+
+def test_micro_batches_without_a_sampled_token_are_left_out():
+    batch = make_batch([3, 5, 2, 4, 1], [4, 2, 6, 3, 5]).skipping(
+        torch.tensor([False, True, True, False, True])
+    )
+    groups = fixed_micro_batches(len(batch), 1)
+    assert [g.tolist() for g in without_idle_groups(batch, groups)] == [[0], [3]]
+    groups = fixed_micro_batches(len(batch), 2)  # [0, 1] [2, 3] [4]: the last is idle
+    assert [g.tolist() for g in without_idle_groups(batch, groups)] == [[0, 1], [2, 3]]
+
+
+def test_an_idle_batch_keeps_one_micro_batch_so_the_optimizer_steps_on_zeros():
+    batch = make_batch([3, 5, 2], [4, 2, 6]).skipping(torch.tensor([True, True, True]))
+    kept = without_idle_groups(batch, fixed_micro_batches(3, 1))
+    assert [g.tolist() for g in kept] == [[0]]
+
+
+def test_a_rank_keeps_idle_micro_batches_to_run_as_many_as_the_busiest_rank(monkeypatch):
+    """Another rank has 3 micro-batches with sampled tokens and this one 1: this one runs its
+    first 2 idle ones as well, so both run 3 forwards (FSDP's collectives pair them)."""
+    import trainer.workers.dist as dist_mod
+
+    asked = []
+
+    def busiest(values, op="sum"):
+        asked.append((values, op))
+        return [3.0]
+
+    monkeypatch.setattr(dist_mod, "all_reduce_floats", busiest)
+    batch = make_batch([3, 5, 2, 4, 1], [4, 2, 6, 3, 5]).skipping(
+        torch.tensor([True, False, True, True, True])
+    )
+    kept = without_idle_groups(batch, fixed_micro_batches(5, 1))
+    assert asked == [([1.0], "max")]
+    assert [g.tolist() for g in kept] == [[0], [1], [2]]

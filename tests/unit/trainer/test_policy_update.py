@@ -439,12 +439,16 @@ def test_skipping_zero_advantage_rows_changes_no_update(model, batch, micro, own
         if own:
             b.old_log_probs = None
         copied = copy.deepcopy(model)
+        forwards = []
+        copied.register_forward_pre_hook(lambda *_, seen=forwards: seen.append(1))
         metrics = update_policy(
             copied, torch.optim.SGD(copied.parameters(), lr=1.0), None, b, cfg,
             samples_per_mini_batch=per_mini, own=keep,
         )  # fmt: skip
-        runs.append((metrics, copied.state_dict(), keep))
-    (want, want_weights, want_own), (got, got_weights, got_own) = runs
+        runs.append((metrics, copied.state_dict(), keep, len(forwards)))
+    (want, want_weights, want_own, want_n), (got, got_weights, got_own, got_n) = runs
+    # one sample a micro-batch: the skipped rows' micro-batches are not run at all
+    assert (want_n, got_n) == ((N, N - 2) if micro == 1 else (want_n, want_n))
     assert got["actor/pg_loss"] == pytest.approx(want["actor/pg_loss"], rel=1e-5, abs=1e-7)
     assert got["actor/optimizer_steps"] == want["actor/optimizer_steps"] == (1.0 if own else 2.0)
     for name, value in want_weights.items():
